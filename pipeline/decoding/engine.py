@@ -1,0 +1,249 @@
+"""The decoding loops: one autoregressive, one speculative, over runners.
+
+State is one token list: ``tokens[:committed]`` are final (prompt and emitted
+tokens), ``tokens[committed:]`` are pending proposals. Each model
+(``Member``) has fed some prefix of that list to its runner and remembers the
+logits rows it computed for positions not yet committed, so a row is never
+computed twice and a proposer's drafting rows double as its verification rows.
+
+The speculative loop covers every speculative method with one schedule, a
+cyclic list of turns ``(model, gamma)``. On its turn a model feeds every token
+it has not yet seen (one forward), the pending tokens that every target model
+has now seen are verified (``verify.py``), and the model then drafts ``gamma``
+tokens. If after verification every target model already knows the next
+position, the next token is sampled from the target directly (the bonus).
+
+* ``sd``:    ``[(draft, g), (target, 0)]``, target ``[target]``
+* ``*_sd``:  ``[(proposer, g), (other, 0), ...]``, target: every model
+* ``*_se``:  ``[(m_1, g_1), (m_2, g_2), ...]`` in rotation, target: every model
+
+A rejection discards every pending token and restarts the schedule.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .runner import Runner
+from .sampling import Sampling, probs, sample
+from .stats import GenerationStats, ModelStats
+from .verify import verify_greedy, verify_sampled
+
+
+class Member:
+    """A runner plus its logits rows for positions ``[first, runner.length]``."""
+
+    def __init__(self, runner: Runner):
+        self.runner = runner
+        self.rows: Tensor | None = None
+        self.first = 0
+
+    @property
+    def stats(self) -> ModelStats:
+        return self.runner.stats
+
+    def knows(self, pos: int) -> bool:
+        """Whether this model has the row predicting the token at ``pos``."""
+        return self.rows is not None and self.first <= pos <= self.runner.length
+
+    def span(self, start: int, stop: int) -> Tensor:
+        return self.rows[start - self.first : stop - self.first]
+
+    def catch_up(self, tokens: list[int], committed: int) -> None:
+        """Feed ``tokens[runner.length:]``; keep the rows for positions >= ``committed``."""
+        start = self.runner.length
+        if start >= len(tokens):
+            return
+        end = len(tokens)  # the last new row predicts position `end`
+        keep = min(end - start, end - committed + 1)
+        rows = self.runner.extend(tokens[start:], keep)
+        first_new = end - keep + 1
+        if self.rows is not None and first_new == start + 1 and self.first <= start:
+            old = self.rows[max(committed - self.first, 0) :]
+            if old.shape[0]:
+                rows = torch.cat([old, rows])
+                first_new = start + 1 - old.shape[0]
+        self.rows, self.first = rows, first_new
+
+    def rewind(self, length: int) -> None:
+        """Forget every token from position ``length`` on."""
+        self.runner.crop(length)
+        if self.rows is not None:
+            last = self.runner.length
+            self.rows = self.rows[: last - self.first + 1] if last >= self.first else None
+
+
+class Stopper:
+    """Stop conditions: ``max_new_tokens``, EOS ids and stop strings."""
+
+    def __init__(
+        self,
+        max_new_tokens: int,
+        eos_ids: set[int],
+        stop_strings: Sequence[str] = (),
+        decode: Callable[[list[int]], str] | None = None,
+    ):
+        self.max_new_tokens = max_new_tokens
+        self.eos_ids = eos_ids
+        self.stop_strings = list(stop_strings)
+        self.decode = decode
+        # a stop string is found in the decoded tail of this many tokens
+        self.window = max((len(s) for s in self.stop_strings), default=0) + 8
+
+    def reason(self, generated: list[int]) -> str | None:
+        """Why generation stops after the last token of ``generated`` (None: go on)."""
+        if generated[-1] in self.eos_ids:
+            return "eos"
+        if self.stop_strings:
+            tail = self.decode(generated[-self.window :])
+            if any(s in tail for s in self.stop_strings):
+                return "stop_string"
+        if len(generated) >= self.max_new_tokens:
+            return "max_new_tokens"
+        return None
+
+
+TargetFn = Callable[[Sequence[Tensor], Sampling], Tensor]
+
+
+@dataclass
+class Decoder:
+    members: list[Member]
+    targets: list[int]  # members whose logits form the target distribution, in ensemble order
+    target_fn: TargetFn
+    sampling: Sampling
+    stopper: Stopper
+    generator: torch.Generator | None
+    stats: GenerationStats
+    device: torch.device
+
+    def run(self, prompt: list[int], schedule: list[tuple[int, int]] | None) -> list[int]:
+        self.tokens = list(prompt)
+        self.prompt_len = self.committed = len(prompt)
+        self.pending_q: list[Tensor | None] = []
+        self.pending_by: list[ModelStats] = []
+        self.done = self.stopper.max_new_tokens <= 0
+        if self.done:
+            self.stats.stop_reason = "max_new_tokens"
+        self.start = time.perf_counter()
+        if not self.done:
+            if schedule is None:
+                self._autoregressive()
+            else:
+                self._speculative(schedule)
+        return self.tokens[self.prompt_len : self.committed]
+
+    # ---- the target distribution -------------------------------------------------
+
+    def _target(self, start: int, stop: int) -> Tensor:
+        """Target rows for positions [start, stop): probabilities, or argmax tokens if greedy."""
+        rows = [self.members[i].span(start, stop) for i in self.targets]
+        if self.sampling.greedy:
+            return self.target_fn(rows, Sampling.identity()).argmax(dim=-1)
+        return self.target_fn(rows, self.sampling)
+
+    def _draw_target(self) -> int:
+        dist = self._target(self.committed, self.committed + 1)
+        return int(dist[0] if self.sampling.greedy else sample(dist, self.generator)[0])
+
+    def _targets_know(self, pos: int) -> bool:
+        return all(self.members[i].knows(pos) for i in self.targets)
+
+    # ---- committing ---------------------------------------------------------------
+
+    def _commit(self, count: int) -> None:
+        """Make the next ``count`` tokens final, stopping early if a stop condition hits."""
+        start = self.committed
+        for i in range(start, start + count):
+            if self.stats.time_to_first_token_s is None:
+                self.stats.time_to_first_token_s = time.perf_counter() - self.start
+            reason = self.stopper.reason(self.tokens[self.prompt_len : i + 1])
+            if reason is not None:
+                self.committed = i + 1
+                del self.tokens[i + 1 :]
+                self.stats.stop_reason, self.done = reason, True
+                return
+        self.committed = start + count
+
+    # ---- the loops ----------------------------------------------------------------
+
+    def _autoregressive(self) -> None:
+        while not self.done:
+            for i in self.targets:
+                self.members[i].catch_up(self.tokens, self.committed)
+            self.tokens.append(self._draw_target())
+            self._commit(1)
+
+    def _speculative(self, schedule: list[tuple[int, int]]) -> None:
+        turn = 0
+        while not self.done:
+            index, gamma = schedule[turn]
+            member = self.members[index]
+            member.catch_up(self.tokens, self.committed)
+            if self._verify():
+                turn = 0  # a rejection restarts the schedule
+                continue
+            if self.done:
+                break
+            if self.committed == len(self.tokens) and self._targets_know(self.committed):
+                self.tokens.append(self._draw_target())  # bonus token
+                self._commit(1)
+                if self.done:
+                    break
+            self._draft(member, gamma)
+            turn = (turn + 1) % len(schedule)
+
+    def _draft(self, member: Member, gamma: int) -> None:
+        budget = self.stopper.max_new_tokens - (len(self.tokens) - self.prompt_len)
+        for _ in range(min(gamma, budget)):
+            member.catch_up(self.tokens, self.committed)
+            row = member.span(len(self.tokens), len(self.tokens) + 1)
+            if self.sampling.greedy:
+                token, q = int(row[0].argmax()), None
+            else:
+                q = probs(row, self.sampling)
+                token = int(sample(q, self.generator)[0])
+                q = q[0]
+            self.tokens.append(token)
+            self.pending_q.append(q)
+            self.pending_by.append(member.stats)
+            member.stats.proposed += 1
+            if token in self.stopper.eos_ids:
+                break
+
+    def _verify(self) -> bool:
+        """Verify the pending tokens every target model has seen; True on a rejection."""
+        start = self.committed
+        pending = len(self.tokens) - start
+        seen = min(self.members[i].runner.length for i in self.targets) - start + 1
+        count = min(pending, seen)
+        if count <= 0:
+            return False
+        proposed = torch.tensor(self.tokens[start : start + count], device=self.device)
+        target = self._target(start, start + count)
+        if self.sampling.greedy:
+            accepted, fix = verify_greedy(target, proposed)
+        else:
+            accepted, fix = verify_sampled(target, proposed, self.pending_q[:count], self.generator)
+        self.stats.rounds += 1
+        self.stats.accepted += accepted
+        for j, by in enumerate(self.pending_by[: min(accepted + 1, count)]):
+            by.verified += 1
+            by.accepted += j < accepted
+        if fix is None:
+            del self.pending_q[:count], self.pending_by[:count]
+            self._commit(count)
+            return False
+        del self.tokens[start + accepted :]
+        self.tokens.append(fix)
+        self.pending_q.clear()
+        self.pending_by.clear()
+        for m in self.members:
+            m.rewind(start + accepted)
+        self._commit(accepted + 1)
+        return True

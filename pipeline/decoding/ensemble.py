@@ -1,0 +1,119 @@
+"""Ensemble functions: the target distribution ``r`` from every member's logits.
+
+An ensemble function maps the list of member logits (each ``[k, V]``, in the
+method's model order), the sampling settings and its own parameters to a
+probability tensor ``[k, V]``. Greedy decoding calls it with
+``Sampling.identity()`` and takes the argmax, so greedy never falls back to one
+model's argmax.
+
+Register a new one by name and the methods ``<name>``, ``<name>_sd`` and
+``<name>_se`` exist at once::
+
+    @register_ensemble("geo", params={"weights": None})
+    def geometric(logits, sampling, weights):
+        ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .sampling import Sampling, probs
+
+EnsembleFn = Callable[..., Tensor]
+
+
+@dataclass(frozen=True)
+class Ensemble:
+    name: str
+    fn: EnsembleFn
+    params: dict[str, Any] = field(default_factory=dict)  # accepted parameters and defaults
+    min_models: int = 2
+    max_models: int | None = None
+    check: Callable[[dict[str, Any], int], dict[str, Any]] | None = None  # validate/normalise
+
+
+ENSEMBLES: dict[str, Ensemble] = {}
+
+
+def register_ensemble(
+    name: str,
+    params: dict[str, Any] | None = None,
+    min_models: int = 2,
+    max_models: int | None = None,
+    check: Callable[[dict[str, Any], int], dict[str, Any]] | None = None,
+) -> Callable[[EnsembleFn], EnsembleFn]:
+    """Register an ensemble function under ``name`` (a decorator)."""
+
+    def decorator(fn: EnsembleFn) -> EnsembleFn:
+        if name in ENSEMBLES or name.endswith(("_sd", "_se")) or not name.isidentifier():
+            raise ValueError(f"cannot register ensemble {name!r}: name taken or not a plain identifier")
+        ENSEMBLES[name] = Ensemble(name, fn, dict(params or {}), min_models, max_models, check)
+        return fn
+
+    return decorator
+
+
+def _check_weights(args: dict[str, Any], n_models: int) -> dict[str, Any]:
+    lam, weights = args.pop("lambda", None), args.get("weights")
+    if lam is not None:
+        if weights is not None:
+            raise ValueError("give either 'lambda' or 'weights' for a weighted ensemble, not both")
+        if n_models != 2:
+            raise ValueError(f"'lambda' needs exactly 2 models, got {n_models}; use 'weights' for {n_models}")
+        if not isinstance(lam, (int, float)) or not 0.0 <= lam <= 1.0:
+            raise ValueError(f"lambda={lam!r} is outside the accepted range [0, 1]")
+        weights = [1.0 - lam, float(lam)]
+    if weights is None:
+        weights = [1.0 / n_models] * n_models
+    if len(weights) != n_models or any(not isinstance(w, (int, float)) or w < 0 for w in weights):
+        raise ValueError(f"weights={weights!r}: expected {n_models} non-negative numbers, one per model")
+    total = float(sum(weights))
+    if total <= 0:
+        raise ValueError(f"weights={weights!r} sum to zero")
+    args["weights"] = [float(w) / total for w in weights]
+    return args
+
+
+@register_ensemble("we", params={"weights": None, "lambda": None}, check=_check_weights)
+def weighted_ensemble(logits: Sequence[Tensor], sampling: Sampling, weights: Sequence[float]) -> Tensor:
+    """``r = sum_k w_k softmax(warp(l_k))``."""
+    out = None
+    for w, row in zip(weights, logits):
+        if w == 0.0:
+            continue
+        term = probs(row, sampling) * w
+        out = term if out is None else out.add_(term)
+    return out
+
+
+def _check_cd(args: dict[str, Any], n_models: int) -> dict[str, Any]:
+    alpha, beta = args.get("alpha"), args.get("beta")
+    if not isinstance(alpha, (int, float)) or alpha < 0:
+        raise ValueError(f"alpha={alpha!r}: expected a number >= 0")
+    if beta is not None and (not isinstance(beta, (int, float)) or not 0.0 <= beta <= 1.0):
+        raise ValueError(f"beta={beta!r} is outside the accepted range [0, 1] (or null for no plausibility mask)")
+    return args
+
+
+@register_ensemble("cd", params={"alpha": 0.1, "beta": None}, max_models=2, check=_check_cd)
+def contrastive_decoding(logits: Sequence[Tensor], sampling: Sampling, alpha: float, beta: float | None) -> Tensor:
+    """``r = softmax(warp(l_expert - alpha * l_amateur))`` over the plausible set."""
+    expert, amateur = logits
+    scores = expert - alpha * amateur
+    if beta:
+        expert_probs = torch.softmax(expert, dim=-1)
+        implausible = expert_probs < beta * expert_probs.amax(dim=-1, keepdim=True)
+        scores = scores.masked_fill(implausible, float("-inf"))
+    return probs(scores, sampling)
+
+
+def single_model(logits: Sequence[Tensor], sampling: Sampling) -> Tensor:
+    """The target of one-model methods (``large_model``, ``small_model``, ``sd``)."""
+    (row,) = logits
+    return probs(row, sampling)

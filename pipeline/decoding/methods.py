@@ -1,0 +1,249 @@
+"""Method names, argument checks and the public ``generate`` entry point."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+
+from .engine import Decoder, Member, Stopper
+from .ensemble import ENSEMBLES, single_model
+from .runner import HFRunner
+from .sampling import Sampling
+from .stats import GenerationStats, ModelStats
+
+SINGLE_METHODS = ("large_model", "small_model", "sd")
+COMMON_ARGS = ("proposer",)
+
+
+def method_names() -> list[str]:
+    """Every accepted method name, registered ensembles included."""
+    names = list(SINGLE_METHODS)
+    for name in ENSEMBLES:
+        names += [name, f"{name}_sd", f"{name}_se"]
+    return names
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    stats: GenerationStats
+    text: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a method runs: target members, target function, schedule (None: autoregressive)."""
+
+    members: list[int]
+    target_fn: Callable
+    schedule: list[tuple[int, int]] | None
+
+
+def _vocab_size(models: Sequence[torch.nn.Module], vocab_size: int | None) -> int:
+    sizes = [int(m.get_output_embeddings().weight.shape[0]) for m in models]
+    if vocab_size is not None:
+        if not isinstance(vocab_size, int) or vocab_size < 1 or vocab_size > min(sizes):
+            raise ValueError(f"vocab_size={vocab_size!r} must be a positive int no larger than every model's ({sizes})")
+        return vocab_size
+    if len(set(sizes)) > 1:
+        desc = ", ".join(f"model {i}: {s}" for i, s in enumerate(sizes))
+        raise ValueError(
+            f"models have different vocabularies ({desc}); an ensemble needs one shared tokenizer "
+            "(pass vocab_size=<tokenizer size> if only the embedding matrices are padded)"
+        )
+    return sizes[0]
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_gamma(method: str, gamma: Any, n_models: int) -> list[int]:
+    """Return one gamma per model."""
+    if _is_int(gamma):
+        if gamma < 1:
+            raise ValueError(f"gamma={gamma} for {method!r}: must be an int >= 1")
+        return [gamma] * n_models
+    if isinstance(gamma, (list, tuple)):
+        if not method.endswith("_se"):
+            raise ValueError(f"gamma={list(gamma)} for {method!r}: a list is for *_se methods; give one int >= 1")
+        if len(gamma) != n_models or not all(_is_int(g) and g >= 1 for g in gamma):
+            raise ValueError(f"gamma={list(gamma)} for {method!r}: expected {n_models} ints >= 1, one per model")
+        return list(gamma)
+    raise ValueError(f"gamma={gamma!r} for {method!r}: expected an int >= 1 or a list of ints")
+
+
+def cheapest(models: Sequence[torch.nn.Module]) -> int:
+    """Index of the model with the fewest parameters (the later one on a tie)."""
+    sizes = [sum(p.numel() for p in m.parameters()) for m in models]
+    return max(range(len(models)), key=lambda i: (-sizes[i], i))
+
+
+def plan_method(
+    method: str, models: Sequence[torch.nn.Module], gamma: Any, method_args: dict[str, Any]
+) -> tuple[Plan, dict[str, Any]]:
+    """Check a method and its arguments against the models; return its plan and resolved args."""
+    n = len(models)
+    args = dict(method_args)
+    if method not in method_names():
+        raise ValueError(f"unknown method {method!r}; accepted: {', '.join(method_names())}")
+
+    if method in SINGLE_METHODS:
+        accepted: dict[str, Any] = {}
+        base = method
+    else:
+        base = method.removesuffix("_sd").removesuffix("_se")
+        ens = ENSEMBLES[base]
+        accepted = dict(ens.params)
+    if method.endswith(("_sd", "_se")):
+        accepted["proposer"] = None
+    unknown = sorted(set(args) - set(accepted))
+    if unknown:
+        keys = ", ".join(sorted(accepted)) or "none"
+        raise ValueError(f"unknown method_args {unknown} for {method!r}; accepted: {keys}")
+
+    if method in ("large_model", "small_model"):
+        index = 0 if method == "large_model" else n - 1
+        return Plan([index], single_model, None), args
+    if method == "sd":
+        if n != 2:
+            raise ValueError(f"'sd' needs 2 models [target, draft], got {n}")
+        g = _check_gamma(method, gamma, n)[1]
+        return Plan([0], single_model, [(1, g), (0, 0)]), args
+
+    if n < ens.min_models or (ens.max_models is not None and n > ens.max_models):
+        want = (
+            str(ens.min_models)
+            if ens.max_models == ens.min_models
+            else (f"{ens.min_models}" + (f" to {ens.max_models}" if ens.max_models else " or more"))
+        )
+        raise ValueError(f"{method!r} needs {want} models, got {n}")
+    proposer = args.pop("proposer", None)
+    params = {**ens.params, **args}
+    if ens.check is not None:
+        params = ens.check(params, n)
+    params = {k: v for k, v in params.items() if k in ens.params and k != "lambda"}
+    target_fn = partial(ens.fn, **params)
+    members = list(range(n))
+    if method == base:
+        return Plan(members, target_fn, None), params
+    if proposer is None:
+        proposer = cheapest(models)
+    if not _is_int(proposer) or not 0 <= proposer < n:
+        raise ValueError(f"proposer={proposer!r} for {method!r}: expected a model index in 0..{n - 1}")
+    gammas = _check_gamma(method, gamma, n)
+    if method.endswith("_sd"):
+        schedule = [(proposer, gammas[proposer])] + [(i, 0) for i in members if i != proposer]
+    else:
+        order = members[proposer:] + members[:proposer]
+        schedule = [(i, gammas[i]) for i in order]
+    return Plan(members, target_fn, schedule), {**params, "proposer": proposer, "gamma": gammas}
+
+
+def _check_sampling(temperature: Any, top_k: Any, top_p: Any, max_new_tokens: Any) -> Sampling:
+    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or temperature < 0:
+        raise ValueError(f"temperature={temperature!r}: expected a number >= 0 (0 is greedy)")
+    if not _is_int(top_k) or top_k < 0:
+        raise ValueError(f"top_k={top_k!r}: expected an int >= 0 (0 turns it off)")
+    if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+        raise ValueError(f"top_p={top_p!r}: expected a number in (0, 1] (1 turns it off)")
+    if not _is_int(max_new_tokens) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens={max_new_tokens!r}: expected an int >= 0")
+    return Sampling(float(temperature), top_k, float(top_p))
+
+
+def _prompt_list(prompt_ids: Any) -> list[int]:
+    if isinstance(prompt_ids, torch.Tensor):
+        if prompt_ids.dim() == 2 and prompt_ids.shape[0] == 1:
+            prompt_ids = prompt_ids[0]
+        if prompt_ids.dim() != 1:
+            raise ValueError(f"prompt_ids of shape {tuple(prompt_ids.shape)}: expected one sequence")
+        prompt_ids = prompt_ids.tolist()
+    prompt = list(prompt_ids)
+    if not prompt or not all(_is_int(t) for t in prompt):
+        raise ValueError("prompt_ids must be a non-empty sequence of token ids")
+    return prompt
+
+
+def _eos_set(eos_token_id: Any) -> set[int]:
+    if eos_token_id is None:
+        return set()
+    ids = [eos_token_id] if _is_int(eos_token_id) else list(eos_token_id)
+    return {int(i) for i in ids}
+
+
+def generate(
+    models: Sequence[torch.nn.Module],
+    prompt_ids: Sequence[int] | torch.Tensor,
+    method: str = "large_model",
+    gamma: int | Sequence[int] = 1,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    method_args: dict[str, Any] | None = None,
+    seed: int = 0,
+    eos_token_id: int | Sequence[int] | None = None,
+    *,
+    stop_strings: Sequence[str] = (),
+    tokenizer: Any = None,
+    vocab_size: int | None = None,
+) -> GenerationResult:
+    """Generate a continuation of ``prompt_ids`` with ``method``.
+
+    ``models`` are loaded causal LMs in the order the method names them:
+    ``[target, draft]`` for ``sd``; ``[expert, amateur]`` for ``cd*``; the
+    weight order for ``we*``. ``large_model`` runs ``models[0]``,
+    ``small_model`` runs ``models[-1]``. ``gamma`` is an int, or for ``*_se``
+    a list with one entry per model; ``method_args`` holds the ensemble's
+    parameters (``lambda`` or ``weights``; ``alpha``, ``beta``) and, for
+    ``*_sd``/``*_se``, ``proposer`` (the index of the model that proposes
+    first; default the one with the fewest parameters). Stop strings need a
+    ``tokenizer``. Raises ``ValueError`` on any bad argument before decoding.
+    """
+    if not isinstance(models, (list, tuple)) or not models:
+        raise ValueError("models must be a non-empty list of causal LMs")
+    vocab = _vocab_size(models, vocab_size)
+    plan, resolved = plan_method(method, models, gamma, dict(method_args or {}))
+    sampling = _check_sampling(temperature, top_k, top_p, max_new_tokens)
+    prompt = _prompt_list(prompt_ids)
+    if stop_strings and tokenizer is None:
+        raise ValueError("stop_strings need a tokenizer to decode the output")
+    if not _is_int(seed):
+        raise ValueError(f"seed={seed!r}: expected an int")
+
+    used = sorted(set(plan.members) | {i for i, _ in plan.schedule or []})
+    device = next(models[used[0]].parameters()).device
+    stats = GenerationStats(method=method, prompt_tokens=len(prompt))
+    stats.models = [ModelStats() for _ in models]
+    members = [Member(HFRunner(m, vocab, stats.models[i])) for i, m in enumerate(models)]
+    generator = None
+    if not sampling.greedy:
+        generator = torch.Generator(device=device)
+        generator.manual_seed(seed)
+    decode = (lambda ids: tokenizer.decode(ids)) if tokenizer is not None else None
+    decoder = Decoder(
+        members=members,
+        targets=plan.members,
+        target_fn=plan.target_fn,
+        sampling=sampling,
+        stopper=Stopper(max_new_tokens, _eos_set(eos_token_id), stop_strings, decode),
+        generator=generator,
+        stats=stats,
+        device=device,
+    )
+    start = time.perf_counter()
+    with torch.inference_mode():
+        tokens = decoder.run(prompt, plan.schedule)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    stats.wall_time_s = time.perf_counter() - start
+    stats.new_tokens = len(tokens)
+    text = tokenizer.decode(tokens) if tokenizer is not None else None
+    return GenerationResult(tokens, stats, text, {"method_args": resolved})

@@ -1,0 +1,46 @@
+"""Tiny float64 Llama models for exact and statistical tests (no downloads)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+# tiny models: threads cost more than they give
+torch.set_num_threads(1)
+
+
+def tiny_llama(seed: int, vocab: int = 32, hidden: int = 16, layers: int = 1, init: float = 0.5) -> LlamaForCausalLM:
+    """A random Llama-shaped causal LM in float64, peaked enough to have structure."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        initializer_range=init,
+        tie_word_embeddings=False,
+    )
+    return LlamaForCausalLM(config).to(torch.float64).eval()
+
+
+def perturbed(model: LlamaForCausalLM, noise: float, seed: int) -> LlamaForCausalLM:
+    """A copy of ``model`` with Gaussian noise on every weight: a draft that partly agrees."""
+    out = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * noise)
+    return out
+
+
+@pytest.fixture(scope="session")
+def trio():
+    """A target, a close draft and a third, different model (vocabulary 32)."""
+    target = tiny_llama(0, layers=2, hidden=32)
+    return target, perturbed(target, 0.08, seed=1), tiny_llama(2)

@@ -1,0 +1,55 @@
+"""The real bundled model: losslessness on SmolLM2-135M-Instruct and a benchmark smoke run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipeline import bench
+from pipeline.decoding import generate
+from pipeline.models import ModelError, load, load_bundled, truncated_copy
+
+
+@pytest.fixture(scope="module")
+def smol():
+    model, tokenizer = load_bundled()
+    return model, tokenizer
+
+
+def test_speculative_methods_match_baselines_on_the_real_model(smol):
+    model, tokenizer = smol
+    target = model.to(torch.float64)  # float64: k-row and one-row forwards agree to the last bit
+    try:
+        draft = truncated_copy(target, 2)
+        prompts = bench.humaneval_prompts(2)
+        for text in prompts:
+            ids = tokenizer(text).input_ids
+            kw = dict(max_new_tokens=12, eos_token_id=tokenizer.eos_token_id)
+            base = generate([target, draft], ids, "large_model", **kw).token_ids
+            assert generate([target, draft], ids, "sd", gamma=3, **kw).token_ids == base
+            we = generate([target, draft], ids, "we", method_args={"lambda": 0.5}, **kw).token_ids
+            se = generate([target, draft], ids, "we_se", gamma=[1, 3], method_args={"lambda": 0.5}, **kw)
+            assert se.token_ids == we
+    finally:
+        model.to(torch.float32)
+
+
+def test_truncated_copy_keeps_the_original(smol):
+    model, _ = smol
+    n = len(model.model.layers)
+    draft = truncated_copy(model, 1)
+    assert len(draft.model.layers) == 1 and len(model.model.layers) == n
+    with pytest.raises(ModelError, match="n_layers=0"):
+        truncated_copy(model, 0)
+
+
+def test_missing_model_directory_is_one_clear_error(tmp_path):
+    with pytest.raises(ModelError, match="not found"):
+        load(tmp_path / "nope")
+
+
+def test_benchmark_runs_and_prints_every_method(capsys):
+    assert bench.main(["--prompts", "1", "--max-new-tokens", "4", "--gamma", "1"]) == 0
+    out = capsys.readouterr().out
+    for label in ("large_model", "sd g=1", "hf_assisted g=1", "we_se g=[1,1]", "cd_se g=[1,1]", "ours"):
+        assert label in out

@@ -1,0 +1,92 @@
+"""Greedy losslessness: every accelerated method emits exactly its baseline's tokens."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from pipeline.decoding import generate
+
+PROMPTS = [[random.Random(i).randrange(32) for _ in range(n)] for i, n in enumerate([1, 3, 8, 17, 5, 2])]
+LENGTHS = [1, 6, 40]
+
+
+def run(models, prompt, method, n, **kw):
+    return generate(models, prompt, method, max_new_tokens=n, **kw)
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("n", LENGTHS)
+def test_sd_equals_large_model(trio, gamma, n):
+    target, draft, other = trio
+    accepted = 0
+    for pair in ([target, draft], [target, other]):
+        for prompt in PROMPTS:
+            base = run(pair, prompt, "large_model", n).token_ids
+            result = run(pair, prompt, "sd", n, gamma=gamma)
+            assert result.token_ids == base, (prompt, gamma)
+            accepted += result.stats.accepted
+    if n > 1:
+        assert accepted > 0, "the close draft should have some tokens accepted"
+
+
+ENSEMBLE_ARGS = {"we": {"lambda": 0.4}, "cd": {"alpha": 0.3}}
+GAMMAS = {"_sd": [1, 2, 4, 7], "_se": [1, 3, [1, 4], [3, 1], [2, 2]]}
+
+
+@pytest.mark.parametrize("ensemble", ["we", "cd"])
+@pytest.mark.parametrize("variant", ["_sd", "_se"])
+@pytest.mark.parametrize("proposer", [0, 1])
+def test_two_model_ensembles_equal_standard_ensemble(trio, ensemble, variant, proposer):
+    target, draft, _ = trio
+    models = [target, draft]
+    args = ENSEMBLE_ARGS[ensemble]
+    accepted = 0
+    for prompt in PROMPTS:
+        for n in LENGTHS:
+            base = run(models, prompt, ensemble, n, method_args=args).token_ids
+            for gamma in GAMMAS[variant]:
+                result = run(
+                    models, prompt, ensemble + variant, n, gamma=gamma, method_args={**args, "proposer": proposer}
+                )
+                assert result.token_ids == base, (prompt, n, gamma)
+                accepted += result.stats.accepted
+    assert accepted > 0
+
+
+@pytest.mark.parametrize("proposer", [0, 1, 2])
+@pytest.mark.parametrize("gamma", [1, 2, [1, 2, 3], [3, 1, 1], [2, 4, 1]])
+def test_three_model_weighted_ensemble(trio, proposer, gamma):
+    weights = [0.5, 0.3, 0.2]
+    for prompt in PROMPTS:
+        base = run(list(trio), prompt, "we", 30, method_args={"weights": weights}).token_ids
+        for method in ("we_se", "we_sd"):
+            if method == "we_sd" and isinstance(gamma, list):
+                continue
+            result = run(
+                list(trio), prompt, method, 30, gamma=gamma, method_args={"weights": weights, "proposer": proposer}
+            )
+            assert result.token_ids == base, (method, prompt)
+
+
+def test_greedy_weighted_ensemble_is_not_one_models_argmax(trio):
+    """Greedy WE must take argmax of the mixture, which differs from each member's own argmax."""
+    target, _, other = trio
+    differs = 0
+    for prompt in PROMPTS:
+        ens = run([target, other], prompt, "we", 20, method_args={"lambda": 0.5}).token_ids
+        differs += ens != run([target, other], prompt, "large_model", 20).token_ids
+        differs += ens != run([target, other], prompt, "small_model", 20).token_ids
+    assert differs >= len(PROMPTS)
+
+
+def test_cd_expert_is_the_first_model_whatever_the_proposer(trio):
+    target, draft, _ = trio
+    prompt = PROMPTS[2]
+    forward = run([target, draft], prompt, "cd", 20, method_args={"alpha": 0.5}).token_ids
+    swapped = run([draft, target], prompt, "cd", 20, method_args={"alpha": 0.5}).token_ids
+    assert forward != swapped
+    for proposer in (0, 1):
+        se = run([target, draft], prompt, "cd_se", 20, gamma=[2, 2], method_args={"alpha": 0.5, "proposer": proposer})
+        assert se.token_ids == forward

@@ -1,0 +1,146 @@
+"""Sampling losslessness: the first two tokens follow the exact target distribution.
+
+With a vocabulary of 6 the joint distribution of the first two generated
+tokens (36 outcomes) is computed exactly by enumeration, from full forwards
+without any cache, with a warp and ensemble functions written here again
+independently of the decoder. Each method is run for N seeds and its empirical
+joint distribution is compared with the exact one by a chi-square test
+(bins with expected count < 5 merged) at significance level ALPHA. Seeds are
+fixed, so the test is deterministic; ``test_the_check_has_power`` shows the
+same check rejects a wrong distribution.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from pipeline.decoding import generate
+
+from .conftest import perturbed, tiny_llama
+
+VOCAB = 6
+N = 2000
+ALPHA = 1e-3
+PROMPT = [1, 4, 2]
+SETTINGS = [
+    {"temperature": 1.0, "top_k": 0, "top_p": 1.0},
+    {"temperature": 0.7, "top_k": 3, "top_p": 1.0},
+    {"temperature": 1.5, "top_k": 0, "top_p": 0.7},
+]
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = tiny_llama(10, vocab=VOCAB, hidden=16, init=0.6)
+    return [target, perturbed(target, 0.35, seed=11), tiny_llama(12, vocab=VOCAB, init=0.6)]
+
+
+# ---- an independent reference -------------------------------------------------------
+
+
+def ref_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+    x = logits / temperature
+    if 0 < top_k < len(x):
+        x = np.where(x >= np.sort(x)[-top_k], x, -np.inf)
+    p = np.exp(x - x.max())
+    p /= p.sum()
+    if top_p < 1:
+        keep = np.zeros(len(x), bool)
+        mass = 0.0
+        for i in sorted(range(len(x)), key=lambda i: -x[i]):
+            if mass >= top_p:
+                break
+            keep[i] = True
+            mass += p[i]
+        p = np.where(keep, p, 0.0)
+        p /= p.sum()
+    return p
+
+
+def logits_after(model, tokens: list[int]) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.tensor([tokens])).logits[0, -1].numpy()
+
+
+def ref_target(kind: str, models, tokens, setting, args) -> np.ndarray:
+    logits = [logits_after(m, tokens) for m in models]
+    if kind == "single":
+        return ref_probs(logits[0], **setting)
+    if kind == "we":
+        return sum(w * ref_probs(l, **setting) for w, l in zip(args["weights"], logits))
+    if kind == "cd":
+        return ref_probs(logits[0] - args["alpha"] * logits[1], **setting)
+    raise AssertionError(kind)
+
+
+def exact_joint(kind, models, setting, args) -> np.ndarray:
+    first = ref_target(kind, models, PROMPT, setting, args)
+    return np.stack([first[a] * ref_target(kind, models, PROMPT + [a], setting, args) for a in range(VOCAB)])
+
+
+def chi_square_pvalue(counts: np.ndarray, expected_p: np.ndarray) -> float:
+    counts, expected = counts.ravel(), expected_p.ravel() * counts.sum()
+    impossible = expected == 0
+    assert counts[impossible].sum() == 0, "sampled an outcome of probability zero"
+    small = (expected < 5) & ~impossible
+    obs = np.append(counts[~small & ~impossible], counts[small].sum())
+    exp = np.append(expected[~small & ~impossible], expected[small].sum())
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    stat = ((obs - exp) ** 2 / exp).sum()
+    return float(stats.chi2.sf(stat, len(obs) - 1))
+
+
+def empirical_joint(models, method, setting, **kw) -> np.ndarray:
+    counts = np.zeros((VOCAB, VOCAB))
+    for seed in range(N):
+        out = generate(models, PROMPT, method, max_new_tokens=2, seed=seed, **setting, **kw).token_ids
+        counts[out[0], out[1]] += 1
+    return counts
+
+
+# ---- the cases ----------------------------------------------------------------------------
+
+TWO = {"we": {"lambda": 0.5}, "cd": {"alpha": 0.3}}
+CASES = [
+    # (method, model indices, reference kind, reference args, generate kwargs)
+    ("large_model", [0, 1], "single", {}, {}),
+    ("sd", [0, 1], "single", {}, {"gamma": 2}),
+    ("sd", [0, 2], "single", {}, {"gamma": 1}),
+    ("we", [0, 1], "we", {"weights": [0.5, 0.5]}, {"method_args": TWO["we"]}),
+    ("we_sd", [0, 1], "we", {"weights": [0.5, 0.5]}, {"method_args": TWO["we"], "gamma": 2}),
+    ("we_se", [0, 1], "we", {"weights": [0.5, 0.5]}, {"method_args": TWO["we"], "gamma": [1, 2]}),
+    (
+        "we_se",
+        [0, 1, 2],
+        "we",
+        {"weights": [0.2, 0.3, 0.5]},
+        {"method_args": {"weights": [0.2, 0.3, 0.5], "proposer": 0}, "gamma": [1, 1, 2]},
+    ),
+    ("cd", [0, 1], "cd", {"alpha": 0.3}, {"method_args": TWO["cd"]}),
+    ("cd_sd", [0, 1], "cd", {"alpha": 0.3}, {"method_args": TWO["cd"], "gamma": 2}),
+    ("cd_se", [0, 1], "cd", {"alpha": 0.3}, {"method_args": {**TWO["cd"], "proposer": 0}, "gamma": [2, 1]}),
+]
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: "T{temperature}-k{top_k}-p{top_p}".format(**s))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{len(c[1])}models")
+def test_first_two_tokens_follow_the_target(models, case, setting):
+    method, idx, kind, ref_args, kw = case
+    chosen = [models[i] for i in idx]
+    expected = exact_joint(kind, chosen, setting, ref_args)
+    counts = empirical_joint(chosen, method, setting, **kw)
+    p = chi_square_pvalue(counts, expected)
+    tv = 0.5 * np.abs(counts / N - expected).sum()
+    assert p > ALPHA, f"{method}: chi-square p={p:.2e}, total variation {tv:.3f}"
+
+
+def test_the_check_has_power(models):
+    """The draft model's own samples must fail the check against the target's distribution."""
+    setting = SETTINGS[0]
+    expected = exact_joint("single", models[:2], setting, {})
+    counts = empirical_joint(models[:2], "small_model", setting)
+    assert chi_square_pvalue(counts, expected) < ALPHA
