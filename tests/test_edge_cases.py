@@ -115,7 +115,7 @@ def test_ties_under_greedy():
     for method, gamma in (("rounded_mean_sd", 3), ("rounded_mean_se", [2, 3]), ("rounded_mean_se", [3, 1])):
         for proposer in (0, 1):
             out = generate(
-                models, PROMPT, method, gamma=gamma, max_new_tokens=40, method_args={**args, "proposer": proposer}
+                models, PROMPT, method, gamma=gamma, max_new_tokens=40, method_args={**args, "first_proposer": proposer}
             )
             assert out.token_ids == base, (method, gamma, proposer)
 

@@ -48,7 +48,7 @@ def test_two_model_ensembles_equal_standard_ensemble(trio, ensemble, variant, pr
             base = run(models, prompt, ensemble, n, method_args=args).token_ids
             for gamma in GAMMAS[variant]:
                 result = run(
-                    models, prompt, ensemble + variant, n, gamma=gamma, method_args={**args, "proposer": proposer}
+                    models, prompt, ensemble + variant, n, gamma=gamma, method_args={**args, "first_proposer": proposer}
                 )
                 assert result.token_ids == base, (prompt, n, gamma)
                 accepted += result.stats.accepted
@@ -65,7 +65,12 @@ def test_three_model_weighted_ensemble(trio, proposer, gamma):
             if method == "we_sd" and isinstance(gamma, list):
                 continue
             result = run(
-                list(trio), prompt, method, 30, gamma=gamma, method_args={"weights": weights, "proposer": proposer}
+                list(trio),
+                prompt,
+                method,
+                30,
+                gamma=gamma,
+                method_args={"weights": weights, "first_proposer": proposer},
             )
             assert result.token_ids == base, (method, prompt)
 
@@ -88,5 +93,7 @@ def test_cd_expert_is_the_first_model_whatever_the_proposer(trio):
     swapped = run([draft, target], prompt, "cd", 20, method_args={"alpha": 0.5}).token_ids
     assert forward != swapped
     for proposer in (0, 1):
-        se = run([target, draft], prompt, "cd_se", 20, gamma=[2, 2], method_args={"alpha": 0.5, "proposer": proposer})
+        se = run(
+            [target, draft], prompt, "cd_se", 20, gamma=[2, 2], method_args={"alpha": 0.5, "first_proposer": proposer}
+        )
         assert se.token_ids == forward

@@ -25,6 +25,7 @@ VOCAB = 6
 N = 2000
 ALPHA = 1e-3
 PROMPT = [1, 4, 2]
+REPEAT = [1, 4, 2, 1, 4]  # prompt lookup proposes 2, then 1 after "4 2"
 SETTINGS = [
     {"temperature": 1.0, "top_k": 0, "top_p": 1.0},
     {"temperature": 0.7, "top_k": 3, "top_p": 1.0},
@@ -76,9 +77,9 @@ def ref_target(kind: str, models, tokens, setting, args) -> np.ndarray:
     raise AssertionError(kind)
 
 
-def exact_joint(kind, models, setting, args) -> np.ndarray:
-    first = ref_target(kind, models, PROMPT, setting, args)
-    return np.stack([first[a] * ref_target(kind, models, PROMPT + [a], setting, args) for a in range(VOCAB)])
+def exact_joint(kind, models, setting, args, prompt=PROMPT) -> np.ndarray:
+    first = ref_target(kind, models, prompt, setting, args)
+    return np.stack([first[a] * ref_target(kind, models, prompt + [a], setting, args) for a in range(VOCAB)])
 
 
 def chi_square_pvalue(counts: np.ndarray, expected_p: np.ndarray) -> float:
@@ -94,10 +95,10 @@ def chi_square_pvalue(counts: np.ndarray, expected_p: np.ndarray) -> float:
     return float(stats.chi2.sf(stat, len(obs) - 1))
 
 
-def empirical_joint(models, method, setting, **kw) -> np.ndarray:
+def empirical_joint(models, method, setting, prompt=PROMPT, **kw) -> np.ndarray:
     counts = np.zeros((VOCAB, VOCAB))
     for seed in range(N):
-        out = generate(models, PROMPT, method, max_new_tokens=2, seed=seed, **setting, **kw).token_ids
+        out = generate(models, prompt, method, max_new_tokens=2, seed=seed, **setting, **kw).token_ids
         counts[out[0], out[1]] += 1
     return counts
 
@@ -118,20 +119,39 @@ CASES = [
         [0, 1, 2],
         "we",
         {"weights": [0.2, 0.3, 0.5]},
-        {"method_args": {"weights": [0.2, 0.3, 0.5], "proposer": 0}, "gamma": [1, 1, 2]},
+        {"method_args": {"weights": [0.2, 0.3, 0.5], "first_proposer": 0}, "gamma": [1, 1, 2]},
     ),
     ("cd", [0, 1], "cd", {"alpha": 0.3}, {"method_args": TWO["cd"]}),
     ("cd_sd", [0, 1], "cd", {"alpha": 0.3}, {"method_args": TWO["cd"], "gamma": 2}),
-    ("cd_se", [0, 1], "cd", {"alpha": 0.3}, {"method_args": {**TWO["cd"], "proposer": 0}, "gamma": [2, 1]}),
+    ("cd_se", [0, 1], "cd", {"alpha": 0.3}, {"method_args": {**TWO["cd"], "first_proposer": 0}, "gamma": [2, 1]}),
+    # prompt lookup: one-hot proposals through the same acceptance rule
+    ("sd", [0], "single", {}, {"gamma": 2, "method_args": {"proposer": "lookup"}, "prompt": REPEAT}),
+    ("sd", [0, 1], "single", {}, {"gamma": 2, "method_args": {"proposer": "lookup+draft"}, "prompt": REPEAT}),
+    (
+        "we_se",
+        [0, 1],
+        "we",
+        {"weights": [0.5, 0.5]},
+        {"method_args": {**TWO["we"], "proposer": "lookup+draft"}, "gamma": [1, 2], "prompt": REPEAT},
+    ),
+    (
+        "cd_sd",
+        [0, 1],
+        "cd",
+        {"alpha": 0.3},
+        {"method_args": {**TWO["cd"], "proposer": "lookup"}, "gamma": 2, "prompt": REPEAT},
+    ),
 ]
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: "T{temperature}-k{top_k}-p{top_p}".format(**s))
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{len(c[1])}models")
+@pytest.mark.parametrize(
+    "case", CASES, ids=lambda c: f"{c[0]}-{len(c[1])}models-" + c[4].get("method_args", {}).get("proposer", "draft")
+)
 def test_first_two_tokens_follow_the_target(models, case, setting):
     method, idx, kind, ref_args, kw = case
     chosen = [models[i] for i in idx]
-    expected = exact_joint(kind, chosen, setting, ref_args)
+    expected = exact_joint(kind, chosen, setting, ref_args, kw.get("prompt", PROMPT))
     counts = empirical_joint(chosen, method, setting, **kw)
     p = chi_square_pvalue(counts, expected)
     tv = 0.5 * np.abs(counts / N - expected).sum()

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .lookup import PromptLookup
 from .runner import Runner
 from .sampling import Sampling, probs, sample
 from .stats import GenerationStats, ModelStats
@@ -121,8 +122,9 @@ class Decoder:
     generator: torch.Generator | None
     stats: GenerationStats
     device: torch.device
+    lookup: PromptLookup | None = None  # tried before the model at every drafting step
 
-    def run(self, prompt: list[int], schedule: list[tuple[int, int]] | None) -> list[int]:
+    def run(self, prompt: list[int], schedule: list[tuple[int | None, int]] | None) -> list[int]:
         self.tokens = list(prompt)
         self.prompt_len = self.committed = len(prompt)
         self.pending_q: list[Tensor | None] = []
@@ -179,12 +181,13 @@ class Decoder:
             self.tokens.append(self._draw_target())
             self._commit(1)
 
-    def _speculative(self, schedule: list[tuple[int, int]]) -> None:
+    def _speculative(self, schedule: list[tuple[int | None, int]]) -> None:
         turn = 0
         while not self.done:
             index, gamma = schedule[turn]
-            member = self.members[index]
-            member.catch_up(self.tokens, self.committed)
+            member = None if index is None else self.members[index]  # None: a lookup-only turn
+            if member is not None:
+                member.catch_up(self.tokens, self.committed)
             if self._verify():
                 turn = 0  # a rejection restarts the schedule
                 continue
@@ -198,21 +201,29 @@ class Decoder:
             self._draft(member, gamma)
             turn = (turn + 1) % len(schedule)
 
-    def _draft(self, member: Member, gamma: int) -> None:
+    def _draft(self, member: Member | None, gamma: int) -> None:
+        """Propose up to ``gamma`` tokens: from the lookup where it matches, else from ``member``."""
         budget = self.stopper.max_new_tokens - (len(self.tokens) - self.prompt_len)
         for _ in range(min(gamma, budget)):
-            member.catch_up(self.tokens, self.committed)
-            row = member.span(len(self.tokens), len(self.tokens) + 1)
-            if self.sampling.greedy:
-                token, q = int(row[0].argmax()), None
+            token = self.lookup.propose(self.tokens) if self.lookup is not None else None
+            if token is not None:
+                q, by = None, self.lookup.stats  # one-hot proposal
+            elif member is not None:
+                member.catch_up(self.tokens, self.committed)  # lazily feeds skipped tokens too
+                row = member.span(len(self.tokens), len(self.tokens) + 1)
+                if self.sampling.greedy:
+                    token, q = int(row[0].argmax()), None
+                else:
+                    q = probs(row, self.sampling)
+                    token = int(sample(q, self.generator)[0])
+                    q = q[0]
+                by = member.stats
             else:
-                q = probs(row, self.sampling)
-                token = int(sample(q, self.generator)[0])
-                q = q[0]
+                break
             self.tokens.append(token)
             self.pending_q.append(q)
-            self.pending_by.append(member.stats)
-            member.stats.proposed += 1
+            self.pending_by.append(by)
+            by.proposed += 1
             if token in self.stopper.eos_ids:
                 break
 

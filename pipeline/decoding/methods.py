@@ -12,12 +12,13 @@ import torch
 
 from .engine import Decoder, Member, Stopper
 from .ensemble import ENSEMBLES, single_model
+from .lookup import PromptLookup
 from .runner import HFRunner
 from .sampling import Sampling
 from .stats import GenerationStats, ModelStats
 
 SINGLE_METHODS = ("large_model", "small_model", "sd")
-COMMON_ARGS = ("proposer",)
+PROPOSERS = ("draft", "lookup", "lookup+draft")
 
 
 def method_names() -> list[str]:
@@ -38,11 +39,15 @@ class GenerationResult:
 
 @dataclass(frozen=True)
 class Plan:
-    """What a method runs: target members, target function, schedule (None: autoregressive)."""
+    """What a method runs: target members, target function, schedule (None: autoregressive).
+
+    A schedule turn ``(None, gamma)`` proposes by prompt lookup alone.
+    """
 
     members: list[int]
     target_fn: Callable
-    schedule: list[tuple[int, int]] | None
+    schedule: list[tuple[int | None, int]] | None
+    lookup: bool = False
 
 
 def _vocab_size(models: Sequence[torch.nn.Module], vocab_size: int | None) -> int:
@@ -101,21 +106,29 @@ def plan_method(
         base = method.removesuffix("_sd").removesuffix("_se")
         ens = ENSEMBLES[base]
         accepted = dict(ens.params)
+    speculative = method == "sd" or method.endswith(("_sd", "_se"))
+    if speculative:
+        accepted["proposer"] = "draft"
     if method.endswith(("_sd", "_se")):
-        accepted["proposer"] = None
+        accepted["first_proposer"] = None
     unknown = sorted(set(args) - set(accepted))
     if unknown:
         keys = ", ".join(sorted(accepted)) or "none"
         raise ValueError(f"unknown method_args {unknown} for {method!r}; accepted: {keys}")
+    kind = args.pop("proposer", "draft")
+    if kind not in PROPOSERS:
+        raise ValueError(f"proposer={kind!r} for {method!r}: expected one of {', '.join(PROPOSERS)}")
+    lookup, model_drafts = "lookup" in kind, "draft" in kind
 
     if method in ("large_model", "small_model"):
         index = 0 if method == "large_model" else n - 1
         return Plan([index], single_model, None), args
     if method == "sd":
-        if n != 2:
+        if model_drafts and n != 2:
             raise ValueError(f"'sd' needs 2 models [target, draft], got {n}")
-        g = _check_gamma(method, gamma, n)[1]
-        return Plan([0], single_model, [(1, g), (0, 0)]), args
+        g = _check_gamma(method, gamma, n)[-1]
+        drafter = 1 if model_drafts else None
+        return Plan([0], single_model, [(drafter, g), (0, 0)], lookup), {"proposer": kind, "gamma": g}
 
     if n < ens.min_models or (ens.max_models is not None and n > ens.max_models):
         want = (
@@ -124,7 +137,7 @@ def plan_method(
             else (f"{ens.min_models}" + (f" to {ens.max_models}" if ens.max_models else " or more"))
         )
         raise ValueError(f"{method!r} needs {want} models, got {n}")
-    proposer = args.pop("proposer", None)
+    first = args.pop("first_proposer", None)
     params = {**ens.params, **args}
     if ens.check is not None:
         params = ens.check(params, n)
@@ -133,17 +146,20 @@ def plan_method(
     members = list(range(n))
     if method == base:
         return Plan(members, target_fn, None), params
-    if proposer is None:
-        proposer = cheapest(models)
-    if not _is_int(proposer) or not 0 <= proposer < n:
-        raise ValueError(f"proposer={proposer!r} for {method!r}: expected a model index in 0..{n - 1}")
+    if first is None:
+        first = cheapest(models)
+    if not _is_int(first) or not 0 <= first < n:
+        raise ValueError(f"first_proposer={first!r} for {method!r}: expected a model index in 0..{n - 1}")
     gammas = _check_gamma(method, gamma, n)
-    if method.endswith("_sd"):
-        schedule = [(proposer, gammas[proposer])] + [(i, 0) for i in members if i != proposer]
+    if not model_drafts:  # lookup alone proposes, every model verifies: *_sd and *_se coincide
+        schedule = [(None, gammas[first])] + [(i, 0) for i in members]
+    elif method.endswith("_sd"):
+        schedule = [(first, gammas[first])] + [(i, 0) for i in members if i != first]
     else:
-        order = members[proposer:] + members[:proposer]
+        order = members[first:] + members[:first]
         schedule = [(i, gammas[i]) for i in order]
-    return Plan(members, target_fn, schedule), {**params, "proposer": proposer, "gamma": gammas}
+    resolved = {**params, "proposer": kind, "first_proposer": first, "gamma": gammas}
+    return Plan(members, target_fn, schedule, lookup), resolved
 
 
 def _check_sampling(temperature: Any, top_k: Any, top_p: Any, max_new_tokens: Any) -> Sampling:
@@ -203,9 +219,12 @@ def generate(
     ``small_model`` runs ``models[-1]``. ``gamma`` is an int, or for ``*_se``
     a list with one entry per model; ``method_args`` holds the ensemble's
     parameters (``lambda`` or ``weights``; ``alpha``, ``beta``) and, for
-    ``*_sd``/``*_se``, ``proposer`` (the index of the model that proposes
-    first; default the one with the fewest parameters). Stop strings need a
-    ``tokenizer``. Raises ``ValueError`` on any bad argument before decoding.
+    ``*_sd``/``*_se``, ``first_proposer`` (the index of the model that
+    proposes first; default the one with the fewest parameters). Speculative
+    methods take ``proposer``: ``draft`` (models propose), ``lookup``
+    (prompt lookup alone) or ``lookup+draft`` (lookup where the context
+    matches, the model elsewhere). Stop strings need a ``tokenizer``.
+    Raises ``ValueError`` on any bad argument before decoding.
     """
     if not isinstance(models, (list, tuple)) or not models:
         raise ValueError("models must be a non-empty list of causal LMs")
@@ -218,7 +237,7 @@ def generate(
     if not _is_int(seed):
         raise ValueError(f"seed={seed!r}: expected an int")
 
-    used = sorted(set(plan.members) | {i for i, _ in plan.schedule or []})
+    used = sorted(set(plan.members) | {i for i, _ in plan.schedule or [] if i is not None})
     device = next(models[used[0]].parameters()).device
     stats = GenerationStats(method=method, prompt_tokens=len(prompt))
     stats.models = [ModelStats() for _ in models]
@@ -228,6 +247,10 @@ def generate(
         generator = torch.Generator(device=device)
         generator.manual_seed(seed)
     decode = (lambda ids: tokenizer.decode(ids)) if tokenizer is not None else None
+    lookup = None
+    if plan.lookup:
+        lookup = PromptLookup()
+        stats.proposers["lookup"] = lookup.stats
     decoder = Decoder(
         members=members,
         targets=plan.members,
@@ -237,6 +260,7 @@ def generate(
         generator=generator,
         stats=stats,
         device=device,
+        lookup=lookup,
     )
     start = time.perf_counter()
     with torch.inference_mode():

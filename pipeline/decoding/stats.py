@@ -28,6 +28,7 @@ class GenerationStats:
     prompt_tokens: int = 0
     new_tokens: int = 0
     models: list[ModelStats] = field(default_factory=list)
+    proposers: dict[str, ModelStats] = field(default_factory=dict)  # proposers that are not models
     rounds: int = 0  # verification rounds (blocks of proposals checked against the target)
     accepted: int = 0  # proposals accepted, all proposers together
     wall_time_s: float = 0.0
@@ -51,6 +52,8 @@ class GenerationStats:
         out = asdict(self)
         for d, m in zip(out["models"], self.models):
             d["acceptance_rate"] = m.acceptance_rate
+        for name, m in self.proposers.items():
+            out["proposers"][name]["acceptance_rate"] = m.acceptance_rate
         out["mean_accepted_per_round"] = self.mean_accepted_per_round
         out["forward_time_s"] = self.forward_time_s
         out["overhead"] = self.overhead

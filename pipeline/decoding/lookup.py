@@ -1,0 +1,37 @@
+"""Prompt lookup: proposals copied from the context, no model needed.
+
+The last ``n`` tokens (``n`` from ``max_ngram`` down to ``min_ngram``) are
+searched for earlier in the context; the token that followed their most recent
+earlier occurrence is proposed. A proposal is a deterministic function of the
+context, so its proposal distribution is one-hot and the shared acceptance
+rule keeps it lossless.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+from .stats import ModelStats
+
+
+class PromptLookup:
+    name = "lookup"
+
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 2):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"lookup n-gram range {min_ngram}..{max_ngram} is empty")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.stats = ModelStats()
+
+    def propose(self, tokens: list[int]) -> int | None:
+        """The token that followed the latest earlier match of the context's tail, or None."""
+        size = array("i").itemsize
+        buf = array("i", tokens).tobytes()
+        for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
+            pattern = buf[-n * size :]
+            end = len(buf) - size  # a match must end before the last token: something follows it
+            while (at := buf.rfind(pattern, 0, end)) >= 0:
+                if at % size == 0:
+                    return tokens[at // size + n]
+                end = at + len(pattern) - 1
+        return None
