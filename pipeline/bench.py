@@ -3,6 +3,13 @@
     python -m pipeline.bench                # the full table (about 10 minutes on 2 cores)
     python -m pipeline.bench --quick        # a smaller run (about 2 minutes)
 
+The draft is the distilled 2-layer student of the bundled model (distilled
+on first use, a few minutes, then cached), proposing after prompt lookup
+(``--proposer lookup+draft``); ``--draft truncated`` uses an untrained
+truncated copy instead, ``--draft DIR`` any model directory. CD needs the
+amateur's full-vocabulary logits, so a draft with a restricted head serves CD
+with its teacher's full head.
+
 All methods run over the same prompts, one prompt at a time, in a rotating
 order, after a warm-up, so slow drifts of a shared machine hit them alike.
 Speed is total new tokens over total wall time per method; ratios compare
@@ -25,7 +32,8 @@ from typing import Any
 import torch
 
 from pipeline.decoding import generate
-from pipeline.models import ModelError, load, load_bundled, truncated_copy
+from pipeline.distill import Recipe, ensure_draft
+from pipeline.models import BUNDLED, ModelError, load, load_bundled, truncated_copy
 
 FALLBACK_PROMPTS = [
     'def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n',
@@ -69,21 +77,23 @@ class Totals:
     outputs: list = field(default_factory=list)
 
 
-def variants(gammas: list[int]) -> list[Variant]:
+def variants(gammas: list[int], proposer: str, hf: bool) -> list[Variant]:
     we = {"lambda": 0.5}
     cd = {"alpha": 0.1}
+    spec = {"proposer": proposer}
     out = [
         Variant("greedy", "large_model", "large_model", baseline=True),
         Variant("greedy", "small_model", "small_model"),
     ]
-    out += [Variant("greedy", f"sd g={g}", "sd", g) for g in gammas]
-    out += [Variant("greedy", f"hf_assisted g={g}", "hf_assisted", g) for g in gammas]
+    out += [Variant("greedy", f"sd g={g}", "sd", g, method_args=spec) for g in gammas]
+    if hf:
+        out += [Variant("greedy", f"hf_assisted g={g}", "hf_assisted", g) for g in gammas]
     out += [Variant("we T=1", "we", "we", temperature=1.0, method_args=we, baseline=True)]
-    out += [Variant("we T=1", f"we_sd g={g}", "we_sd", g, 1.0, we) for g in gammas]
-    out += [Variant("we T=1", f"we_se g=[1,{g}]", "we_se", [1, g], 1.0, we) for g in gammas]
+    out += [Variant("we T=1", f"we_sd g={g}", "we_sd", g, 1.0, {**we, **spec}) for g in gammas]
+    out += [Variant("we T=1", f"we_se g=[1,{g}]", "we_se", [1, g], 1.0, {**we, **spec}) for g in gammas]
     out += [Variant("cd T=0", "cd", "cd", method_args=cd, baseline=True)]
-    out += [Variant("cd T=0", f"cd_sd g={g}", "cd_sd", g, 0.0, cd) for g in gammas]
-    out += [Variant("cd T=0", f"cd_se g=[1,{g}]", "cd_se", [1, g], 0.0, cd) for g in gammas]
+    out += [Variant("cd T=0", f"cd_sd g={g}", "cd_sd", g, 0.0, {**cd, **spec}) for g in gammas]
+    out += [Variant("cd T=0", f"cd_se g=[1,{g}]", "cd_se", [1, g], 0.0, {**cd, **spec}) for g in gammas]
     return out
 
 
@@ -108,6 +118,8 @@ def run_hf_assisted(target, draft, ids: list[int], gamma: int, max_new: int, eos
 
 
 def run_variant(v: Variant, target, draft, ids, max_new, eos, seed) -> tuple[list[int], dict]:
+    if v.group.startswith("cd") and getattr(draft, "restricted_vocab", False):
+        draft = draft.base  # CD needs the amateur's full-vocabulary logits
     if v.method == "hf_assisted":
         tokens, wall = run_hf_assisted(target, draft, ids, v.gamma, max_new, eos)
         return tokens, {"wall": wall, "forward": None}
@@ -213,11 +225,12 @@ def render(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipeline.bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--prompts", type=int, default=8, help="number of HumanEval prompts (default 8)")
+    ap.add_argument("--prompts", type=int, default=6, help="number of HumanEval prompts (default 6)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--gamma", type=int, nargs="+", default=[1, 2, 3, 4])
-    ap.add_argument("--draft", help="a draft model directory (default: a truncated copy of the bundled model)")
-    ap.add_argument("--draft-layers", type=int, default=2, help="layers of the truncated stand-in draft")
+    ap.add_argument("--gamma", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--draft", default="distilled", help="distilled (default), truncated, or a model directory")
+    ap.add_argument("--draft-layers", type=int, default=2, help="layers of the distilled or truncated draft")
+    ap.add_argument("--proposer", default="lookup+draft", choices=["draft", "lookup", "lookup+draft"])
     ap.add_argument("--quick", action="store_true", help="3 prompts, 32 tokens, gamma 2 only")
     ap.add_argument("--json", type=Path, help="also write the table as JSON here")
     args = ap.parse_args(argv)
@@ -225,15 +238,23 @@ def main(argv: list[str] | None = None) -> int:
         args.prompts, args.max_new_tokens, args.gamma = 3, 32, [2]
     try:
         target, tokenizer = load_bundled()
-        draft = load(args.draft)[0] if args.draft else truncated_copy(target, args.draft_layers)
+        if args.draft == "truncated":
+            draft = truncated_copy(target, args.draft_layers)
+            draft_desc = f"first {args.draft_layers} layers of the target, untrained"
+        elif args.draft == "distilled":
+            path = ensure_draft(BUNDLED, Recipe(layers=args.draft_layers))
+            draft = load(path)[0]
+            draft_desc = f"{path.name} (distilled)"
+        else:
+            draft, draft_desc = load(args.draft)[0], args.draft
     except ModelError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     prompts = humaneval_prompts(args.prompts)
-    vs = variants(args.gamma)
-    draft_desc = args.draft or f"first {args.draft_layers} layers of the target (untrained stand-in)"
+    vs = variants(args.gamma, args.proposer, hf=hasattr(draft, "generate"))
     print(
-        f"target: bundled SmolLM2-135M-Instruct (float32, CPU, {torch.get_num_threads()} threads); draft: {draft_desc}"
+        f"target: bundled SmolLM2-135M-Instruct (float32, {torch.get_num_threads()} threads); "
+        f"draft: {draft_desc}; proposer: {args.proposer}"
     )
     print(f"{len(prompts)} HumanEval prompts x {args.max_new_tokens} new tokens; EOS stops")
     start = time.perf_counter()

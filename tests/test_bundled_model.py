@@ -49,7 +49,8 @@ def test_missing_model_directory_is_one_clear_error(tmp_path):
 
 
 def test_benchmark_runs_and_prints_every_method(capsys):
-    assert bench.main(["--prompts", "1", "--max-new-tokens", "4", "--gamma", "1"]) == 0
+    args = ["--prompts", "1", "--max-new-tokens", "4", "--gamma", "1", "--draft", "truncated", "--proposer", "draft"]
+    assert bench.main(args) == 0
     out = capsys.readouterr().out
     for label in ("large_model", "sd g=1", "hf_assisted g=1", "we_se g=[1,1]", "cd_se g=[1,1]", "ours"):
         assert label in out

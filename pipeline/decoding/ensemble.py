@@ -36,6 +36,7 @@ class Ensemble:
     min_models: int = 2
     max_models: int | None = None
     check: Callable[[dict[str, Any], int], dict[str, Any]] | None = None  # validate/normalise
+    full_vocab: bool = False  # needs every member's logits over the whole vocabulary
 
 
 ENSEMBLES: dict[str, Ensemble] = {}
@@ -47,13 +48,14 @@ def register_ensemble(
     min_models: int = 2,
     max_models: int | None = None,
     check: Callable[[dict[str, Any], int], dict[str, Any]] | None = None,
+    full_vocab: bool = False,
 ) -> Callable[[EnsembleFn], EnsembleFn]:
     """Register an ensemble function under ``name`` (a decorator)."""
 
     def decorator(fn: EnsembleFn) -> EnsembleFn:
         if name in ENSEMBLES or name.endswith(("_sd", "_se")) or not name.isidentifier():
             raise ValueError(f"cannot register ensemble {name!r}: name taken or not a plain identifier")
-        ENSEMBLES[name] = Ensemble(name, fn, dict(params or {}), min_models, max_models, check)
+        ENSEMBLES[name] = Ensemble(name, fn, dict(params or {}), min_models, max_models, check, full_vocab)
         return fn
 
     return decorator
@@ -101,7 +103,7 @@ def _check_cd(args: dict[str, Any], n_models: int) -> dict[str, Any]:
     return args
 
 
-@register_ensemble("cd", params={"alpha": 0.1, "beta": None}, max_models=2, check=_check_cd)
+@register_ensemble("cd", params={"alpha": 0.1, "beta": None}, max_models=2, check=_check_cd, full_vocab=True)
 def contrastive_decoding(logits: Sequence[Tensor], sampling: Sampling, alpha: float, beta: float | None) -> Tensor:
     """``r = softmax(warp(l_expert - alpha * l_amateur))`` over the plausible set."""
     expert, amateur = logits

@@ -137,6 +137,13 @@ def plan_method(
             else (f"{ens.min_models}" + (f" to {ens.max_models}" if ens.max_models else " or more"))
         )
         raise ValueError(f"{method!r} needs {want} models, got {n}")
+    if ens.full_vocab:
+        for i, m in enumerate(models):
+            if getattr(m, "restricted_vocab", False):
+                raise ValueError(
+                    f"{method!r} needs full-vocabulary logits, but model {i} has a restricted output head "
+                    "(a distilled draft); use a full-head model here"
+                )
     first = args.pop("first_proposer", None)
     params = {**ens.params, **args}
     if ens.check is not None:

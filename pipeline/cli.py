@@ -1,0 +1,132 @@
+"""The ``pipeline`` command: what the workflow's rules call, and users by hand.
+
+pipeline models [--model NAME[=SOURCE] ...]     list models: size, vocabulary, dtype, device, speed
+pipeline distill [--layers 2] [--head-tokens 4096] ...   distil a draft from a teacher (cached)
+pipeline bench [...]                               the benchmark (python -m pipeline.bench)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .models import BUNDLED, ModelError, ModelSpec, cache_dir, load_spec
+
+DEFAULT_DRAFTS = {  # the partners of the embedded default: small students of the bundled model
+    "smollm2-draft-l1": {"teacher": BUNDLED, "layers": 1},
+    "smollm2-draft-l2": {"teacher": BUNDLED, "layers": 2},
+}
+
+
+def parse_model(text: str) -> ModelSpec:
+    name, _, source = text.partition("=")
+    if name in DEFAULT_DRAFTS and not source:
+        return ModelSpec(name, distill=dict(DEFAULT_DRAFTS[name]))
+    return ModelSpec(name, source or None)
+
+
+@torch.inference_mode()
+def ms_per_forward(model, new_tokens: int, context: int = 128, reps: int = 5) -> float:
+    """Median milliseconds of one forward of ``new_tokens`` tokens after ``context`` cached ones."""
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    cache = DynamicCache()
+    model(input_ids=torch.arange(100, 100 + context, device=device)[None], past_key_values=cache, use_cache=True)
+    times = []
+    for _ in range(reps + 1):
+        ids = torch.full((1, new_tokens), 200, device=device)
+        start = time.perf_counter()
+        model(input_ids=ids, past_key_values=cache, use_cache=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+        cache.crop(-new_tokens)
+    return 1000 * sorted(times[1:])[len(times[1:]) // 2]
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    specs = [parse_model(m) for m in args.model] or [ModelSpec(BUNDLED)] + [
+        ModelSpec(n, distill=dict(d)) for n, d in DEFAULT_DRAFTS.items()
+    ]
+    print("| model | parameters | vocabulary | head | dtype | device | ms / 1 token | ms / 4 tokens |")
+    print("|---|---|---|---|---|---|---|---|")
+    for spec in specs:
+        model, tok = load_spec(spec)
+        params = sum(p.numel() for p in model.parameters())
+        head = f"{len(model.kept)} ids" if getattr(model, "restricted_vocab", False) else "full"
+        one, four = ms_per_forward(model, 1), ms_per_forward(model, 4)
+        dtype = next(model.parameters()).dtype
+        print(
+            f"| {spec.name} | {params / 1e6:.1f}M | {len(tok)} | {head} | {str(dtype).removeprefix('torch.')} "
+            f"| {next(model.parameters()).device} | {one:.1f} | {four:.1f} |",
+            flush=True,
+        )
+    return 0
+
+
+def cmd_distill(args: argparse.Namespace) -> int:
+    from .distill import Recipe, ensure_draft, read_meta
+
+    recipe = Recipe(
+        layers=args.layers,
+        head_tokens=args.head_tokens,
+        steps=args.steps,
+        seed=args.seed,
+        prompts=args.prompts,
+        max_train_seconds=args.max_train_seconds,
+    )
+    out = ensure_draft(args.teacher, recipe, force=args.force, out_dir=args.out)
+    meta = read_meta(out)
+    print(f"draft: {out}")
+    print(
+        f"greedy agreement with {meta['teacher']} on held-out HumanEval continuations: "
+        f"{meta['agreement']:.1%} alone, {meta['agreement_with_lookup']:.1%} with prompt lookup "
+        f"({meta['eval_tokens']} tokens); {meta['steps']} steps, {meta['total_seconds']:.0f} s"
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="pipeline", description="Fast LLM ensembles through speculation")
+    sub = ap.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("models", help="list models: parameters, vocabulary, dtype, device, ms per forward")
+    m.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="NAME[=SOURCE]",
+        help=f"a model (repeatable); default: {BUNDLED} and its default drafts",
+    )
+    d = sub.add_parser("distill", help="distil a draft from a teacher (cached)")
+    d.add_argument("--teacher", default=BUNDLED)
+    d.add_argument("--layers", type=int, default=2)
+    d.add_argument("--head-tokens", type=int, default=4096, help="restrict the head to this many ids (0: full)")
+    d.add_argument("--steps", type=int, default=400)
+    d.add_argument("--prompts", type=int, default=64)
+    d.add_argument("--max-train-seconds", type=float, default=150.0)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--out", type=Path, help=f"output directory (default: under {cache_dir() / 'drafts'})")
+    d.add_argument("--force", action="store_true", help="distil again even if cached")
+    b = sub.add_parser("bench", help="the benchmark; see python -m pipeline.bench --help", add_help=False)
+    b.add_argument("rest", nargs=argparse.REMAINDER)
+    args = ap.parse_args(argv)
+    try:
+        if args.command == "models":
+            return cmd_models(args)
+        if args.command == "distill":
+            return cmd_distill(args)
+        from . import bench
+
+        return bench.main(args.rest)
+    except ModelError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
