@@ -8,11 +8,14 @@ pipeline bench [...]                               the benchmark (python -m pipe
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+from tasks import TaskError
 
 from .models import BUNDLED, ModelError, ModelSpec, cache_dir, load_spec
 
@@ -112,18 +115,47 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--out", type=Path, help=f"output directory (default: under {cache_dir() / 'drafts'})")
     d.add_argument("--force", action="store_true", help="distil again even if cached")
+    s = sub.add_parser("score", help="score a generations file (JSONL with id and output)")
+    s.add_argument("file", type=Path)
+    s.add_argument("--task", required=True)
+    s.add_argument("--data-dir", help="local benchmark data (laid out like shared/data)")
+    le = sub.add_parser("lm-eval", help="lm-eval's command line with the 'specens' model registered", add_help=False)
+    le.add_argument("rest", nargs=argparse.REMAINDER)
     b = sub.add_parser("bench", help="the benchmark; see python -m pipeline.bench --help", add_help=False)
     b.add_argument("rest", nargs=argparse.REMAINDER)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("lm-eval", "bench"):  # their arguments go through untouched
+        try:
+            if argv[0] == "bench":
+                from . import bench
+
+                return bench.main(argv[1:])
+            from .lm_eval_model import main as lm_eval_main
+
+            return lm_eval_main(argv[1:])
+        except (ModelError, TaskError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     args = ap.parse_args(argv)
     try:
         if args.command == "models":
             return cmd_models(args)
         if args.command == "distill":
             return cmd_distill(args)
+        if args.command == "lm-eval":
+            from .lm_eval_model import main as lm_eval_main
+
+            return lm_eval_main(args.rest)
+        if args.command == "score":
+            from .scoring import score_file
+
+            summary = score_file(args.file, args.task, args.data_dir)
+            print(json.dumps(summary, indent=2))
+            return 0
         from . import bench
 
         return bench.main(args.rest)
-    except ModelError as err:
+    except (ModelError, TaskError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

@@ -129,6 +129,7 @@ class ModelSpec:
     device: str | None = None  # default: cuda when present, else cpu
     distill: dict[str, Any] | None = None  # {teacher: <model name>, layers, head_tokens, steps, seed}
     full_head: bool = False  # a distilled draft with its teacher's full output head (e.g. a CD amateur)
+    pack: bool | None = None  # oneDNN-prepacked linear layers (default: on for float32 on the CPU)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def resolved_device(self) -> str:
@@ -182,9 +183,19 @@ def resolve(spec: ModelSpec, cache: Path | None = None) -> Path:
 
 
 def load(
-    path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", full_head: bool = False
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    full_head: bool = False,
+    pack: bool | None = None,
 ):
-    """Load a local model directory and its tokenizer (``full_head``: ignore a restricted head)."""
+    """Load a local model directory and its tokenizer for inference.
+
+    ``full_head`` ignores a distilled draft's restricted head; ``pack`` swaps
+    the linear layers for oneDNN-prepacked ones (``cpu_kernels.py``; default:
+    on for float32 on the CPU, where it makes a forward of 1-4 tokens cost
+    about the same).
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(path)
@@ -197,20 +208,21 @@ def load(
         from .restricted import RestrictedHeadLM
 
         model = RestrictedHeadLM(model, json.loads(head_file.read_text())).eval()
+    if pack is None:
+        pack = dtype == torch.float32 and torch.device(device).type == "cpu"
+    if pack:
+        from .cpu_kernels import pack_linears
+
+        pack_linears(model)
     return model, tokenizer
 
 
 def load_spec(spec: ModelSpec):
-    return load(resolve(spec), spec.resolved_dtype(), spec.resolved_device(), spec.full_head)
+    return load(resolve(spec), spec.resolved_dtype(), spec.resolved_device(), spec.full_head, spec.pack)
 
 
-def load_named(name: str):
-    """Load a model by name alone (the bundled model or ``MODEL_PATH/<name>``)."""
-    return load_spec(ModelSpec(name))
-
-
-def load_bundled(dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-    return load(bundled_dir(), dtype, device)
+def load_bundled(dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", pack: bool | None = None):
+    return load(bundled_dir(), dtype, device, pack=pack)
 
 
 def check_tokenizers(names: list[str], tokenizers: list[Any]) -> None:

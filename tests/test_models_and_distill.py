@@ -112,7 +112,7 @@ def test_models_command_lists_a_model(tiny_dir, capsys):
 
 @pytest.fixture(scope="module")
 def tiny_draft(tiny_dir, tmp_path_factory):
-    teacher, tok = load(tiny_dir)
+    teacher, tok = load(tiny_dir, pack=False)
     recipe = Recipe(
         layers=1,
         head_tokens=64,
@@ -156,3 +156,20 @@ def test_restricted_draft_is_a_lossless_proposer_but_not_a_cd_amateur(tiny_draft
         generate([teacher, draft], prompt, "cd_se")
     full, _ = load(out, full_head=True)
     assert generate([teacher, full], prompt, "cd", max_new_tokens=3).token_ids
+
+
+def test_packed_linear_layers_match_and_copy(tiny_dir):
+    import copy
+
+    from pipeline.cpu_kernels import PackedLinear, available
+
+    if not available():
+        pytest.skip("oneDNN is not available in this torch build")
+    plain, _ = load(tiny_dir, pack=False)
+    packed, _ = load(tiny_dir)  # float32 on the CPU: packed by default
+    assert any(isinstance(m, PackedLinear) for m in packed.modules())
+    ids = torch.tensor([[5, 17, 300, 2, 9]])
+    with torch.no_grad():
+        expected = plain(ids).logits
+        assert torch.allclose(packed(ids).logits, expected, atol=1e-4)
+        assert torch.allclose(copy.deepcopy(packed)(ids).logits, expected, atol=1e-4)

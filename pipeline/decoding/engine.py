@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .ensemble import single_model
 from .lookup import PromptLookup
 from .runner import Runner
 from .sampling import Sampling, probs, sample
@@ -146,6 +147,8 @@ class Decoder:
         """Target rows for positions [start, stop): probabilities, or argmax tokens if greedy."""
         rows = [self.members[i].span(start, stop) for i in self.targets]
         if self.sampling.greedy:
+            if self.target_fn is single_model:  # argmax softmax(l) = argmax l: skip the softmax
+                return rows[0].argmax(dim=-1)
             return self.target_fn(rows, Sampling.identity()).argmax(dim=-1)
         return self.target_fn(rows, self.sampling)
 

@@ -56,5 +56,14 @@ def probs(logits: Tensor, sampling: Sampling) -> Tensor:
 
 
 def sample(dist: Tensor, generator: torch.Generator | None) -> Tensor:
-    """Draw one token per row of a probability tensor ``[k, V]``; returns ``[k]``."""
-    return torch.multinomial(dist, 1, generator=generator).squeeze(-1)
+    """Draw one token per row of a (possibly unnormalised) probability tensor ``[k, V]``; returns ``[k]``.
+
+    Inverse CDF: the first index whose cumulative mass exceeds ``u * total``.
+    Tokens of probability zero occupy an empty interval and are never drawn.
+    (``torch.multinomial`` does the same job about 20x slower on a CPU for a
+    vocabulary of 49k.)
+    """
+    cdf = dist.cumsum(dim=-1)
+    u = torch.rand((*dist.shape[:-1], 1), generator=generator, dtype=cdf.dtype, device=cdf.device)
+    index = torch.searchsorted(cdf, u * cdf[..., -1:], right=True).squeeze(-1)
+    return index.clamp_(max=dist.shape[-1] - 1)

@@ -1,0 +1,72 @@
+"""Score a generations file: its own step, so it can run on a CPU node after generation on a GPU node.
+
+A generations file is JSONL, one sample per line, with at least ``id`` (the
+task's example id) and ``output`` (the generated text). Scores go to
+``<file>.scores.jsonl`` (one line per sample) and a summary to
+``<file>.summary.json``, both written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from tasks import TaskError, get_task
+from tasks.humaneval import pass_at_k
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def read_generations(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise TaskError(f"generations file {path} not found")
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                raise TaskError(f"{path}:{n} is not valid JSON") from None
+            if "id" not in row or "output" not in row:
+                raise TaskError(f"{path}:{n} needs the fields 'id' and 'output'")
+            rows.append(row)
+    return rows
+
+
+def score_file(path: Path, task_name: str, data_dir: str | Path | None = None, workers: int = 2) -> dict[str, Any]:
+    """Score every sample of a generations file; returns the summary."""
+    path = Path(path)
+    rows = read_generations(path)
+    task = get_task(task_name)
+    examples = {e.id: e for e in task.load("full", data_dir)}
+    missing = sorted({r["id"] for r in rows} - set(examples))
+    if missing:
+        raise TaskError(f"{len(missing)} ids of {path.name} are not in task {task_name!r} (first: {missing[0]!r})")
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        scores = list(pool.map(lambda r: task.score(examples[r["id"]], r["output"]), rows))
+    lines = "".join(json.dumps({"id": r["id"], **s}) + "\n" for r, s in zip(rows, scores))
+    write_atomic(path.with_suffix(".scores.jsonl"), lines)
+    summary: dict[str, Any] = {"task": task_name, "samples": len(rows), **task.aggregate(scores)}
+    if task_name == "humaneval":
+        by_id: dict[str, list[float]] = defaultdict(list)
+        for r, s in zip(rows, scores):
+            by_id[r["id"]].append(s["pass@1"])
+        n = min(len(v) for v in by_id.values())
+        for k in (1, 10, 100):
+            if k <= n:
+                summary[f"pass@{k}"] = sum(pass_at_k(len(v), int(sum(v)), k) for v in by_id.values()) / len(by_id)
+    write_atomic(path.with_suffix(".summary.json"), json.dumps(summary, indent=2) + "\n")
+    return summary

