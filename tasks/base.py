@@ -45,6 +45,7 @@ class Task:
 
     def __init__(self, shots: int | None = None):
         self.shots = self.default_shots() if shots is None else shots
+        self.data_dir: str | Path | None = None
 
     def default_shots(self) -> int:
         return 0
@@ -81,7 +82,21 @@ class Task:
         raise NotImplementedError
 
     def load(self, size: str | int = "tiny", data_dir: str | Path | None = None, seed: int = 0) -> list[Example]:
+        self.data_dir = data_dir
         return select(self.examples(self.rows(data_dir)), size, seed, self.name)
+
+    def other_split(self, local: str, hub: tuple[str, str | None, str], purpose: str) -> list[dict]:
+        """Another split of the benchmark (few-shot exemplars, say), from the local data or the hub."""
+        tried: list[str] = []
+        if self.data_dir is not None:
+            path = Path(self.data_dir).expanduser() / local
+            if path.is_file():
+                return read_jsonl(path)
+            tried.append(f"local: {path} not found")
+        rows = hub_rows(*hub, tried)
+        if rows is None:
+            raise TaskError(f"{self.name} {purpose} need the {hub[2]} split: " + "; ".join(tried))
+        return rows
 
     # ---- prompts and scoring ------------------------------------------------------------
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import random
 import re
-from pathlib import Path
 
-from .base import Example, Task, TaskError, hub_rows, read_jsonl, register_task
+from .base import Example, Task, register_task
 
 STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
 FLEXIBLE = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
@@ -25,14 +24,27 @@ def normalise(number: str | None) -> str | None:
     return number[:-1] if number.endswith(".") else number
 
 
+def _extract(text: str, pattern: re.Pattern, group_select: int) -> str | None:
+    """lm-eval's own regex filter where it is installed (as it is with this project), else the same rule."""
+    try:
+        from lm_eval.filters.extraction import RegexFilter
+    except ImportError:
+        found = pattern.findall(text)
+        if not found:
+            return None
+        match = found[group_select]
+        match = next((m for m in match if m), None) if isinstance(match, tuple) else match
+        return normalise(match)
+    (value,) = next(iter(RegexFilter(pattern.pattern, group_select).apply([[text]], [{}])))
+    return None if value == "[invalid]" else normalise(value)
+
+
 def strict_answer(text: str) -> str | None:
-    match = STRICT.search(text)
-    return normalise(match.group(1)) if match else None
+    return _extract(text, STRICT, 0)
 
 
 def flexible_answer(text: str) -> str | None:
-    found = [a or b for a, b in FLEXIBLE.findall(text)]
-    return normalise(found[-1]) if found else None
+    return _extract(text, FLEXIBLE, -1)
 
 
 @register_task("gsm8k")
@@ -46,29 +58,10 @@ class GSM8K(Task):
     def default_shots(self) -> int:
         return 5
 
-    def __init__(self, shots: int | None = None):
-        super().__init__(shots)
-        self._data_dir = None
-
-    def load(self, size="tiny", data_dir=None, seed=0):
-        self._data_dir = data_dir
-        return super().load(size, data_dir, seed)
-
     def exemplars(self) -> list[dict]:
         if self.shots == 0:
             return []
-        tried: list[str] = []
-        rows = None
-        if self._data_dir is not None:
-            path = Path(self._data_dir).expanduser() / "gsm8k/train.jsonl"
-            if path.is_file():
-                rows = read_jsonl(path)
-            else:
-                tried.append(f"local: {path} not found")
-        if rows is None:
-            rows = hub_rows("openai/gsm8k", "main", "train", tried)
-        if rows is None:
-            raise TaskError("gsm8k few-shot exemplars need the train split: " + "; ".join(tried))
+        rows = self.other_split("gsm8k/train.jsonl", ("openai/gsm8k", "main", "train"), "few-shot exemplars")
         rows = rows[:]
         random.Random(1234).shuffle(rows)
         return rows[: self.shots]

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from pathlib import Path
 
-from .base import Example, Task, TaskError, hub_rows, read_jsonl, register_task
+from .base import Example, Task, register_task
 
 LETTERS = "ABCD"
 # the model's stated answer, most explicit first; never the first stray capital letter
@@ -42,29 +41,11 @@ class MMLU(Task):
     def default_shots(self) -> int:
         return 5
 
-    def __init__(self, shots: int | None = None):
-        super().__init__(shots)
-        self._data_dir = None
-
-    def load(self, size="tiny", data_dir=None, seed=0):
-        self._data_dir = data_dir
-        return super().load(size, data_dir, seed)
-
     def dev_by_subject(self) -> dict[str, list[dict]]:
-        if self.shots == 0:
-            return defaultdict(list)
-        tried: list[str] = []
-        rows = None
-        if self._data_dir is not None:
-            path = Path(self._data_dir).expanduser() / "mmlu/dev.jsonl"
-            rows = read_jsonl(path) if path.is_file() else tried.append(f"local: {path} not found")
-        if rows is None:
-            rows = hub_rows("cais/mmlu", "all", "dev", tried)
-        if rows is None:
-            raise TaskError("mmlu few-shot exemplars need the dev split: " + "; ".join(tried))
         by_subject: dict[str, list[dict]] = defaultdict(list)
-        for r in rows:
-            by_subject[r["subject"]].append(r)
+        if self.shots:
+            for r in self.other_split("mmlu/dev.jsonl", ("cais/mmlu", "all", "dev"), "few-shot exemplars"):
+                by_subject[r["subject"]].append(r)
         return by_subject
 
     def examples(self, rows: list[dict]) -> list[Example]:

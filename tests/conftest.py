@@ -44,3 +44,33 @@ def trio():
     """A target, a close draft and a third, different model (vocabulary 32)."""
     target = tiny_llama(0, layers=2, hidden=32)
     return target, perturbed(target, 0.08, seed=1), tiny_llama(2)
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer():
+    from transformers import AutoTokenizer
+
+    from pipeline.models import bundled_dir
+
+    return AutoTokenizer.from_pretrained(bundled_dir())
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory, smol_tokenizer):
+    """A tiny random float32 model with the bundled model's tokenizer, saved as a local directory."""
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(smol_tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        eos_token_id=smol_tokenizer.eos_token_id,
+    )
+    path = tmp_path_factory.mktemp("models") / "tiny"
+    LlamaForCausalLM(config).save_pretrained(path)
+    smol_tokenizer.save_pretrained(path)
+    return path

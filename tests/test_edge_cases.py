@@ -123,7 +123,7 @@ def test_ties_under_greedy():
 class CharTokenizer:
     """Token i decodes to the i-th letter: enough to test stop strings."""
 
-    def decode(self, ids):
+    def decode(self, ids, **kwargs):
         return "".join(chr(ord("a") + i % 26) for i in ids)
 
 

@@ -6,34 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from transformers import AutoTokenizer
-
-    from pipeline.models import bundled_dir
-
-    tok = AutoTokenizer.from_pretrained(bundled_dir())
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=4096,
-    )
-    path = tmp_path_factory.mktemp("lm_eval") / "tiny"
-    LlamaForCausalLM(config).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
 
 
 @pytest.mark.skipif(not DATA.is_dir(), reason="needs the shared benchmark data")

@@ -8,7 +8,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
 from pipeline import cli
 from pipeline.decoding import generate
@@ -25,34 +25,6 @@ from pipeline.models import (
     resolve,
 )
 from pipeline.restricted import RestrictedHeadLM
-
-
-@pytest.fixture(scope="module")
-def smol_tokenizer():
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(bundled_dir())
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, smol_tokenizer):
-    """A tiny random model with the bundled model's tokenizer, saved as a local directory."""
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(smol_tokenizer),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-        eos_token_id=smol_tokenizer.eos_token_id,
-    )
-    path = tmp_path_factory.mktemp("models") / "tiny"
-    LlamaForCausalLM(config).save_pretrained(path)
-    smol_tokenizer.save_pretrained(path)
-    return path
 
 
 def test_local_directory_source(tiny_dir):

@@ -276,5 +276,5 @@ def generate(
         torch.cuda.synchronize(device)
     stats.wall_time_s = time.perf_counter() - start
     stats.new_tokens = len(tokens)
-    text = tokenizer.decode(tokens) if tokenizer is not None else None
+    text = tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else None
     return GenerationResult(tokens, stats, text, {"method_args": resolved})
