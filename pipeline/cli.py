@@ -115,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--out", type=Path, help=f"output directory (default: under {cache_dir() / 'drafts'})")
     d.add_argument("--force", action="store_true", help="distil again even if cached")
+    g = sub.add_parser("generate", help="one grid cell's generation job (resumable JSONL)")
+    g.add_argument("cell", type=Path, help="the cell as JSON: models, method, task, gamma, method_args, size, ...")
+    g.add_argument("out", type=Path, help="the JSONL file samples are appended to")
     s = sub.add_parser("score", help="score a generations file (JSONL with id and output)")
     s.add_argument("file", type=Path)
     s.add_argument("--task", required=True)
@@ -146,6 +149,15 @@ def main(argv: list[str] | None = None) -> int:
             from .lm_eval_model import main as lm_eval_main
 
             return lm_eval_main(args.rest)
+        if args.command == "generate":
+            from .generate_job import cell_from_dict, run_cell
+
+            try:
+                cell = cell_from_dict(json.loads(args.cell.read_text()))
+            except (OSError, json.JSONDecodeError, ValueError, TypeError) as err:
+                raise ModelError(f"cell {args.cell}: {err}") from None
+            print(json.dumps(run_cell(cell, args.out), indent=2))
+            return 0
         if args.command == "score":
             from .scoring import score_file
 
