@@ -22,6 +22,8 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
+from tasks.base import cut_at_stops
+
 from .decoding import generate
 from .models import ModelSpec, load_set
 
@@ -79,9 +81,7 @@ class SpecEnsLM(LM):
                 stop_strings=until,
                 tokenizer=self.tokenizer,
             )
-            text = result.text
-            cut = min((j for j in (text.find(s) for s in until) if j >= 0), default=len(text))
-            out.append(text[:cut])
+            out.append(cut_at_stops(result.text, until))
         return out
 
     def loglikelihood(self, requests):

@@ -176,6 +176,12 @@ def hub_rows(dataset: str, config: str | None, split: str, tried: list[str]) -> 
         return None
 
 
+def cut_at_stops(text: str, stops: list[str]) -> str:
+    """The text up to the first stop string."""
+    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=len(text))
+    return text[:cut]
+
+
 def render(task: Task, example: Example, tokenizer: Any = None, chat: bool = False) -> tuple[str, list[str]]:
     """The prompt text and stop strings, through the model's chat template when asked and available."""
     if chat and tokenizer is not None and getattr(tokenizer, "chat_template", None):

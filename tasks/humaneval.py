@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from math import comb
 
-from .base import Example, Task, register_task
+from .base import Example, Task, cut_at_stops, register_task
 from .sandbox import run_python
 
 FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)(?:```|$)", re.S)
@@ -61,7 +61,7 @@ class HumanEval(Task):
 
     def program(self, example: Example, output: str) -> str:
         """The prompt and completion (or a whole function from a chat answer), then the tests."""
-        code = extract_code(truncate(output, self.stop) if "```" not in output else output)
+        code = extract_code(cut_at_stops(output, self.stop) if "```" not in output else output)
         entry = example.reference["entry_point"]
         if re.search(rf"^def {re.escape(entry)}\s*\(", code, re.M):
             header = "\n".join(line for line in example.prompt.splitlines() if line.startswith(("import ", "from ")))
@@ -73,9 +73,3 @@ class HumanEval(Task):
     def score(self, example: Example, output: str) -> dict[str, float]:
         result = run_python(self.program(example, output), timeout_s=self.timeout_s)
         return {"pass@1": float(result.passed)}
-
-
-def truncate(text: str, stops: list[str]) -> str:
-    """Cut at the first stop string."""
-    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=len(text))
-    return text[:cut]

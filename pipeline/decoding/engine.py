@@ -97,15 +97,15 @@ class Stopper:
         # a stop string is found in the decoded tail of this many tokens
         self.window = max((len(s) for s in self.stop_strings), default=0) + 8
 
-    def reason(self, generated: list[int]) -> str | None:
-        """Why generation stops after the last token of ``generated`` (None: go on)."""
-        if generated[-1] in self.eos_ids:
+    def reason(self, tokens: list[int], prompt_len: int, end: int) -> str | None:
+        """Why generation stops after ``tokens[end - 1]`` (None: go on); no copy of the output."""
+        if tokens[end - 1] in self.eos_ids:
             return "eos"
         if self.stop_strings:
-            tail = self.decode(generated[-self.window :])
+            tail = self.decode(tokens[max(prompt_len, end - self.window) : end])
             if any(s in tail for s in self.stop_strings):
                 return "stop_string"
-        if len(generated) >= self.max_new_tokens:
+        if end - prompt_len >= self.max_new_tokens:
             return "max_new_tokens"
         return None
 
@@ -167,7 +167,7 @@ class Decoder:
         for i in range(start, start + count):
             if self.stats.time_to_first_token_s is None:
                 self.stats.time_to_first_token_s = time.perf_counter() - self.start
-            reason = self.stopper.reason(self.tokens[self.prompt_len : i + 1])
+            reason = self.stopper.reason(self.tokens, self.prompt_len, i + 1)
             if reason is not None:
                 self.committed = i + 1
                 del self.tokens[i + 1 :]
