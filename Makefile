@@ -1,11 +1,11 @@
-# Quick start: `make run` (the benchmark on the bundled model) and `make test`.
+# Quick start: `make run` (the default experiment grid, end to end) and `make test`.
 # Both create ./.venv and install what they need on first use.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run bench test lint clean
+.PHONY: install run dry-run bench bench-quick test lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -18,16 +18,22 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 run: $(STAMP)
+	$(VENV)/bin/snakemake --cores 2
+
+dry-run: $(STAMP)
+	$(VENV)/bin/snakemake -n
+
+bench-quick: $(STAMP)
 	$(PY) -m pipeline.bench --quick
 
 bench: $(STAMP)
 	$(PY) -m pipeline.bench --json results/bench/bench.json
 
 test: $(STAMP)
-	$(PY) -m pytest -n 2 -q
+	$(PY) -m pytest -n 2 --dist loadgroup -q
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check pipeline tests
+	$(VENV)/bin/ruff check pipeline tasks tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache

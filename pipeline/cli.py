@@ -94,6 +94,31 @@ def cmd_distill(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from .models import resolve
+    from .scoring import write_atomic
+
+    try:
+        data = json.loads(args.spec)
+        spec = ModelSpec(**data)
+    except (json.JSONDecodeError, TypeError) as err:
+        raise ModelError(f"model spec {args.spec[:80]}: {err}") from None
+    start = time.perf_counter()
+    path = resolve(spec)
+    model, tokenizer = load_spec(spec)  # loads: the record is only written for a model that works
+    record = {
+        "name": spec.name,
+        "spec": data,
+        "path": str(path),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "vocabulary": len(tokenizer),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    write_atomic(args.out, json.dumps(record, indent=2) + "\n")
+    print(json.dumps(record, indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pipeline", description="Fast LLM ensembles through speculation")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -116,8 +141,36 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--out", type=Path, help=f"output directory (default: under {cache_dir() / 'drafts'})")
     d.add_argument("--force", action="store_true", help="distil again even if cached")
     g = sub.add_parser("generate", help="one grid cell's generation job (resumable JSONL)")
-    g.add_argument("cell", type=Path, help="the cell as JSON: models, method, task, gamma, method_args, size, ...")
-    g.add_argument("out", type=Path, help="the JSONL file samples are appended to")
+    g.add_argument("cell", help="the cell as a JSON file or inline JSON: models, method, task, gamma, size, ...")
+    g.add_argument("out", type=Path, help="the JSONL file of samples")
+    g.add_argument(
+        "--journal-dir",
+        type=Path,
+        help="append samples to a journal here and move it to OUT when the cell is complete (resumable)",
+    )
+    g.add_argument("--threads", type=int, help="CPU threads for torch")
+    p = sub.add_parser("prepare", help="make a model ready (convert, download or distil) and record where it is")
+    p.add_argument("spec", help="the model as inline JSON: {name, source, dtype, device, distill, full_head}")
+    p.add_argument("out", type=Path, help="the JSON record written when the model is ready")
+    p.add_argument("--threads", type=int, help="CPU threads for torch")
+    w = sub.add_parser("wandb-log", help="log one scored cell to Weights & Biases (never fails the job)")
+    w.add_argument("samples", type=Path)
+    w.add_argument("status", type=Path, help="where the outcome (run id, mode or the error) is written")
+    w.add_argument("--dims", required=True, help="the cell's dimensions as JSON")
+    w.add_argument("--cell", default="{}", help="the cell's settings as JSON")
+    w.add_argument("--experiment", default="default")
+    w.add_argument("--project", default="specens")
+    w.add_argument("--entity")
+    w.add_argument("--mode", default="auto", choices=["auto", "online", "offline", "disabled"])
+    w.add_argument("--dir", type=Path, default=Path("results"), help="where W&B keeps its run files")
+    a = sub.add_parser("aggregate", help="speed-up and quality tables and plots from a results directory")
+    a.add_argument("results", type=Path)
+    nb = sub.add_parser("notebook", help="execute the analysis notebook on a results directory")
+    nb.add_argument("notebook", type=Path)
+    nb.add_argument("out", type=Path)
+    nb.add_argument("--results", type=Path, default=Path("results"))
+    gr = sub.add_parser("grid", help="check a workflow config and list its cells")
+    gr.add_argument("config", type=Path)
     s = sub.add_parser("score", help="score a generations file (JSONL with id and output)")
     s.add_argument("file", type=Path)
     s.add_argument("--task", required=True)
@@ -149,15 +202,54 @@ def main(argv: list[str] | None = None) -> int:
             from .lm_eval_model import main as lm_eval_main
 
             return lm_eval_main(args.rest)
+        if getattr(args, "threads", None):
+            torch.set_num_threads(args.threads)
         if args.command == "generate":
-            from .generate_job import cell_from_dict, run_cell
+            from .generate_job import cell_from_dict, cell_key, run_cell
 
             try:
-                cell = cell_from_dict(json.loads(args.cell.read_text()))
+                text = args.cell if args.cell.lstrip().startswith("{") else Path(args.cell).read_text()
+                cell = cell_from_dict(json.loads(text))
             except (OSError, json.JSONDecodeError, ValueError, TypeError) as err:
-                raise ModelError(f"cell {args.cell}: {err}") from None
-            print(json.dumps(run_cell(cell, args.out), indent=2))
+                raise ModelError(f"cell {args.cell[:80]}: {err}") from None
+            journal = None
+            if args.journal_dir:
+                journal = args.journal_dir / f"{args.out.name.removesuffix('.jsonl')}-{cell_key(cell)}.jsonl"
+            print(json.dumps(run_cell(cell, args.out, journal=journal), indent=2))
             return 0
+        if args.command == "prepare":
+            return cmd_prepare(args)
+        if args.command == "wandb-log":
+            from .tracking import log_cell
+
+            log_cell(
+                args.samples,
+                args.status,
+                dims=json.loads(args.dims),
+                cell=json.loads(args.cell),
+                experiment=args.experiment,
+                project=args.project,
+                entity=args.entity,
+                mode=args.mode,
+                wandb_dir=args.dir,
+            )
+            return 0
+        if args.command == "aggregate":
+            from .aggregate import aggregate
+
+            written = aggregate(args.results)
+            print("\n".join(str(p) for p in written))
+            return 0
+        if args.command == "notebook":
+            from .notebook import execute
+
+            execute(args.notebook, args.out, args.results)
+            print(f"executed {args.notebook} -> {args.out}")
+            return 0
+        if args.command == "grid":
+            from .workflow import main as grid_main
+
+            return grid_main([str(args.config)])
         if args.command == "score":
             from .scoring import score_file
 

@@ -297,14 +297,17 @@ def draft_name(teacher_name: str, recipe: Recipe) -> str:
 
 def ensure_draft(teacher_name: str, recipe: Recipe, force: bool = False, out_dir: Path | None = None) -> Path:
     """The distilled draft's directory, distilled on first use and cached after."""
-    from .models import ModelSpec, cache_dir, load_spec
+    from .models import ModelSpec, cache_dir, cache_lock, load_spec
 
     out = out_dir or cache_dir() / "drafts" / draft_name(teacher_name, recipe)
     if (out / META).exists() and not force:
         return out
-    teacher, tokenizer = load_spec(ModelSpec(teacher_name, pack=False))
-    print(f"distilling {out.name} from {teacher_name} (once; a few minutes on a CPU)", flush=True)
-    return distill(teacher, tokenizer, out, recipe, teacher_name)
+    with cache_lock(out):
+        if (out / META).exists() and not force:  # distilled by another job while this one waited
+            return out
+        teacher, tokenizer = load_spec(ModelSpec(teacher_name, pack=False))
+        print(f"distilling {out.name} from {teacher_name} (once; a few minutes on a CPU)", flush=True)
+        return distill(teacher, tokenizer, out, recipe, teacher_name)
 
 
 def read_meta(path: Path) -> dict:

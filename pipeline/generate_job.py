@@ -11,6 +11,7 @@ the cell's speed summary to ``<out>.speed.json`` (both written atomically).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -91,12 +92,25 @@ def done_ids(path: Path) -> set[str]:
     return ids
 
 
-def run_cell(cell: Cell, out: Path, progress: bool = True) -> dict[str, Any]:
-    """Generate every missing sample of ``cell`` into ``out``; return the speed summary."""
+def cell_key(cell: Cell) -> str:
+    """A short hash of everything that shapes the cell's samples (a journal is only resumed by its own cell)."""
+    data = {**cell.__dict__, "models": [m.__dict__ for m in cell.models]}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def run_cell(cell: Cell, out: Path, progress: bool = True, journal: Path | None = None) -> dict[str, Any]:
+    """Generate every missing sample of ``cell`` into ``out``; return the speed summary.
+
+    Samples are appended to ``journal`` (default: ``out`` itself) as they are made; with a separate
+    journal, ``out`` appears only once the cell is complete (the journal is renamed to it), so a
+    workflow manager that deletes the outputs of a failed job never deletes generated samples.
+    """
     from tqdm import tqdm
 
     out = Path(out)
+    journal = Path(journal) if journal else out
     out.parent.mkdir(parents=True, exist_ok=True)
+    journal.parent.mkdir(parents=True, exist_ok=True)
     models, tokenizer = load_set(cell.models)
     task = get_task(cell.task)
     examples = task.load(cell.size, cell.data_dir, cell.seed)
@@ -138,9 +152,11 @@ def run_cell(cell: Cell, out: Path, progress: bool = True) -> dict[str, Any]:
     run(cell.method, cell.method_args, first_ids, [], cell.seed, 8)  # warm-up, not recorded
     if cell.baseline:
         run(cell.baseline, cell.baseline_args, first_ids, [], cell.seed, 8)
-    done = done_ids(out)
+    done = done_ids(journal)
     todo = [(i, r) for i, r in enumerate(rendered) if r[0].id not in done]
-    with open(out, "a", encoding="utf-8") as f:
+    if done and progress:
+        print(f"resuming {journal}: {len(done)} of {len(rendered)} samples already generated", flush=True)
+    with open(journal, "a", encoding="utf-8") as f:
         for i, (ex, prompt, stops) in tqdm(todo, desc=f"{cell.method} {cell.task}", disable=not progress):
             ids = tokenizer(prompt).input_ids
             order = [("method", cell.method, cell.method_args), ("baseline", cell.baseline, cell.baseline_args)]
@@ -157,6 +173,8 @@ def run_cell(cell: Cell, out: Path, progress: bool = True) -> dict[str, Any]:
             f.write(json.dumps(row) + "\n")
             f.flush()
             os.fsync(f.fileno())
+    if journal != out:
+        os.replace(journal, out)
     summary = speed_summary(out)
     write_atomic(out.with_suffix(".speed.json"), json.dumps(summary, indent=2) + "\n")
     return summary

@@ -14,7 +14,9 @@ GGUF files are converted once into a safetensors directory in the cache
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import fcntl
 import importlib.util
 import json
 import os
@@ -36,6 +38,18 @@ class ModelError(ValueError):
 
 def cache_dir() -> Path:
     return Path(os.environ.get("SPECENS_CACHE", Path.home() / ".cache" / "specens")).expanduser()
+
+
+@contextlib.contextmanager
+def cache_lock(target: Path):
+    """Hold an exclusive lock on ``target`` (a cache entry) while it is built, so parallel jobs build it once."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def model_path() -> Path | None:
@@ -72,8 +86,16 @@ def gguf_dir(gguf: Path, name: str, cache: Path | None = None) -> Path:
     target = (cache or cache_dir()) / name
     if (target / "config.json").exists():
         return target
+    with cache_lock(target):
+        if (target / "config.json").exists():  # built by another job while this one waited
+            return target
+        return _convert_gguf(gguf, target)
+
+
+def _convert_gguf(gguf: Path, target: Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    name = target.name
     print(f"converting {gguf.name} to a safetensors cache in {target} (once, about 20 s)", flush=True)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -170,6 +192,10 @@ def resolve(spec: ModelSpec, cache: Path | None = None) -> Path:
             return path
         if source.startswith((".", "/", "~")) or source.count("/") != 1:
             raise ModelError(f"model directory {path} not found (model {spec.name!r})")
+        root = model_path()  # a hub id: a copy under MODEL_PATH (by the model's name or the repo's) comes first
+        for local in (root / spec.name, root / source.split("/")[1]) if root else ():
+            if (local / "config.json").exists():
+                return local
         return hub_dir(source)
     root = model_path()
     if root is not None and (root / spec.name / "config.json").exists():

@@ -55,22 +55,32 @@ def smol_tokenizer():
     return AutoTokenizer.from_pretrained(bundled_dir())
 
 
-@pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory, smol_tokenizer):
-    """A tiny random float32 model with the bundled model's tokenizer, saved as a local directory."""
-    torch.manual_seed(0)
+def save_tiny(path, tokenizer, seed: int = 0, layers: int = 2):
+    """A tiny random float32 model with ``tokenizer``, saved as a local model directory."""
+    torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=len(smol_tokenizer),
+        vocab_size=len(tokenizer),
         hidden_size=16,
         intermediate_size=32,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=2,
         num_key_value_heads=1,
         max_position_embeddings=4096,
         tie_word_embeddings=True,
-        eos_token_id=smol_tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
     )
-    path = tmp_path_factory.mktemp("models") / "tiny"
     LlamaForCausalLM(config).save_pretrained(path)
-    smol_tokenizer.save_pretrained(path)
+    tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory, smol_tokenizer):
+    """A tiny random float32 model with the bundled model's tokenizer, saved as a local directory."""
+    return save_tiny(tmp_path_factory.mktemp("models") / "tiny", smol_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir2(tmp_path_factory, smol_tokenizer):
+    """Another tiny model (other weights, one layer) with the same tokenizer."""
+    return save_tiny(tmp_path_factory.mktemp("models") / "tiny2", smol_tokenizer, seed=1, layers=1)

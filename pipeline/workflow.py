@@ -1,0 +1,336 @@
+"""The workflow's grid: check a config and expand it into cells.
+
+The Snakefile calls :func:`check_config` (one-line errors naming the key, the
+value and what is accepted) and :func:`expand_cells`. A cell is one model set,
+one method, one dataset, one temperature and one gamma; its JSON form is what
+``pipeline generate`` runs. Cells that do not apply are left out: no gamma
+sweep for methods that do not speculate, ``sd`` and CD only for pairs, an
+ensemble only for sets of two models or more. ``large_model`` runs the set's
+first model alone and is shared by every set that starts with it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SCHEMA = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "config.schema.yaml"
+GRID_KEYS = ("datasets", "gamma", "temperature", "max_new_tokens", "method_args", "proposer", "se_large_gamma")
+MODEL_KEYS = ("source", "dtype", "device", "distill", "full_head", "pack")
+
+
+class ConfigError(ValueError):
+    """A bad config value: one line naming the key, the value and what is accepted."""
+
+
+# ---- schema ---------------------------------------------------------------------------------
+
+
+def load_schema(path: Path = SCHEMA) -> dict[str, Any]:
+    return yaml.safe_load(Path(path).read_text())
+
+
+def _key(path) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _accepted(error, schema: dict[str, Any]) -> str:
+    """What the schema accepts where ``error`` happened, in words."""
+    sub = error.schema
+    if "$ref" in sub:  # follow one local reference for its description
+        node = schema
+        for part in sub["$ref"].lstrip("#/").split("/"):
+            node = node[part]
+        sub = {**node, **{k: v for k, v in sub.items() if k != "$ref"}}
+    v, vv = error.validator, error.validator_value
+    if v == "enum":
+        return "one of " + ", ".join("null" if x is None else str(x) for x in vv)
+    if v == "type":
+        return "a value of type " + (" or ".join(vv) if isinstance(vv, list) else vv)
+    if v == "minimum":
+        return f"a number >= {vv}"
+    if v == "exclusiveMinimum":
+        return f"a number > {vv}"
+    if v == "maximum":
+        return f"a number <= {vv}"
+    if v in ("minItems", "minProperties"):
+        return f"at least {vv} entr{'y' if vv == 1 else 'ies'}"
+    if v == "pattern":
+        return "letters, digits and . _ - (+ in set names)"
+    if v == "required":
+        return "the keys " + ", ".join(vv)
+    if v in ("oneOf", "anyOf"):
+        texts = []
+        for option in vv:
+            if "enum" in option:
+                texts += [str(x) for x in option["enum"]]
+            elif option.get("type") == "integer":
+                texts.append("a positive integer" if option.get("minimum") == 1 else "an integer")
+            elif option.get("type") == "array":
+                texts.append("a list of positive integers")
+            else:
+                texts.append(option.get("type", "?"))
+        return ", ".join(texts[:-1]) + " or " + texts[-1] if len(texts) > 1 else texts[0]
+    return sub.get("description") or error.message
+
+
+def schema_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
+    """Every schema violation of ``config``, one line each (empty: valid)."""
+    import jsonschema
+
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    lines = []
+    for error in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path))):
+        where = _key(error.absolute_path)
+        if error.validator == "additionalProperties":
+            allowed = sorted(error.schema.get("properties", {}))
+            extra = sorted(set(error.instance) - set(allowed))
+            place = "" if where == "(top level)" else f" in {where}"
+            lines.append(f"unknown config key {extra[0]!r}{place}; accepted: {', '.join(allowed)}")
+            continue
+        if error.validator == "required":
+            lines.append(f"config key {where}: {error.message}; it needs {_accepted(error, schema)}")
+            continue
+        value = json.dumps(error.instance, default=str)
+        if len(value) > 60:
+            value = value[:57] + "..."
+        lines.append(f"config key {where}: {value} is not accepted; expected {_accepted(error, schema)}")
+    return lines
+
+
+# ---- the grid ----------------------------------------------------------------------------
+
+
+def _family(method: str) -> tuple[str, str]:
+    """(base method, kind): kind is 'plain', 'sd' (speculative decoding) or 'se' (speculative ensemble)."""
+    if method == "sd":
+        return "large_model", "sd"
+    for suffix in ("_sd", "_se"):
+        if method.endswith(suffix):
+            return method.removesuffix(suffix), suffix[1:]
+    return method, "plain"
+
+
+def _accepted_args(method: str) -> set[str]:
+    from pipeline.decoding.ensemble import ENSEMBLES
+
+    base, kind = _family(method)
+    keys = set(ENSEMBLES[base].params) if base in ENSEMBLES else set()
+    if kind != "plain":
+        keys.add("proposer")
+    if kind in ("sd", "se") and method != "sd":
+        keys.add("first_proposer")
+    return keys
+
+
+def _set_size_ok(method: str, n: int) -> bool:
+    from pipeline.decoding.ensemble import ENSEMBLES
+
+    base, _ = _family(method)
+    if method in ("large_model", "small_model"):
+        return True
+    if method == "sd":
+        return n == 2
+    ens = ENSEMBLES[base]
+    return n >= ens.min_models and (ens.max_models is None or n <= ens.max_models)
+
+
+def _fmt_gamma(g: Any) -> str:
+    return "-".join(map(str, g)) if isinstance(g, list) else str(g)
+
+
+def _fmt_t(t: float) -> str:
+    return f"{float(t):g}"
+
+
+def check_config(config: dict[str, Any], schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Validate ``config`` (schema, then names); return it with every default filled in. Raises ConfigError."""
+    from pipeline.decoding.methods import method_names
+    from tasks import TASKS
+
+    schema = schema or load_schema()
+    errors = schema_errors(config, schema)
+    if errors:
+        raise ConfigError(errors[0])
+    config = fill_defaults(copy.deepcopy(config), schema)
+    models = config["models"]
+    methods_ok = method_names()
+    for i, grid in enumerate(config["grids"]):
+        for name, members in grid["model_sets"].items():
+            for j, m in enumerate(members):
+                if m not in models:
+                    raise ConfigError(
+                        f"config key grids[{i}].model_sets.{name}[{j}]: model {m!r} is not defined under "
+                        f"'models'; defined: {', '.join(models)}"
+                    )
+        for j, method in enumerate(grid["methods"]):
+            if method not in methods_ok:
+                raise ConfigError(
+                    f"config key grids[{i}].methods[{j}]: {method!r} is not a method; accepted: {', '.join(methods_ok)}"
+                )
+        datasets = grid.get("datasets", config["datasets"])
+        for name in datasets:
+            if name not in TASKS:
+                raise ConfigError(
+                    f"config key grids[{i}].datasets: {name!r} is not a dataset; accepted: {', '.join(sorted(TASKS))}"
+                )
+        args = grid.get("method_args", config["method_args"])
+        usable = set().union(*(_accepted_args(m) for m in grid["methods"]))
+        for key in args:
+            if key not in usable:
+                raise ConfigError(
+                    f"config key grids[{i}].method_args.{key}: no method of grid {grid['name']!r} takes it; "
+                    f"accepted: {', '.join(sorted(usable)) or 'none'}"
+                )
+    names = [g["name"] for g in config["grids"]]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise ConfigError(f"config key grids: the grid name {dup!r} is used twice; grid names must be unique")
+    return config
+
+
+def fill_defaults(config: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    """Fill top-level defaults from the schema (what Snakemake's ``validate(set_default=True)`` does)."""
+    for key, sub in schema["properties"].items():
+        if key not in config and "default" in sub:
+            config[key] = copy.deepcopy(sub["default"])
+        if isinstance(config.get(key), dict) and "properties" in sub:
+            for k, s in sub["properties"].items():
+                if k not in config[key] and "default" in s:
+                    config[key][k] = copy.deepcopy(s["default"])
+    return config
+
+
+def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every cell of a checked config: cell id -> {"cell": JSON for ``pipeline generate``, "dims": ...}."""
+    cells: dict[str, dict[str, Any]] = {}
+    for grid in config["grids"]:
+        g = {k: grid.get(k, config[k]) for k in GRID_KEYS}
+        for set_name, members in grid["model_sets"].items():
+            for method in grid["methods"]:
+                if not _set_size_ok(method, len(members)):
+                    continue
+                base, kind = _family(method)
+                if method == "large_model":
+                    names, label = members[:1], members[0]
+                elif method == "small_model":
+                    names, label = members[-1:], members[-1]
+                else:
+                    names, label = list(members), set_name
+                gammas = _gammas(g["gamma"], kind, len(names), grid["name"]) if kind != "plain" else [None]
+                for dataset, dopts in g["datasets"].items():
+                    for t in g["temperature"]:
+                        for gamma in gammas:
+                            cell_id, cell = _cell(config, g, method, names, label, dataset, dopts, t, gamma)
+                            dims = {
+                                "id": cell_id,
+                                "experiment": config["experiment"],
+                                "grid": grid["name"],
+                                "model_set": label,
+                                "models": names,
+                                "large_model": names[0],
+                                "method": method,
+                                "family": base if base not in ("large_model", "small_model") else "single",
+                                "kind": kind,
+                                "dataset": dataset,
+                                "temperature": float(t),
+                                "gamma": _fmt_gamma(cell["gamma"]) if kind != "plain" else None,
+                                "baseline": cell.get("baseline"),
+                            }
+                            entry = {"cell": cell, "dims": dims}
+                            if cell_id in cells and cells[cell_id]["cell"] != cell:
+                                raise ConfigError(
+                                    f"cell {cell_id} is defined twice with different settings (grids "
+                                    f"{cells[cell_id]['dims']['grid']!r} and {grid['name']!r}); give one set "
+                                    "another name or align the settings"
+                                )
+                            cells.setdefault(cell_id, entry)
+    if not cells:
+        raise ConfigError("the config expands to no cells: check that each grid's methods fit its model sets")
+    return cells
+
+
+def _gammas(sweep: list[Any], kind: str, n: int, grid: str) -> list[Any]:
+    """The sweep's values that apply: per-model lists only for ``*_se`` (one entry per model), ints for all."""
+    out = []
+    for value in sweep:
+        if isinstance(value, list):
+            if kind != "se":
+                continue
+            if len(value) != n:
+                raise ConfigError(
+                    f"config key gamma: {value} has {len(value)} entries but grid {grid!r} has a set of {n} "
+                    "models; a per-model gamma list needs one entry per model"
+                )
+        out.append(value)
+    return out
+
+
+def _cell(config, g, method, names, label, dataset, dopts, t, gamma) -> tuple[str, dict[str, Any]]:
+    base, kind = _family(method)
+    n = len(names)
+    if kind == "se" and isinstance(gamma, int) and g["se_large_gamma"] is not None:
+        gamma = [g["se_large_gamma"]] + [gamma] * (n - 1)
+    args = {k: v for k, v in g["method_args"].items() if k in _accepted_args(method)}
+    if kind != "plain":
+        args.setdefault("proposer", g["proposer"])
+    models = [{"name": m, **{k: v for k, v in config["models"][m].items() if k in MODEL_KEYS}} for m in names]
+    cell: dict[str, Any] = {
+        "models": models,
+        "method": method,
+        "task": dataset,
+        "gamma": gamma if gamma is not None else 1,
+        "method_args": args,
+        "size": dopts.get("size", "tiny"),
+        "chat": bool(dopts.get("chat", False)),
+        "data_dir": config["data_dir"],
+        "max_new_tokens": g["max_new_tokens"],
+        "temperature": float(t),
+        "top_k": config["top_k"],
+        "top_p": config["top_p"],
+        "seed": config["seed"],
+    }
+    if kind != "plain" and config["side_by_side"]:
+        cell["baseline"] = base
+        cell["baseline_args"] = {k: v for k, v in args.items() if k in _accepted_args(base)}
+    cell_id = f"{dataset}/{label}/{method}-T{_fmt_t(t)}"
+    if kind != "plain":
+        cell_id += f"-g{_fmt_gamma(gamma)}"
+    return cell_id, cell
+
+
+def models_to_prepare(config: dict[str, Any], cells: dict[str, dict[str, Any]]) -> list[str]:
+    """Model names used by some cell, in config order."""
+    used = {m for c in cells.values() for m in c["dims"]["models"]}
+    return [m for m in config["models"] if m in used]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pipeline.workflow CONFIG``: check a config and list its cells."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="pipeline grid", description="check a workflow config and list its cells")
+    ap.add_argument("config", type=Path)
+    args = ap.parse_args(argv)
+    try:
+        config = check_config(yaml.safe_load(args.config.read_text()) or {})
+        cells = expand_cells(config)
+    except (ConfigError, OSError, yaml.YAMLError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for cell_id in cells:
+        print(cell_id)
+    print(f"{len(cells)} cells", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

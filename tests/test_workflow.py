@@ -1,0 +1,326 @@
+"""The Snakemake workflow: config checks, the grid, dry runs (local and SLURM), and the whole DAG on tiny models."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from pipeline.generate_job import cell_from_dict, cell_key
+from pipeline.workflow import ConfigError, check_config, expand_cells
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT = yaml.safe_load((ROOT / "config" / "default.yaml").read_text())
+
+
+def snakemake(workdir: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-d", str(workdir), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def job_counts(output: str) -> dict[str, int]:
+    """The 'Job stats' table of a Snakemake run or dry run."""
+    table = output.split("Job stats:")[1]
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.M) if m[1] != "total"}
+
+
+# ---- config checks ------------------------------------------------------------------------
+
+
+def with_change(path: str, value):
+    config = json.loads(json.dumps(DEFAULT))
+    *parents, last = path.split(".")
+    node = config
+    for p in parents:
+        node = node[int(p)] if p.isdigit() else node[p]
+    node[last] = value
+    return config
+
+
+@pytest.mark.parametrize(
+    "path, value, expected",
+    [
+        ("grids.0.methods", ["we", "speculative"], ["grids[0].methods[1]", "'speculative'", "accepted: large_model"]),
+        ("datasets", {"humanevil": {"size": 2}}, ["'humanevil'", "accepted:", "humaneval"]),
+        ("datasets", {"humaneval": {"size": "huge"}}, ["datasets.humaneval.size", '"huge"', "tiny, small, full"]),
+        ("gamma", [0], ["gamma[0]", "0", "positive integer"]),
+        ("temperature", [-1], ["temperature[0]", "-1", ">= 0"]),
+        ("grids.0.model_sets", {"x": ["smollm2-135m-instruct", "nope"]}, ["'nope'", "not defined", "defined:"]),
+        ("grids.0.method_args", {"lamda": 0.5}, ["method_args.lamda", "accepted:", "lambda"]),
+        ("wandb", {"mode": "sometimes"}, ["wandb.mode", '"sometimes"', "auto, online, offline, disabled"]),
+        ("max_new_tokens", "many", ["max_new_tokens", '"many"', "integer"]),
+        ("colour", "blue", ["unknown config key 'colour'", "accepted:", "gamma"]),
+    ],
+)
+def test_bad_config_values_get_one_line(path, value, expected):
+    with pytest.raises(ConfigError) as err:
+        check_config(with_change(path, value))
+    message = str(err.value)
+    assert "\n" not in message
+    for part in expected:
+        assert part in message, (part, message)
+
+
+def test_grid_leaves_out_cells_that_do_not_apply():
+    config = check_config(
+        {
+            "models": {"big": {}, "small": {}, "tiny": {}},
+            "grids": [
+                {
+                    "name": "g",
+                    "model_sets": {"pair": ["big", "small"], "trio": ["big", "small", "tiny"], "solo": ["big"]},
+                    "methods": ["large_model", "sd", "we", "we_se", "cd", "cd_sd"],
+                    "method_args": {"lambda": 0.5, "alpha": 0.1},
+                }
+            ],
+            "gamma": [1, 4],
+            "se_large_gamma": 1,
+        }
+    )
+    cells = expand_cells(config)
+    ids = set(cells)
+    assert "humaneval/big/large_model-T0" in ids  # one large_model cell, shared by the three sets
+    assert sum("large_model" in c for c in ids) == 1
+    assert {c for c in ids if "/pair/" in c} == {
+        f"humaneval/pair/{m}" for m in ["sd-T0-g1", "sd-T0-g4", "we-T0", "we_se-T0-g1-1", "we_se-T0-g1-4"]
+    } | {f"humaneval/pair/{m}" for m in ["cd-T0", "cd_sd-T0-g1", "cd_sd-T0-g4"]}
+    # a trio: no sd, no cd (pairs only), we_se with gamma [1, g, g]
+    assert {c for c in ids if "/trio/" in c} == {
+        "humaneval/trio/we-T0",
+        "humaneval/trio/we_se-T0-g1-1-1",
+        "humaneval/trio/we_se-T0-g1-4-4",
+    }
+    assert not any("/solo/" in c for c in ids)
+    cell = cells["humaneval/pair/we_se-T0-g1-4"]["cell"]
+    assert cell["gamma"] == [1, 4] and cell["baseline"] == "we" and cell["method_args"]["lambda"] == 0.5
+    assert "alpha" not in cell["method_args"]
+    assert "lambda" not in cells["humaneval/pair/sd-T0-g1"]["cell"]["method_args"]
+    assert cells["humaneval/pair/sd-T0-g1"]["cell"]["baseline"] == "large_model"
+    assert "baseline" not in cells["humaneval/pair/we-T0"]["cell"]
+
+
+def test_per_model_gamma_lists_apply_to_se_cells_only():
+    base = {
+        "models": {"big": {}, "small": {}},
+        "grids": [{"name": "g", "model_sets": {"pair": ["big", "small"]}, "methods": ["sd", "we_sd", "we_se"]}],
+    }
+    cells = expand_cells(check_config({**base, "gamma": [2, [3, 1]]}))
+    assert sorted(cells) == [
+        "humaneval/pair/sd-T0-g2",
+        "humaneval/pair/we_sd-T0-g2",
+        "humaneval/pair/we_se-T0-g1-2",
+        "humaneval/pair/we_se-T0-g3-1",
+    ]
+    with pytest.raises(ConfigError, match=r"config key gamma: \[1, 2, 3\] has 3 entries .* set of 2 models"):
+        expand_cells(check_config({**base, "gamma": [[1, 2, 3]]}))
+
+
+def test_bad_config_stops_snakemake_with_one_line(tmp_path):
+    bad = with_change("grids.0.methods", ["we", "speculative"])
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+    run = snakemake(tmp_path, "-n", "--configfile", str(tmp_path / "bad.yaml"))
+    assert run.returncode != 0
+    lines = [line for line in (run.stdout + run.stderr).splitlines() if line.strip()]
+    assert lines == [
+        "error: config key grids[0].methods[1]: 'speculative' is not a method; accepted: "
+        "large_model, small_model, sd, we, we_sd, we_se, cd, cd_sd, cd_se"
+    ]
+    assert not (tmp_path / "results").exists()
+
+
+# ---- dry runs ------------------------------------------------------------------------------
+
+
+def test_dry_run_of_the_default_grid_lists_exactly_its_jobs(tmp_path):
+    run = snakemake(tmp_path, "-n")
+    assert run.returncode == 0, run.stderr[-2000:]
+    n = len(expand_cells(check_config(DEFAULT)))
+    assert n == 14  # 5 + 4 cells per grid plus gamma sweeps; no gamma for we/cd, sd only in the WE grid
+    assert job_counts(run.stdout + run.stderr) == {
+        "all": 1,
+        "grid": 1,
+        "prepare_model": 3,
+        "generate": n,
+        "score": n,
+        "wandb_log": n,
+        "aggregate": 1,
+        "notebook": 1,
+    }
+
+
+def test_slurm_dry_run_lists_jobs_with_their_resources(tmp_path):
+    profile = ROOT / "workflow" / "profiles" / "slurm"
+    run = snakemake(tmp_path, "-n", "--workflow-profile", str(profile), "--config", "wandb={mode: disabled}")
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-2000:]
+    blocks = re.findall(r"^rule (\w+):\n(.*?)(?=^rule |\Z)", out, re.S | re.M)
+    resources = {}
+    for rule, body in blocks:
+        found = re.search(r"resources: (.*)", body)
+        if found:
+            resources.setdefault(rule, found.group(1))
+    assert "gpu=1" in resources["generate"] and "slurm_partition=gpu" in resources["generate"]
+    assert "runtime=240" in resources["generate"] and "cpus_per_task=8" in resources["generate"]
+    assert "slurm_partition=cpu" in resources["score"] and "gpu" not in resources["score"]
+    assert job_counts(out)["generate"] == 14 and "wandb_log" not in job_counts(out)
+    # overridable from the command line; the rule's own defaults (one GPU) stay
+    run = snakemake(
+        tmp_path,
+        "-n",
+        "--workflow-profile",
+        str(profile),
+        "--set-resources",
+        "generate:slurm_partition=a100",
+        "generate:gpu_model=a100",
+    )
+    generate = re.search(r"^rule generate:\n.*?resources: (.*?)$", run.stdout + run.stderr, re.S | re.M).group(1)
+    assert "slurm_partition=a100" in generate and "gpu_model=a100" in generate and "gpu=1" in generate
+
+
+# ---- the whole DAG on tiny models ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, tiny_dir, tiny_dir2):
+    """The whole workflow on tiny models: a target, an identical draft, a third model; 2 HumanEval prompts."""
+    work = tmp_path_factory.mktemp("workflow")
+    config = {
+        "experiment": "tiny",
+        "models": {
+            "tiny": {"source": str(tiny_dir)},
+            "tiny-copy": {"source": str(tiny_dir)},
+            "tiny-third": {"source": str(tiny_dir2)},
+        },
+        "grids": [
+            {
+                "name": "pairs",
+                "model_sets": {"pair": ["tiny", "tiny-copy"]},
+                "methods": ["large_model", "sd", "we", "we_se", "cd_se"],
+                "method_args": {"lambda": 0.5, "alpha": 0.1},
+            },
+            {
+                "name": "trio",
+                "model_sets": {"trio": ["tiny", "tiny-copy", "tiny-third"]},
+                "methods": ["we", "we_se"],
+                "temperature": [1.0],
+            },
+        ],
+        "datasets": {"humaneval": {"size": 2}},
+        "gamma": [2],
+        "max_new_tokens": 5,
+        "threads": 1,
+        "wandb": {"mode": "offline", "project": "specens-test"},
+    }
+    (work / "config.yaml").write_text(yaml.safe_dump(config))
+    run = snakemake(work, "--cores", "2", "--configfile", str(work / "config.yaml"))
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    return work, config, run
+
+
+@pytest.mark.xdist_group("tiny_dag")
+def test_the_whole_dag_writes_tables_plots_wandb_runs_and_a_notebook(tiny_run):
+    work, config, run = tiny_run
+    results = work / "results"
+    cells = expand_cells(check_config(config))
+    df = pd.read_csv(results / "tables" / "cells.csv", keep_default_na=True)
+    assert set(df["id"]) == set(cells) and len(cells) == 7
+    assert (df["tokens_per_s"] > 0).all() and (df["samples"] == 2).all()
+    spec = df[df["kind"] != "plain"].set_index("id")
+    assert spec["speedup_side_by_side"].notna().all() and spec["predicted_speedup"].gt(0).all()
+    greedy = spec[spec["temperature"] == 0]
+    assert (greedy["same_output_as_baseline"] == 1.0).all()  # lossless: each method equals its baseline
+    # the draft is an exact copy of the target: nearly every proposal is accepted
+    sd = spec.loc["humaneval/pair/sd-T0-g2"]
+    assert sd["acceptance_rate"] > 0.9 and sd["mean_accepted_per_round"] > 1.0
+    assert df.set_index("id").loc["humaneval/tiny/large_model-T0", "speedup_vs_large"] == pytest.approx(1.0)
+    assert df["q:pass@1"].between(0, 1).all()
+
+    speed = pd.read_csv(results / "tables" / "speedup_vs_standard.csv")
+    assert set(speed["method"]) == {"sd", "we", "we_se", "cd_se"}
+    assert speed["humaneval"].gt(0).all()
+    md = (results / "tables" / "speedup_vs_large.md").read_text()
+    for method in ("large_model", "sd", "we_se", "cd_se"):
+        assert f"| {method} " in md
+    assert "trio" not in md  # no large_model cell at T=1: no ratio rather than a wrong one
+    assert "| trio        | we_se    |   1 |" in (results / "tables" / "speedup_vs_standard.md").read_text()
+    assert "(γ=1-2-2)" in (results / "tables" / "speedup_vs_standard.md").read_text()  # the trio's gamma list
+    summary = (results / "tables" / "summary.md").read_text()
+    for section in ("over the standard method", "over the large model", "Quality", "accepted tokens", "Predicted"):
+        assert section in summary
+    quality = pd.read_csv(results / "tables" / "quality.csv")
+    assert "humaneval" in quality.columns and len(quality) == 7
+    for png in ("speedup_vs_gamma.png", "predicted_vs_measured.png"):
+        assert (results / "plots" / png).read_bytes()[:4] == b"\x89PNG"
+
+    offline = sorted((results / "wandb").glob("offline-run-*"))
+    assert len(offline) == len(cells)
+    status = json.loads((results / "generations" / "humaneval/pair/we_se-T0-g1-2.wandb.json").read_text())
+    assert status["status"] == "ok" and status["mode"] == "offline"
+
+    nb = json.loads((results / "analysis.ipynb").read_text())
+    outputs = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c["outputs"]]
+    assert outputs and not [o for o in outputs if o["output_type"] == "error"]
+    assert any("identical outputs: True" in "".join(o.get("text", "")) for o in outputs)
+
+
+@pytest.mark.xdist_group("tiny_dag")
+def test_a_rerun_does_nothing_and_a_crashed_cell_resumes(tiny_run):
+    work, config, _ = tiny_run
+    args = ["--cores", "2", "--configfile", str(work / "config.yaml")]
+    again = snakemake(work, *args)
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+
+    # a crash mid-cell: nothing of the cell or downstream of it is there, its journal holds one sample
+    # and a torn line
+    cell_id = "humaneval/pair/we_se-T0-g1-2"
+    results = work / "results"
+    gen = results / "generations"
+    rows = (gen / f"{cell_id}.jsonl").read_text().splitlines()
+    cell = cell_from_dict(expand_cells(check_config(config))[cell_id]["cell"])
+    journal = results / "journal" / f"{cell_id}-{cell_key(cell)}.jsonl"
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    journal.write_text(rows[0] + "\n" + rows[1][:30])
+    for suffix in (".jsonl", ".speed.json", ".meta.json", ".scores.jsonl", ".summary.json", ".wandb.json"):
+        (gen / f"{cell_id}{suffix}").unlink()
+    for name in ("tables/summary.md", "tables/cells.csv", "analysis.ipynb"):
+        (results / name).unlink()
+    resumed = snakemake(work, *args)
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
+    counts = job_counts(resumed.stdout + resumed.stderr)
+    assert counts == {"generate": 1, "score": 1, "wandb_log": 1, "aggregate": 1, "notebook": 1, "all": 1}
+    new_rows = (gen / f"{cell_id}.jsonl").read_text().splitlines()
+    assert new_rows[0] == rows[0]  # kept as it was, timing included: not generated again
+    assert json.loads(new_rows[1])["id"] == json.loads(rows[1])["id"] and not journal.exists()
+    log = (results / "logs" / "generate" / f"{cell_id}.log").read_text()
+    assert "1 of 2 samples already generated" in log
+
+
+@pytest.mark.xdist_group("tiny_dag")
+def test_wandb_failure_never_loses_results(tiny_run, tmp_path, monkeypatch):
+    import wandb
+
+    from pipeline.tracking import log_cell
+
+    work, _, _ = tiny_run
+    src = work / "results" / "generations" / "humaneval" / "pair"
+    for f in src.glob("we-T0.*"):
+        shutil.copy(f, tmp_path / f.name)
+
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("api.wandb.ai unreachable\nsecond line")
+
+    monkeypatch.setattr(wandb, "init", unreachable)
+    outcome = log_cell(tmp_path / "we-T0.jsonl", tmp_path / "status.json", {"id": "x"}, mode="online")
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert outcome["status"] == status["status"] == "failed"
+    assert status["error"] == "ConnectionError: api.wandb.ai unreachable"
+    assert (tmp_path / "we-T0.jsonl").read_text() == (src / "we-T0.jsonl").read_text()
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert log_cell(tmp_path / "we-T0.jsonl", tmp_path / "status.json", {"id": "x"})["status"] == "disabled"

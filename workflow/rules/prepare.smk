@@ -1,0 +1,16 @@
+# Model preparation: convert, download or distil each model once, before any job uses it.
+
+
+rule prepare_model:
+    output:
+        f"{RESULTS}/models/{{model}}.json",
+    params:
+        spec=lambda w: json.dumps({"name": w.model, **_checked["models"][w.model]}),
+    log:
+        f"{RESULTS}/logs/prepare/{{model}}.log",
+    threads: _checked["threads"]
+    resources:
+        mem_mb=16000,
+        runtime=60,
+    shell:
+        "{PY} -m pipeline.cli prepare {params.spec:q} {output:q} --threads {threads} > {log:q} 2>&1"

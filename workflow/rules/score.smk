@@ -1,0 +1,20 @@
+# Scoring: its own CPU job per cell (HumanEval runs in the sandbox).
+
+
+rule score:
+    input:
+        samples=f"{GEN}/{{cell}}.jsonl",
+    output:
+        scores=f"{GEN}/{{cell}}.scores.jsonl",
+        summary=f"{GEN}/{{cell}}.summary.json",
+    params:
+        task=lambda w: cell_dims(w)["dataset"],
+        data_dir=f"--data-dir {_checked['data_dir']}" if _checked["data_dir"] else "",
+    log:
+        f"{RESULTS}/logs/score/{{cell}}.log",
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    shell:
+        "{PY} -m pipeline.cli score {input.samples:q} --task {params.task} {params.data_dir} > {log:q} 2>&1"
