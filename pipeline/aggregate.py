@@ -137,6 +137,10 @@ def _overhead(rows: list[dict[str, Any]]) -> float | None:
 def _add_ratios(df: pd.DataFrame) -> pd.DataFrame:
     """Speed-ups over the standard method (side by side when measured) and over the large model's own cell."""
     key = ["dataset", "temperature"]
+    if "standard" not in df:  # a grid.json written before cells recorded it
+        from .workflow import _standard
+
+        df["standard"] = df["method"].map(_standard)
     large = df[df["method"] == "large_model"].set_index([*key, "model_set"])["tokens_per_s"]
     plain = df[df["kind"] == "plain"].set_index([*key, "model_set", "method"])["tokens_per_s"]
 
@@ -145,27 +149,20 @@ def _add_ratios(df: pd.DataFrame) -> pd.DataFrame:
         return r["tokens_per_s"] / v if v else None
 
     def vs_standard(r):
+        if not isinstance(r["standard"], str):
+            return None
         if r["kind"] == "plain":
-            return 1.0 if r["method"] != "large_model" else None
+            return 1.0  # an ensemble is its own standard
         if pd.notna(r.get("speedup_side_by_side")):
             return r["speedup_side_by_side"]
-        if not isinstance(r["baseline"], str):
-            return None
-        if r["baseline"] == "large_model":
+        if r["standard"] == "large_model":
             v = large.get((r["dataset"], r["temperature"], r["large_model"]))
         else:
-            v = plain.get((r["dataset"], r["temperature"], r["model_set"], r["baseline"]))
+            v = plain.get((r["dataset"], r["temperature"], r["model_set"], r["standard"]))
         return r["tokens_per_s"] / v if v else None
 
     df["speedup_vs_large"] = df.apply(vs_large, axis=1)
     df["speedup_vs_standard"] = df.apply(vs_standard, axis=1)
-
-    def standard(r):
-        if isinstance(r["baseline"], str):
-            return r["baseline"]
-        return "large_model" if r["kind"] == "plain" else None
-
-    df["standard"] = df.apply(standard, axis=1)
     return df
 
 

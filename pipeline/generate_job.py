@@ -173,10 +173,10 @@ def run_cell(cell: Cell, out: Path, progress: bool = True, journal: Path | None 
             f.write(json.dumps(row) + "\n")
             f.flush()
             os.fsync(f.fileno())
-    if journal != out:
-        os.replace(journal, out)
-    summary = speed_summary(out)
+    summary = speed_summary(journal)
     write_atomic(out.with_suffix(".speed.json"), json.dumps(summary, indent=2) + "\n")
+    if journal != out:
+        os.replace(journal, out)  # last: until here a crash leaves every sample in the journal
     return summary
 
 

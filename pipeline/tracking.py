@@ -13,6 +13,7 @@ file and printed; the files under ``results/`` are the source of truth.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import netrc
 import os
@@ -76,6 +77,7 @@ def log_cell(
         return outcome
     rows = _read_jsonl(samples)
     scores = {r["id"]: r for r in _read_jsonl(samples.with_suffix(".scores.jsonl"))}
+    run = None
     try:
         import wandb
 
@@ -121,7 +123,11 @@ def log_cell(
         outcome.update(status="ok", run_id=run.id, run_dir=str(Path(run.dir).parent))
         run.finish()
     except Exception as err:  # W&B must never cost a result
-        outcome.update(status="failed", error=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
+        first_line = (str(err).splitlines() or [""])[0][:200]
+        outcome.update(status="failed", error=f"{type(err).__name__}: {first_line}".rstrip(": "))
         print(f"warning: W&B logging failed for {dims.get('id')}: {outcome['error']}; results/ is unaffected")
+        if run is not None:
+            with contextlib.suppress(Exception):
+                run.finish(exit_code=1)
     write_atomic(status, json.dumps(outcome, indent=2) + "\n")
     return outcome

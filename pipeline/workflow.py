@@ -131,14 +131,14 @@ def _accepted_args(method: str) -> set[str]:
     return keys
 
 
-def _set_size_ok(method: str, n: int) -> bool:
+def _set_size_ok(method: str, n: int, proposer: str = "draft") -> bool:
     from pipeline.decoding.ensemble import ENSEMBLES
 
     base, _ = _family(method)
     if method in ("large_model", "small_model"):
         return True
     if method == "sd":
-        return n == 2
+        return n == 2 or (n == 1 and proposer == "lookup")
     ens = ENSEMBLES[base]
     return n >= ens.min_models and (ens.max_models is None or n <= ens.max_models)
 
@@ -182,14 +182,20 @@ def check_config(config: dict[str, Any], schema: dict[str, Any] | None = None) -
                 raise ConfigError(
                     f"config key grids[{i}].datasets: {name!r} is not a dataset; accepted: {', '.join(sorted(TASKS))}"
                 )
-        args = grid.get("method_args", config["method_args"])
         usable = set().union(*(_accepted_args(m) for m in grid["methods"]))
-        for key in args:
+        for key in grid.get("method_args", {}):
             if key not in usable:
                 raise ConfigError(
                     f"config key grids[{i}].method_args.{key}: no method of grid {grid['name']!r} takes it; "
                     f"accepted: {', '.join(sorted(usable)) or 'none'}"
                 )
+    usable = {k for g in config["grids"] for m in g["methods"] for k in _accepted_args(m)}
+    for key in config["method_args"]:  # the defaults of every grid: some method somewhere must take them
+        if key not in usable:
+            raise ConfigError(
+                f"config key method_args.{key}: no method of any grid takes it; "
+                f"accepted: {', '.join(sorted(usable)) or 'none'}"
+            )
     names = [g["name"] for g in config["grids"]]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
@@ -216,7 +222,7 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
         g = {k: grid.get(k, config[k]) for k in GRID_KEYS}
         for set_name, members in grid["model_sets"].items():
             for method in grid["methods"]:
-                if not _set_size_ok(method, len(members)):
+                if not _set_size_ok(method, len(members), g["proposer"]):
                     continue
                 base, kind = _family(method)
                 if method == "large_model":
@@ -226,6 +232,12 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 else:
                     names, label = list(members), set_name
                 gammas = _gammas(g["gamma"], kind, len(names), grid["name"]) if kind != "plain" else [None]
+                if not gammas:
+                    raise ConfigError(
+                        f"config key gamma: {g['gamma']} has no integer for {method!r} (grid {grid['name']!r}); "
+                        "per-model lists apply to *_se methods only"
+                    )
+                _check_values(config, g, method, names, f"grid {grid['name']!r}, set {set_name!r}")
                 for dataset, dopts in g["datasets"].items():
                     for t in g["temperature"]:
                         for gamma in gammas:
@@ -236,7 +248,7 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
                                 "grid": grid["name"],
                                 "model_set": label,
                                 "models": names,
-                                "large_model": names[0],
+                                "large_model": names[0] if method != "small_model" else None,
                                 "method": method,
                                 "family": base if base not in ("large_model", "small_model") else "single",
                                 "kind": kind,
@@ -244,6 +256,7 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
                                 "temperature": float(t),
                                 "gamma": _fmt_gamma(cell["gamma"]) if kind != "plain" else None,
                                 "baseline": cell.get("baseline"),
+                                "standard": _standard(method),
                             }
                             entry = {"cell": cell, "dims": dims}
                             if cell_id in cells and cells[cell_id]["cell"] != cell:
@@ -256,6 +269,46 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
     if not cells:
         raise ConfigError("the config expands to no cells: check that each grid's methods fit its model sets")
     return cells
+
+
+def _standard(method: str) -> str | None:
+    """What a cell's speed is compared with: the standard method it speeds up (itself for an ensemble)."""
+    base, kind = _family(method)
+    if kind != "plain":
+        return base
+    return method if method not in ("large_model", "small_model") else None
+
+
+def _check_values(config: dict[str, Any], g: dict[str, Any], method: str, names: list[str], where: str) -> None:
+    """The decoder's own checks of a method's arguments against a model set, before any job starts."""
+    from pipeline.decoding.ensemble import ENSEMBLES
+
+    base, kind = _family(method)
+    args = {k: v for k, v in g["method_args"].items() if k in _accepted_args(method)}
+    n = len(names)
+    first = args.get("first_proposer")
+    if first is not None and (not isinstance(first, int) or isinstance(first, bool) or not 0 <= first < n):
+        raise ConfigError(f"{where}: method_args.first_proposer={first!r} for {method!r}: expected 0..{n - 1}")
+    if base not in ENSEMBLES:
+        return
+    ens = ENSEMBLES[base]
+    if ens.check is not None:
+        try:
+            ens.check({**ens.params, **{k: v for k, v in args.items() if k in ens.params}}, n)
+        except ValueError as err:
+            raise ConfigError(f"{where}: method_args for {method!r}: {err}") from None
+    if ens.full_vocab:
+        for m in names:
+            spec = config["models"][m]
+            if (
+                spec.get("distill") is not None
+                and not spec.get("full_head")
+                and spec["distill"].get("head_tokens") != 0
+            ):
+                raise ConfigError(
+                    f"{where}: {method!r} needs full-vocabulary logits, but model {m!r} is a distilled draft with a "
+                    "restricted head; add 'full_head: true' to it (or define a second entry that has it)"
+                )
 
 
 def _gammas(sweep: list[Any], kind: str, n: int, grid: str) -> list[Any]:

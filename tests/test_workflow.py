@@ -77,7 +77,7 @@ def test_grid_leaves_out_cells_that_do_not_apply():
                     "name": "g",
                     "model_sets": {"pair": ["big", "small"], "trio": ["big", "small", "tiny"], "solo": ["big"]},
                     "methods": ["large_model", "sd", "we", "we_se", "cd", "cd_sd"],
-                    "method_args": {"lambda": 0.5, "alpha": 0.1},
+                    "method_args": {"alpha": 0.1},
                 }
             ],
             "gamma": [1, 4],
@@ -99,9 +99,9 @@ def test_grid_leaves_out_cells_that_do_not_apply():
     }
     assert not any("/solo/" in c for c in ids)
     cell = cells["humaneval/pair/we_se-T0-g1-4"]["cell"]
-    assert cell["gamma"] == [1, 4] and cell["baseline"] == "we" and cell["method_args"]["lambda"] == 0.5
-    assert "alpha" not in cell["method_args"]
-    assert "lambda" not in cells["humaneval/pair/sd-T0-g1"]["cell"]["method_args"]
+    assert cell["gamma"] == [1, 4] and cell["baseline"] == "we" and "alpha" not in cell["method_args"]
+    assert cells["humaneval/pair/cd_sd-T0-g4"]["cell"]["method_args"]["alpha"] == 0.1
+    assert "alpha" not in cells["humaneval/pair/sd-T0-g1"]["cell"]["method_args"]
     assert cells["humaneval/pair/sd-T0-g1"]["cell"]["baseline"] == "large_model"
     assert "baseline" not in cells["humaneval/pair/we-T0"]["cell"]
 
@@ -118,8 +118,45 @@ def test_per_model_gamma_lists_apply_to_se_cells_only():
         "humaneval/pair/we_se-T0-g1-2",
         "humaneval/pair/we_se-T0-g3-1",
     ]
+    with pytest.raises(ConfigError, match=r"config key gamma: \[\[1, 3\]\] has no integer for 'sd'"):
+        expand_cells(check_config({**base, "gamma": [[1, 3]]}))
+    se_only = {**base, "grids": [{**base["grids"][0], "methods": ["we_se"]}]}
     with pytest.raises(ConfigError, match=r"config key gamma: \[1, 2, 3\] has 3 entries .* set of 2 models"):
-        expand_cells(check_config({**base, "gamma": [[1, 2, 3]]}))
+        expand_cells(check_config({**se_only, "gamma": [[1, 2, 3]]}))
+
+
+def test_method_arguments_are_checked_against_each_model_set():
+    def grid(**extra):
+        return {
+            "models": {"big": {}, "small": {}, "third": {}, "student": {"distill": {"layers": 1}}},
+            "grids": [{"name": "g", **extra}],
+        }
+
+    with pytest.raises(ConfigError, match=r"set 'trio': method_args for 'we': 'lambda' needs exactly 2 models"):
+        expand_cells(
+            check_config(
+                grid(model_sets={"trio": ["big", "small", "third"]}, methods=["we"], method_args={"lambda": 0.5})
+            )
+        )
+    with pytest.raises(ConfigError, match=r"'cd_se' needs full-vocabulary logits, but model 'student'.*full_head"):
+        expand_cells(check_config(grid(model_sets={"p": ["big", "student"]}, methods=["cd_se"])))
+    with pytest.raises(ConfigError, match=r"first_proposer=2 for 'we_se': expected 0..1"):
+        expand_cells(
+            check_config(grid(model_sets={"p": ["big", "small"]}, methods=["we_se"], method_args={"first_proposer": 2}))
+        )
+    # top-level method_args are every grid's defaults: each grid keeps what its methods take
+    config = check_config(
+        {**grid(model_sets={"p": ["big", "small"]}, methods=["we"]), "method_args": {"alpha": 0.2}}
+        | {
+            "grids": [
+                {"name": "w", "model_sets": {"p": ["big", "small"]}, "methods": ["we"]},
+                {"name": "c", "model_sets": {"p": ["big", "small"]}, "methods": ["cd"]},
+            ]
+        }
+    )
+    cells = expand_cells(config)
+    assert cells["humaneval/p/we-T0"]["cell"]["method_args"] == {}
+    assert cells["humaneval/p/cd-T0"]["cell"]["method_args"] == {"alpha": 0.2}
 
 
 def test_bad_config_stops_snakemake_with_one_line(tmp_path):
@@ -303,6 +340,32 @@ def test_a_rerun_does_nothing_and_a_crashed_cell_resumes(tiny_run):
 
 
 @pytest.mark.xdist_group("tiny_dag")
+def test_without_side_by_side_runs_speedups_come_from_the_standard_cells(tiny_run, tmp_path):
+    from pipeline.aggregate import aggregate
+    from pipeline.generate_job import speed_summary
+
+    work, _, _ = tiny_run
+    results = tmp_path / "results"
+    shutil.copytree(work / "results" / "generations", results / "generations")
+    shutil.copy(work / "results" / "grid.json", results / "grid.json")
+    for path in (results / "generations").rglob("*.jsonl"):
+        if path.name.endswith(".scores.jsonl"):
+            continue
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        path.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "baseline"}) + "\n" for r in rows))
+        path.with_suffix(".speed.json").write_text(json.dumps(speed_summary(path)))
+    aggregate(results)
+    df = pd.read_csv(results / "tables" / "cells.csv").set_index("id")
+    assert df["speedup_side_by_side"].isna().all()
+    we_se, we = df.loc["humaneval/pair/we_se-T0-g1-2"], df.loc["humaneval/pair/we-T0"]
+    assert we_se["speedup_vs_standard"] == pytest.approx(we_se["tokens_per_s"] / we["tokens_per_s"])
+    sd, large = df.loc["humaneval/pair/sd-T0-g2"], df.loc["humaneval/tiny/large_model-T0"]
+    assert sd["speedup_vs_standard"] == pytest.approx(sd["tokens_per_s"] / large["tokens_per_s"])
+    assert pd.isna(large["speedup_vs_standard"]) and we["speedup_vs_standard"] == 1.0
+    assert (results / "plots" / "speedup_vs_gamma.png").exists()
+
+
+@pytest.mark.xdist_group("tiny_dag")
 def test_wandb_failure_never_loses_results(tiny_run, tmp_path, monkeypatch):
     import wandb
 
@@ -322,5 +385,13 @@ def test_wandb_failure_never_loses_results(tiny_run, tmp_path, monkeypatch):
     assert outcome["status"] == status["status"] == "failed"
     assert status["error"] == "ConnectionError: api.wandb.ai unreachable"
     assert (tmp_path / "we-T0.jsonl").read_text() == (src / "we-T0.jsonl").read_text()
+
+    def timeout(*args, **kwargs):
+        raise TimeoutError()
+
+    monkeypatch.setattr(wandb, "init", timeout)
+    assert (
+        log_cell(tmp_path / "we-T0.jsonl", tmp_path / "s2.json", {"id": "x"}, mode="offline")["error"] == "TimeoutError"
+    )
     monkeypatch.setenv("WANDB_MODE", "disabled")
     assert log_cell(tmp_path / "we-T0.jsonl", tmp_path / "status.json", {"id": "x"})["status"] == "disabled"

@@ -9,7 +9,7 @@ rule score:
         summary=f"{GEN}/{{cell}}.summary.json",
     params:
         task=lambda w: cell_dims(w)["dataset"],
-        data_dir=f"--data-dir {_checked['data_dir']}" if _checked["data_dir"] else "",
+        data_dir=f"--data-dir {shlex.quote(_checked['data_dir'])}" if _checked["data_dir"] else "",
     log:
         f"{RESULTS}/logs/score/{{cell}}.log",
     threads: 1

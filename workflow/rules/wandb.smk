@@ -16,7 +16,7 @@ rule wandb_log:
         cell=lambda w: json.dumps(CELLS[w.cell]["cell"]),
         experiment=_checked["experiment"],
         project=WANDB["project"],
-        entity=f"--entity {WANDB['entity']}" if WANDB.get("entity") else "",
+        entity=f"--entity {shlex.quote(WANDB['entity'])}" if WANDB.get("entity") else "",
         mode=WANDB["mode"],
     log:
         f"{RESULTS}/logs/wandb/{{cell}}.log",
