@@ -29,13 +29,9 @@ from typing import Any
 
 import pandas as pd
 
-from .scoring import write_atomic
+from .scoring import atomic_path, read_jsonl, write_atomic
 
 ROW = ["model_set", "method", "T"]
-
-
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def predicted_speedup(rows: list[dict[str, Any]]) -> float | None:
@@ -74,16 +70,6 @@ def predicted_speedup(rows: list[dict[str, Any]]) -> float | None:
     return per_token_b / per_token_m if per_token_m and per_token_b else None
 
 
-def acceptance_rate(rows: list[dict[str, Any]]) -> float | None:
-    """Accepted over verified proposals, every proposer (models and prompt lookup) together."""
-    accepted = verified = 0
-    for r in rows:
-        for m in [*r["stats"]["models"], *r["stats"].get("proposers", {}).values()]:
-            accepted += m["accepted"]
-            verified += m["verified"]
-    return accepted / verified if verified else None
-
-
 def same_as_baseline(rows: list[dict[str, Any]]) -> float | None:
     if not rows or any("baseline" not in r for r in rows):
         return None
@@ -99,7 +85,7 @@ def collect(results: Path) -> pd.DataFrame:
         if not base.with_suffix(".speed.json").exists():
             continue
         speed = json.loads(base.with_suffix(".speed.json").read_text())
-        rows = _jsonl(base)
+        rows = read_jsonl(base)
         rec = {k: v for k, v in dims.items() if k != "models"}
         rec["models"] = " + ".join(dims["models"])
         rec.update(
@@ -109,10 +95,10 @@ def collect(results: Path) -> pd.DataFrame:
             baseline_tokens_per_s=speed.get("baseline_tokens_per_s"),
             speedup_side_by_side=speed.get("speedup_side_by_side"),
             mean_accepted_per_round=speed["mean_accepted_per_round"],
-            acceptance_rate=acceptance_rate(rows),
+            acceptance_rate=speed["acceptance_rate"],
             predicted_speedup=predicted_speedup(rows),
             same_output_as_baseline=same_as_baseline(rows),
-            overhead=_overhead(rows),
+            overhead=speed["overhead"],
         )
         summary = base.with_suffix(".summary.json")
         if summary.exists():
@@ -128,19 +114,9 @@ def collect(results: Path) -> pd.DataFrame:
     return _add_ratios(df)
 
 
-def _overhead(rows: list[dict[str, Any]]) -> float | None:
-    wall = sum(r["stats"]["wall_time_s"] for r in rows)
-    fwd = sum(r["stats"]["forward_time_s"] for r in rows)
-    return 1 - fwd / wall if wall else None
-
-
 def _add_ratios(df: pd.DataFrame) -> pd.DataFrame:
     """Speed-ups over the standard method (side by side when measured) and over the large model's own cell."""
     key = ["dataset", "temperature"]
-    if "standard" not in df:  # a grid.json written before cells recorded it
-        from .workflow import _standard
-
-        df["standard"] = df["method"].map(_standard)
     large = df[df["method"] == "large_model"].set_index([*key, "model_set"])["tokens_per_s"]
     plain = df[df["kind"] == "plain"].set_index([*key, "model_set", "method"])["tokens_per_s"]
 
@@ -156,9 +132,8 @@ def _add_ratios(df: pd.DataFrame) -> pd.DataFrame:
         if pd.notna(r.get("speedup_side_by_side")):
             return r["speedup_side_by_side"]
         if r["standard"] == "large_model":
-            v = large.get((r["dataset"], r["temperature"], r["large_model"]))
-        else:
-            v = plain.get((r["dataset"], r["temperature"], r["model_set"], r["standard"]))
+            return vs_large(r)
+        v = plain.get((r["dataset"], r["temperature"], r["model_set"], r["standard"]))
         return r["tokens_per_s"] / v if v else None
 
     df["speedup_vs_large"] = df.apply(vs_large, axis=1)
@@ -220,16 +195,10 @@ def _pyplot():
 
 
 def _savefig(fig, path: Path) -> Path:
-    """Lay out, save atomically (a temporary file, then a rename) and close a figure."""
-    import os
-    import tempfile
-
+    """Lay out, save atomically and close a figure."""
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
-    fig.savefig(tmp, dpi=120)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120)
     _pyplot().close(fig)
     return path
 

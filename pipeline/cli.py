@@ -180,28 +180,20 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("bench", help="the benchmark; see python -m pipeline.bench --help", add_help=False)
     b.add_argument("rest", nargs=argparse.REMAINDER)
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in ("lm-eval", "bench"):  # their arguments go through untouched
-        try:
-            if argv[0] == "bench":
-                from . import bench
+    try:
+        if argv and argv[0] == "bench":  # its arguments go through untouched
+            from . import bench
 
-                return bench.main(argv[1:])
+            return bench.main(argv[1:])
+        if argv and argv[0] == "lm-eval":  # lm-eval's own command line, untouched
             from .lm_eval_model import main as lm_eval_main
 
             return lm_eval_main(argv[1:])
-        except (ModelError, TaskError) as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
-    args = ap.parse_args(argv)
-    try:
+        args = ap.parse_args(argv)
         if args.command == "models":
             return cmd_models(args)
         if args.command == "distill":
             return cmd_distill(args)
-        if args.command == "lm-eval":
-            from .lm_eval_model import main as lm_eval_main
-
-            return lm_eval_main(args.rest)
         if getattr(args, "threads", None):
             torch.set_num_threads(args.threads)
         if args.command == "generate":
@@ -246,19 +238,15 @@ def main(argv: list[str] | None = None) -> int:
             execute(args.notebook, args.out, args.results)
             print(f"executed {args.notebook} -> {args.out}")
             return 0
-        if args.command == "grid":
-            from .workflow import main as grid_main
-
-            return grid_main([str(args.config)])
         if args.command == "score":
             from .scoring import score_file
 
             summary = score_file(args.file, args.task, args.data_dir)
             print(json.dumps(summary, indent=2))
             return 0
-        from . import bench
+        from .workflow import main as grid_main  # the last command: grid
 
-        return bench.main(args.rest)
+        return grid_main([str(args.config)])
     except (ModelError, TaskError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

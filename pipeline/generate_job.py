@@ -25,7 +25,7 @@ from tasks import get_task, render
 
 from .decoding import generate
 from .models import ModelSpec, load_set
-from .scoring import write_atomic
+from .scoring import read_jsonl, write_atomic
 
 
 @dataclass
@@ -181,18 +181,25 @@ def run_cell(cell: Cell, out: Path, progress: bool = True, journal: Path | None 
 
 
 def speed_summary(path: Path) -> dict[str, Any]:
-    """Tokens per second as total tokens over total time (not a mean of rates), and side-by-side ratios."""
-    with open(path, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f]
+    """Tokens per second as total tokens over total time (not a mean of rates), acceptance, side-by-side ratios.
+
+    ``acceptance_rate`` is accepted over verified proposals, every proposer (models and prompt lookup)
+    together; ``overhead`` the share of wall time outside model forwards.
+    """
+    rows = read_jsonl(path)
     tokens = sum(r["stats"]["new_tokens"] for r in rows)
     wall = sum(r["stats"]["wall_time_s"] for r in rows)
     rounds = sum(r["stats"]["rounds"] for r in rows)
+    proposers = [m for r in rows for m in [*r["stats"]["models"], *r["stats"].get("proposers", {}).values()]]
+    verified = sum(m["verified"] for m in proposers)
     summary: dict[str, Any] = {
         "samples": len(rows),
         "new_tokens": tokens,
         "wall_time_s": wall,
         "tokens_per_s": tokens / wall if wall else None,
         "mean_accepted_per_round": sum(r["stats"]["accepted"] for r in rows) / rounds if rounds else None,
+        "acceptance_rate": sum(m["accepted"] for m in proposers) / verified if verified else None,
+        "overhead": 1 - sum(r["stats"]["forward_time_s"] for r in rows) / wall if wall else None,
     }
     if rows and all("baseline" in r for r in rows):
         b_tokens = sum(r["baseline"]["stats"]["new_tokens"] for r in rows)

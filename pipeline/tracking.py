@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .scoring import write_atomic
+from .scoring import read_jsonl, write_atomic
 
 
 def resolve_mode(mode: str) -> str:
@@ -37,12 +37,6 @@ def resolve_mode(mode: str) -> str:
     except (OSError, netrc.NetrcParseError):
         pass
     return "offline"
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def cell_metrics(samples: Path) -> dict[str, Any]:
@@ -75,8 +69,9 @@ def log_cell(
         outcome["status"] = "disabled"
         write_atomic(status, json.dumps(outcome, indent=2) + "\n")
         return outcome
-    rows = _read_jsonl(samples)
-    scores = {r["id"]: r for r in _read_jsonl(samples.with_suffix(".scores.jsonl"))}
+    rows = read_jsonl(samples)
+    scores_path = samples.with_suffix(".scores.jsonl")
+    scores = {r["id"]: r for r in read_jsonl(scores_path)} if scores_path.exists() else {}
     run = None
     try:
         import wandb

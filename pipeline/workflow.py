@@ -120,15 +120,9 @@ def _family(method: str) -> tuple[str, str]:
 
 
 def _accepted_args(method: str) -> set[str]:
-    from pipeline.decoding.ensemble import ENSEMBLES
+    from pipeline.decoding.methods import accepted_args
 
-    base, kind = _family(method)
-    keys = set(ENSEMBLES[base].params) if base in ENSEMBLES else set()
-    if kind != "plain":
-        keys.add("proposer")
-    if kind in ("sd", "se") and method != "sd":
-        keys.add("first_proposer")
-    return keys
+    return set(accepted_args(method))
 
 
 def _set_size_ok(method: str, n: int, proposer: str = "draft") -> bool:

@@ -90,27 +90,28 @@ def cheapest(models: Sequence[torch.nn.Module]) -> int:
     return max(range(len(models)), key=lambda i: (-sizes[i], i))
 
 
+def accepted_args(method: str) -> dict[str, Any]:
+    """The ``method_args`` a method takes, with their defaults (raises ValueError for an unknown method)."""
+    if method not in method_names():
+        raise ValueError(f"unknown method {method!r}; accepted: {', '.join(method_names())}")
+    accepted: dict[str, Any] = {}
+    if method not in SINGLE_METHODS:
+        accepted.update(ENSEMBLES[method.removesuffix("_sd").removesuffix("_se")].params)
+    if method == "sd" or method.endswith(("_sd", "_se")):
+        accepted["proposer"] = "draft"
+    if method.endswith(("_sd", "_se")):
+        accepted["first_proposer"] = None
+    return accepted
+
+
 def plan_method(
     method: str, models: Sequence[torch.nn.Module], gamma: Any, method_args: dict[str, Any]
 ) -> tuple[Plan, dict[str, Any]]:
     """Check a method and its arguments against the models; return its plan and resolved args."""
     n = len(models)
     args = dict(method_args)
-    if method not in method_names():
-        raise ValueError(f"unknown method {method!r}; accepted: {', '.join(method_names())}")
-
-    if method in SINGLE_METHODS:
-        accepted: dict[str, Any] = {}
-        base = method
-    else:
-        base = method.removesuffix("_sd").removesuffix("_se")
-        ens = ENSEMBLES[base]
-        accepted = dict(ens.params)
-    speculative = method == "sd" or method.endswith(("_sd", "_se"))
-    if speculative:
-        accepted["proposer"] = "draft"
-    if method.endswith(("_sd", "_se")):
-        accepted["first_proposer"] = None
+    accepted = accepted_args(method)
+    base = method if method in SINGLE_METHODS else method.removesuffix("_sd").removesuffix("_se")
     unknown = sorted(set(args) - set(accepted))
     if unknown:
         keys = ", ".join(sorted(accepted)) or "none"
@@ -130,6 +131,7 @@ def plan_method(
         drafter = 1 if model_drafts else None
         return Plan([0], single_model, [(drafter, g), (0, 0)], lookup), {"proposer": kind, "gamma": g}
 
+    ens = ENSEMBLES[base]
     if n < ens.min_models or (ens.max_models is not None and n > ens.max_models):
         want = (
             str(ens.min_models)
