@@ -29,7 +29,7 @@ from typing import Any
 
 import pandas as pd
 
-from .scoring import atomic_path, read_jsonl, write_atomic
+from .files import atomic_path, read_jsonl, write_atomic
 
 ROW = ["model_set", "method", "T"]
 

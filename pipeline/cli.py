@@ -15,8 +15,6 @@ from pathlib import Path
 
 import torch
 
-from tasks import TaskError
-
 from .models import BUNDLED, ModelError, ModelSpec, cache_dir, load_spec
 
 DEFAULT_DRAFTS = {  # the partners of the embedded default: small students of the bundled model
@@ -95,8 +93,8 @@ def cmd_distill(args: argparse.Namespace) -> int:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
+    from .files import write_atomic
     from .models import resolve
-    from .scoring import write_atomic
 
     try:
         data = json.loads(args.spec)
@@ -163,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--entity")
     w.add_argument("--mode", default="auto", choices=["auto", "online", "offline", "disabled"])
     w.add_argument("--dir", type=Path, default=Path("results"), help="where W&B keeps its run files")
+    w.add_argument("--init-timeout", type=float, default=15.0, help="seconds to wait for the W&B server")
     a = sub.add_parser("aggregate", help="speed-up and quality tables and plots from a results directory")
     a.add_argument("results", type=Path)
     nb = sub.add_parser("notebook", help="execute the analysis notebook on a results directory")
@@ -212,19 +211,24 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "prepare":
             return cmd_prepare(args)
         if args.command == "wandb-log":
-            from .tracking import log_cell
+            from .tracking import WandbFailed, log_cell
 
-            log_cell(
-                args.samples,
-                args.status,
-                dims=json.loads(args.dims),
-                cell=json.loads(args.cell),
-                experiment=args.experiment,
-                project=args.project,
-                entity=args.entity,
-                mode=args.mode,
-                wandb_dir=args.dir,
-            )
+            try:
+                log_cell(
+                    args.samples,
+                    args.status,
+                    dims=json.loads(args.dims),
+                    cell=json.loads(args.cell),
+                    experiment=args.experiment,
+                    project=args.project,
+                    entity=args.entity,
+                    mode=args.mode,
+                    wandb_dir=args.dir,
+                    init_timeout=args.init_timeout,
+                )
+            except WandbFailed as err:
+                print(f"error: {err}", file=sys.stderr)
+                return 1
             return 0
         if args.command == "aggregate":
             from .aggregate import aggregate
@@ -247,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         from .workflow import main as grid_main  # the last command: grid
 
         return grid_main([str(args.config)])
-    except (ModelError, TaskError) as err:
+    except ValueError as err:  # ModelError, TaskError, ResultsError, the decoder's argument checks: one line
         print(f"error: {err}", file=sys.stderr)
         return 2
 

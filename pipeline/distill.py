@@ -17,6 +17,7 @@ teacher's, alone and with prompt lookup first.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import math
 import random
@@ -33,7 +34,7 @@ import torch
 
 from .cpu_kernels import pack_linears
 from .decoding.lookup import PromptLookup
-from .models import truncated_copy
+from .models import ModelSpec, truncated_copy
 from .restricted import RestrictedHeadLM
 
 META = "draft.json"
@@ -295,19 +296,24 @@ def draft_name(teacher_name: str, recipe: Recipe) -> str:
     return f"{teacher_name}-draft-L{recipe.layers}-{head}-s{recipe.seed}"
 
 
-def ensure_draft(teacher_name: str, recipe: Recipe, force: bool = False, out_dir: Path | None = None) -> Path:
-    """The distilled draft's directory, distilled on first use and cached after."""
-    from .models import ModelSpec, cache_dir, cache_lock, load_spec
+def ensure_draft(teacher: str | ModelSpec, recipe: Recipe, force: bool = False, out_dir: Path | None = None) -> Path:
+    """The distilled draft's directory, distilled on first use and cached after.
 
+    ``teacher`` is a model name (resolved like any model) or a full spec (a model of the config, with its source).
+    """
+    from .models import cache_dir, cache_lock, load_spec
+
+    spec = teacher if isinstance(teacher, ModelSpec) else ModelSpec(teacher)
+    teacher_name = spec.name
     out = out_dir or cache_dir() / "drafts" / draft_name(teacher_name, recipe)
     if (out / META).exists() and not force:
         return out
     with cache_lock(out):
         if (out / META).exists() and not force:  # distilled by another job while this one waited
             return out
-        teacher, tokenizer = load_spec(ModelSpec(teacher_name, pack=False))
+        model, tokenizer = load_spec(dataclasses.replace(spec, pack=False))
         print(f"distilling {out.name} from {teacher_name} (once; a few minutes on a CPU)", flush=True)
-        return distill(teacher, tokenizer, out, recipe, teacher_name)
+        return distill(model, tokenizer, out, recipe, teacher_name)
 
 
 def read_meta(path: Path) -> dict:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,8 +23,10 @@ import torch
 from tasks import get_task, render
 
 from .decoding import generate
+from .decoding.methods import accepted_args, check_sampling, check_seed
+from .files import read_jsonl, writable_dir, write_atomic
+from .journal import Journal
 from .models import ModelSpec, load_set
-from .scoring import read_jsonl, write_atomic
 
 
 @dataclass
@@ -45,6 +46,13 @@ class Cell:
     chat: bool = False
     baseline: str | None = None  # a method run beside each sample, e.g. "we" for "we_se"
     baseline_args: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):  # the decoder's own checks, before anything loads
+        for method in (self.method, self.baseline):
+            if method is not None:
+                accepted_args(method)
+        check_sampling(self.temperature, self.top_k, self.top_p, self.max_new_tokens)
+        check_seed(self.seed)
 
 
 def cell_from_dict(data: dict[str, Any]) -> Cell:
@@ -76,20 +84,29 @@ def environment() -> dict[str, Any]:
     return info
 
 
-def done_ids(path: Path) -> set[str]:
-    """Ids already written; a torn last line (a crash mid-write) is dropped from the file."""
-    if not path.exists():
-        return set()
-    ids, good = set(), 0
-    with open(path, "rb") as f:
-        for line in f:
-            try:
-                ids.add(json.loads(line)["id"])
-                good += len(line)
-            except (json.JSONDecodeError, KeyError, UnicodeDecodeError):
-                break
-    os.truncate(path, good)
-    return ids
+STATS_KEYS = ("new_tokens", "wall_time_s", "forward_time_s", "rounds", "accepted", "models")
+
+
+def sample_check(cell: Cell):
+    """What a journal line must hold to count as one of this cell's samples."""
+
+    def stats_problem(stats: Any, where: str) -> str | None:
+        if not isinstance(stats, dict):
+            return f"no '{where}stats' object"
+        missing = [k for k in STATS_KEYS if k not in stats]
+        return f"'{where}stats' lacks {missing}" if missing else None
+
+    def check(row: dict[str, Any]) -> str | None:
+        missing = [k for k in ("output", "token_ids", "stats") if k not in row]
+        if missing:
+            return f"missing fields {missing}"
+        if cell.baseline:
+            if not isinstance(row.get("baseline"), dict) or "output" not in row["baseline"]:
+                return "no 'baseline' record (this cell runs its baseline beside each sample)"
+            return stats_problem(row["stats"], "") or stats_problem(row["baseline"].get("stats"), "baseline.")
+        return stats_problem(row["stats"], "")
+
+    return check
 
 
 def cell_key(cell: Cell) -> str:
@@ -109,11 +126,12 @@ def run_cell(cell: Cell, out: Path, progress: bool = True, journal: Path | None 
 
     out = Path(out)
     journal = Path(journal) if journal else out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    journal.parent.mkdir(parents=True, exist_ok=True)
-    models, tokenizer = load_set(cell.models)
+    writable_dir(out.parent)
     task = get_task(cell.task)
     examples = task.load(cell.size, cell.data_dir, cell.seed)
+    log = Journal(journal, [ex.id for ex in examples], sample_check(cell))
+    done = log.recover()  # before the models load: a journal problem costs nothing
+    models, tokenizer = load_set(cell.models)
     write_atomic(
         out.with_suffix(".meta.json"),
         json.dumps(
@@ -152,11 +170,10 @@ def run_cell(cell: Cell, out: Path, progress: bool = True, journal: Path | None 
     run(cell.method, cell.method_args, first_ids, [], cell.seed, 8)  # warm-up, not recorded
     if cell.baseline:
         run(cell.baseline, cell.baseline_args, first_ids, [], cell.seed, 8)
-    done = done_ids(journal)
     todo = [(i, r) for i, r in enumerate(rendered) if r[0].id not in done]
     if done and progress:
         print(f"resuming {journal}: {len(done)} of {len(rendered)} samples already generated", flush=True)
-    with open(journal, "a", encoding="utf-8") as f:
+    with log.writer() as add:
         for i, (ex, prompt, stops) in tqdm(todo, desc=f"{cell.method} {cell.task}", disable=not progress):
             ids = tokenizer(prompt).input_ids
             order = [("method", cell.method, cell.method_args), ("baseline", cell.baseline, cell.baseline_args)]
@@ -170,23 +187,22 @@ def run_cell(cell: Cell, out: Path, progress: bool = True, journal: Path | None 
                     row.update(output=result.text, token_ids=result.token_ids, stats=result.stats.to_dict())
                 else:
                     row["baseline"] = {"output": result.text, "stats": result.stats.to_dict()}
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-    summary = speed_summary(journal)
+            add(row)
+    rows = log.finish(out)  # every sample, each id once, in the task's order
+    summary = speed_summary(rows)
     write_atomic(out.with_suffix(".speed.json"), json.dumps(summary, indent=2) + "\n")
     if journal != out:
-        os.replace(journal, out)  # last: until here a crash leaves every sample in the journal
+        journal.unlink()  # last: until here a crash leaves every sample in the journal
     return summary
 
 
-def speed_summary(path: Path) -> dict[str, Any]:
+def speed_summary(rows: list[dict[str, Any]] | Path) -> dict[str, Any]:
     """Tokens per second as total tokens over total time (not a mean of rates), acceptance, side-by-side ratios.
 
     ``acceptance_rate`` is accepted over verified proposals, every proposer (models and prompt lookup)
     together; ``overhead`` the share of wall time outside model forwards.
     """
-    rows = read_jsonl(path)
+    rows = read_jsonl(rows) if isinstance(rows, Path) else rows
     tokens = sum(r["stats"]["new_tokens"] for r in rows)
     wall = sum(r["stats"]["wall_time_s"] for r in rows)
     rounds = sum(r["stats"]["rounds"] for r in rows)

@@ -165,47 +165,85 @@ class ModelSpec:
         return DTYPES[self.dtype]
 
 
-def resolve(spec: ModelSpec, cache: Path | None = None) -> Path:
-    """A local model directory for ``spec``."""
-    if spec.distill is not None:
-        from .distill import Recipe, ensure_draft
-
-        args = dict(spec.distill)
-        teacher = args.pop("teacher", BUNDLED)
+def teacher_spec(spec: ModelSpec) -> ModelSpec:
+    """The teacher of a distilled model: a name (resolved like any model) or a full spec."""
+    teacher = (spec.distill or {}).get("teacher", BUNDLED)
+    if isinstance(teacher, dict):
         try:
-            recipe = Recipe(**args)
+            return ModelSpec(**teacher)
         except TypeError as err:
-            raise ModelError(f"distill settings for {spec.name!r}: {err}") from None
-        return ensure_draft(teacher, recipe)
+            raise ModelError(f"teacher of {spec.name!r}: {err}") from None
+    return ModelSpec(teacher)
+
+
+def locate(spec: ModelSpec) -> tuple[str, Any]:
+    """Where ``spec``'s model comes from, without converting, fetching or distilling anything.
+
+    Returns ``(kind, where)``: ``distill`` (the teacher's spec), ``bundled``, ``gguf`` (the file),
+    ``dir`` (the directory) or ``hub`` (the repo id). Raises ModelError when a local source is
+    missing, or a hub id is not in the local hub cache while the hub is offline.
+    """
+    if spec.distill is not None:
+        teacher = teacher_spec(spec)
+        if teacher.distill is None:
+            locate(teacher)
+        return "distill", teacher
     source = spec.source
     if source == "bundled" or (source is None and spec.name == BUNDLED):
-        return bundled_dir(cache)
+        return "bundled", None
     if source is not None:
         path = Path(source).expanduser()
         if path.suffix == ".gguf":
             if not path.is_file():
                 raise ModelError(f"GGUF file {path} not found (model {spec.name!r})")
-            return gguf_dir(path, spec.name, cache)
+            return "gguf", path
         if path.exists():
             if not (path / "config.json").exists():
                 raise ModelError(f"{path} is not a model directory: no config.json (model {spec.name!r})")
-            return path
+            return "dir", path
         if source.startswith((".", "/", "~")) or source.count("/") != 1:
             raise ModelError(f"model directory {path} not found (model {spec.name!r})")
         root = model_path()  # a hub id: a copy under MODEL_PATH (by the model's name or the repo's) comes first
         for local in (root / spec.name, root / source.split("/")[1]) if root else ():
             if (local / "config.json").exists():
-                return local
-        return hub_dir(source)
+                return "dir", local
+        return "hub", _hub_checked(source)
     root = model_path()
     if root is not None and (root / spec.name / "config.json").exists():
-        return root / spec.name
+        return "dir", root / spec.name
     if spec.name.count("/") == 1:
-        return hub_dir(spec.name)
+        return "hub", _hub_checked(spec.name)
     where = f"MODEL_PATH={root} has no {spec.name}/" if root else "MODEL_PATH is not set"
     raise ModelError(
         f"model {spec.name!r} not found: {where}; give a source (a directory, a .gguf file, a hub id or 'bundled')"
     )
+
+
+def _hub_checked(repo_id: str) -> str:
+    if offline():
+        hub_dir(repo_id)  # in the local hub cache, or a clear error
+    return repo_id
+
+
+def resolve(spec: ModelSpec, cache: Path | None = None) -> Path:
+    """A local model directory for ``spec`` (converted, fetched or distilled on first use)."""
+    kind, where = locate(spec)
+    if kind == "distill":
+        from .distill import Recipe, ensure_draft
+
+        args = {k: v for k, v in spec.distill.items() if k != "teacher"}
+        try:
+            recipe = Recipe(**args)
+        except TypeError as err:
+            raise ModelError(f"distill settings for {spec.name!r}: {err}") from None
+        return ensure_draft(where, recipe)
+    if kind == "bundled":
+        return bundled_dir(cache)
+    if kind == "gguf":
+        return gguf_dir(where, spec.name, cache)
+    if kind == "hub":
+        return hub_dir(where)
+    return where
 
 
 def load(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .scoring import write_atomic
+from .files import write_atomic
 
 
 def execute(notebook: Path, out: Path, results: Path, timeout: int = 600) -> Path:

@@ -8,10 +8,7 @@ task's example id) and ``output`` (the generated text). Scores go to
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import tempfile
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,30 +17,7 @@ from typing import Any
 from tasks import TaskError, get_task
 from tasks.humaneval import pass_at_k
 
-
-@contextlib.contextmanager
-def atomic_path(path: Path):
-    """A temporary path beside ``path`` to write to; renamed to ``path`` when the block ends without error."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every record of a JSONL file (blank lines skipped)."""
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+from .files import write_atomic
 
 
 def read_generations(path: Path) -> list[dict[str, Any]]:

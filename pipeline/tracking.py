@@ -7,8 +7,10 @@ is online when an API key is configured (``WANDB_API_KEY`` or ``wandb
 login``), else offline (upload later with ``wandb sync results/wandb/offline-run-*``).
 ``WANDB_MODE`` in the environment wins over the config.
 
-Logging never fails the workflow: any W&B error is written to the status
-file and printed; the files under ``results/`` are the source of truth.
+W&B never touches a result: the files under ``results/`` are the source of
+truth. A failure costs at most ``init_timeout`` seconds of waiting for the
+server; it is recorded, an online run is logged offline in its place (for
+``wandb sync``), and the job fails so that the next workflow run retries it.
 """
 
 from __future__ import annotations
@@ -17,10 +19,13 @@ import contextlib
 import json
 import netrc
 import os
+import secrets
+import shutil
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .scoring import read_jsonl, write_atomic
+from .files import read_jsonl, write_atomic
 
 
 def resolve_mode(mode: str) -> str:
@@ -50,6 +55,21 @@ def cell_metrics(samples: Path) -> dict[str, Any]:
     return out
 
 
+class WandbFailed(RuntimeError):
+    """Logging a cell failed; the job fails so that the next workflow run retries it (results/ is untouched)."""
+
+
+def _drop_run_dirs(wandb_dir: Path, run_id: str) -> None:
+    """Remove what a run left under ``wandb_dir/wandb`` (a failed init leaves a stub with nothing to sync)."""
+    for path in (wandb_dir / "wandb").glob(f"*run-*-{run_id}"):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _one_line(err: BaseException) -> str:
+    first = (str(err).splitlines() or [""])[0][:200]
+    return f"{type(err).__name__}: {first}".rstrip(": ")
+
+
 def log_cell(
     samples: Path,
     status: Path,
@@ -60,35 +80,83 @@ def log_cell(
     entity: str | None = None,
     mode: str = "auto",
     wandb_dir: Path = Path("results"),
+    init_timeout: float = 15.0,
 ) -> dict[str, Any]:
-    """Log a cell as one W&B run; write and return the outcome (never raises for W&B errors)."""
-    samples, status = Path(samples), Path(status)
+    """Log a cell as one W&B run and write the outcome to ``status``.
+
+    A failure writes ``<status>.failed.json`` instead (the error and, for an online run, the offline copy
+    made in its place for ``wandb sync``) and raises WandbFailed: ``status`` stays absent, so the workflow
+    runs the job again next time; a later success removes the offline copy, so nothing is synced twice.
+    Waiting for an unreachable server is bounded by ``init_timeout`` seconds.
+    """
+    samples, status, wandb_dir = Path(samples), Path(status), Path(wandb_dir)
+    failed = status.with_suffix(".failed.json")
     mode = resolve_mode(mode)
     outcome: dict[str, Any] = {"mode": mode, "cell": dims.get("id")}
     if mode == "disabled":
         outcome["status"] = "disabled"
         write_atomic(status, json.dumps(outcome, indent=2) + "\n")
         return outcome
+    log = partial(
+        _log_run, samples, dims, cell or {}, experiment, project, entity, wandb_dir=wandb_dir, timeout=init_timeout
+    )
+    try:
+        run_id, run_dir = log(mode)
+    except Exception as err:  # W&B must never cost a result: record, keep an offline copy, let the job be retried
+        outcome.update(status="failed", error=_one_line(err))
+        if mode == "online":
+            _forget_fallback(failed)
+            try:
+                outcome["offline_copy"] = str(log("offline")[1])
+            except Exception as offline_err:
+                outcome["offline_error"] = _one_line(offline_err)
+        write_atomic(failed, json.dumps(outcome, indent=2) + "\n")
+        kept = f"; an offline copy is in {outcome['offline_copy']}" if "offline_copy" in outcome else ""
+        raise WandbFailed(
+            f"W&B logging failed for {dims.get('id')}: {outcome['error']}{kept}; results/ is unaffected; the "
+            "next workflow run tries again (wandb.mode: offline stops trying online)"
+        ) from None
+    if mode == "online":
+        _forget_fallback(failed)
+    failed.unlink(missing_ok=True)
+    outcome.update(status="ok", run_id=run_id, run_dir=str(run_dir))
+    write_atomic(status, json.dumps(outcome, indent=2) + "\n")
+    return outcome
+
+
+def _forget_fallback(failed: Path) -> None:
+    """Remove the offline copy an earlier failed online attempt left (this attempt replaces it)."""
+    if failed.exists():
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            copy = json.loads(failed.read_text()).get("offline_copy")
+            if copy:
+                shutil.rmtree(copy, ignore_errors=True)
+
+
+def _log_run(samples, dims, cell, experiment, project, entity, mode, wandb_dir, timeout) -> tuple[str, Path]:
+    """One W&B run of the cell; returns its id and directory. Raises whatever W&B raises (its stub removed)."""
+    import wandb
+
     rows = read_jsonl(samples)
     scores_path = samples.with_suffix(".scores.jsonl")
     scores = {r["id"]: r for r in read_jsonl(scores_path)} if scores_path.exists() else {}
+    wandb_dir.mkdir(parents=True, exist_ok=True)
+    config = {**dims, **{k: v for k, v in cell.items() if k not in ("models", "baseline_args")}}
+    config["models"] = dims.get("models")
+    run_id = secrets.token_hex(6)  # known before init, so a failed attempt's stub can be found and removed
     run = None
     try:
-        import wandb
-
-        wandb_dir.mkdir(parents=True, exist_ok=True)
-        config = {**dims, **{k: v for k, v in (cell or {}).items() if k not in ("models", "baseline_args")}}
-        config["models"] = dims.get("models")
         run = wandb.init(
             project=project,
             entity=entity,
             group=experiment,
             job_type=dims.get("method", "generate"),
             name=dims.get("id"),
+            id=run_id,
             config=config,
             dir=str(wandb_dir),
             mode=mode,
-            settings=wandb.Settings(silent=True, x_disable_stats=True, console="off"),
+            settings=wandb.Settings(silent=True, x_disable_stats=True, console="off", init_timeout=timeout),
         )
         columns = ["id", "output", "new_tokens", "tokens_per_s", "accepted_per_round", "baseline_output", "score"]
         table = wandb.Table(columns=columns)
@@ -115,14 +183,12 @@ def log_cell(
             )
         run.log({"samples": table}, step=len(rows))
         run.summary.update(cell_metrics(samples))
-        outcome.update(status="ok", run_id=run.id, run_dir=str(Path(run.dir).parent))
+        run_dir = Path(run.dir).parent
         run.finish()
-    except Exception as err:  # W&B must never cost a result
-        first_line = (str(err).splitlines() or [""])[0][:200]
-        outcome.update(status="failed", error=f"{type(err).__name__}: {first_line}".rstrip(": "))
-        print(f"warning: W&B logging failed for {dims.get('id')}: {outcome['error']}; results/ is unaffected")
+        return run.id, run_dir
+    except BaseException:
         if run is not None:
             with contextlib.suppress(Exception):
                 run.finish(exit_code=1)
-    write_atomic(status, json.dumps(outcome, indent=2) + "\n")
-    return outcome
+        _drop_run_dirs(wandb_dir, run_id)
+        raise

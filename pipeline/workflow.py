@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,11 +29,69 @@ class ConfigError(ValueError):
     """A bad config value: one line naming the key, the value and what is accepted."""
 
 
+# ---- reading ------------------------------------------------------------------------------
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML that refuses a key given twice in one mapping (plain YAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                line = key_node.start_mark.line + 1
+                raise ConfigError(
+                    f"config key {key!r} is given twice (line {line} of {key_node.start_mark.name}); "
+                    "each key may appear once in a mapping"
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """A YAML or JSON config file, duplicate keys refused; ConfigError names what is wrong."""
+    path = Path(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.load(f, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)
+    except OSError as err:
+        raise ConfigError(f"config file {path}: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a mapping of keys to values, got a {type(data).__name__}")
+    return data
+
+
 # ---- schema ---------------------------------------------------------------------------------
 
 
 def load_schema(path: Path = SCHEMA) -> dict[str, Any]:
     return yaml.safe_load(Path(path).read_text())
+
+
+def _validator(schema: dict[str, Any]):
+    """The schema's validator, with "integer" meaning a real int (JSON Schema alone accepts 4.0 and True)."""
+    import jsonschema
+
+    cls = jsonschema.validators.validator_for(schema)
+    checker = cls.TYPE_CHECKER.redefine("integer", lambda _, x: isinstance(x, int) and not isinstance(x, bool))
+    return jsonschema.validators.extend(cls, type_checker=checker)(schema)
+
+
+def non_finite(value: Any, path: tuple = ()) -> tuple[tuple, float] | None:
+    """The first NaN or infinite number anywhere in ``value`` (its path and value), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path, value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        found = non_finite(v, (*path, k))
+        if found:
+            return found
+    return None
 
 
 def _key(path) -> str:
@@ -64,7 +123,7 @@ def _accepted(error, schema: dict[str, Any]) -> str:
     if v in ("minItems", "minProperties"):
         return f"at least {vv} entr{'y' if vv == 1 else 'ies'}"
     if v == "pattern":
-        return "letters, digits and . _ - (+ in set names)"
+        return "letters, digits and . _ + -, starting with a letter or digit"
     if v == "required":
         return "the keys " + ", ".join(vv)
     if v in ("oneOf", "anyOf"):
@@ -84,10 +143,11 @@ def _accepted(error, schema: dict[str, Any]) -> str:
 
 def schema_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
     """Every schema violation of ``config``, one line each (empty: valid)."""
-    import jsonschema
-
-    validator = jsonschema.validators.validator_for(schema)(schema)
     lines = []
+    bad = non_finite(config)
+    if bad:
+        lines.append(f"config key {_key(bad[0])}: {bad[1]} is not accepted; expected a finite number")
+    validator = _validator(schema)
     for error in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path))):
         where = _key(error.absolute_path)
         if error.validator == "additionalProperties":
@@ -194,7 +254,98 @@ def check_config(config: dict[str, Any], schema: dict[str, Any] | None = None) -
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
         raise ConfigError(f"config key grids: the grid name {dup!r} is used twice; grid names must be unique")
+    _check_teachers(models)
+    _check_results_dir(config["results"])
     return config
+
+
+def _check_results_dir(results: str) -> None:
+    path = Path(results).expanduser().resolve()
+    if not results.strip() or path == Path(path.anchor):
+        raise ConfigError(
+            f"config key results: {results!r} is a filesystem root; give a directory of its own (default: results)"
+        )
+
+
+def _check_teachers(models: dict[str, Any]) -> None:
+    """A distilled model's recipe is one ``pipeline distill`` takes; its teacher is the bundled model or
+    another (not distilled) model of the config."""
+    import dataclasses
+
+    from pipeline.distill import Recipe
+    from pipeline.models import BUNDLED
+
+    fields = {f.name: f for f in dataclasses.fields(Recipe)}
+    for name, spec in models.items():
+        distill = spec.get("distill")
+        if distill is None:
+            continue
+        where = f"config key models.{name}.distill"
+        for key, value in distill.items():
+            if key == "teacher":
+                continue
+            if key not in fields:
+                raise ConfigError(f"{where}: unknown key {key!r}; accepted: teacher, {', '.join(fields)}")
+            want_int = isinstance(fields[key].default, int)
+            ok = (isinstance(value, int) if want_int else isinstance(value, (int, float))) and not isinstance(
+                value, bool
+            )
+            if not ok or value < 0 or (value == 0 and key not in ("head_tokens", "seed")):
+                kind = "an integer" if want_int else "a number"
+                floor = ">= 0" if key in ("head_tokens", "seed") else "> 0"
+                raise ConfigError(f"{where}.{key}: {value!r} is not accepted; expected {kind} {floor}")
+        teacher = distill.get("teacher", BUNDLED)
+        if not isinstance(teacher, str) or (teacher != BUNDLED and teacher not in models):
+            raise ConfigError(
+                f"{where}.teacher: {teacher!r} is not a model of this config; "
+                f"accepted: {', '.join(dict.fromkeys([BUNDLED, *models]))}"
+            )
+        if teacher in models and models[teacher].get("distill") is not None:
+            raise ConfigError(f"{where}.teacher: {teacher!r} is itself distilled; a teacher must be a full model")
+
+
+def model_entry(config: dict[str, Any], name: str) -> dict[str, Any]:
+    """A model of the config as ``pipeline prepare`` / ``generate`` take it; a teacher of the config is
+    given with its own source."""
+    spec = {"name": name, **{k: v for k, v in config["models"][name].items() if k in MODEL_KEYS}}
+    teacher = (spec.get("distill") or {}).get("teacher")
+    if teacher in config["models"]:
+        spec["distill"] = {**spec["distill"], "teacher": model_entry(config, teacher)}
+    return spec
+
+
+def check_local(config: dict[str, Any], cells: dict[str, dict[str, Any]]) -> None:
+    """What can be checked on this machine before any job starts: data, model files, dataset sizes.
+
+    Hub sources are checked only when the hub is offline (then they must be in the local hub cache).
+    """
+    from pipeline.models import ModelError, ModelSpec, locate
+    from tasks import TaskError, get_task
+
+    data_dir = config["data_dir"]
+    if data_dir is not None and not Path(data_dir).expanduser().is_dir():
+        raise ConfigError(f"config key data_dir: directory {data_dir!r} not found")
+    for name in models_to_prepare(config, cells):
+        try:
+            locate(ModelSpec(**model_entry(config, name)))
+        except ModelError as err:
+            raise ConfigError(f"config key models.{name}: {err}") from None
+    seen = set()
+    for c in cells.values():
+        cell = c["cell"]
+        key = (cell["task"], json.dumps(cell["size"]))
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            get_task(cell["task"]).load(cell["size"], data_dir, cell["seed"], hub=False)
+        except TaskError as err:
+            if "no data for task" in str(err) and get_task(cell["task"]).hub is not None:
+                from pipeline.models import offline
+
+                if not offline():
+                    continue  # only on the hub: fetched, and its size checked, when the job runs
+            raise ConfigError(f"config key datasets.{cell['task']}: {err}") from None
 
 
 def fill_defaults(config: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
@@ -329,7 +480,7 @@ def _cell(config, g, method, names, label, dataset, dopts, t, gamma) -> tuple[st
     args = {k: v for k, v in g["method_args"].items() if k in _accepted_args(method)}
     if kind != "plain":
         args.setdefault("proposer", g["proposer"])
-    models = [{"name": m, **{k: v for k, v in config["models"][m].items() if k in MODEL_KEYS}} for m in names]
+    models = [model_entry(config, m) for m in names]
     cell: dict[str, Any] = {
         "models": models,
         "method": method,
@@ -368,9 +519,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("config", type=Path)
     args = ap.parse_args(argv)
     try:
-        config = check_config(yaml.safe_load(args.config.read_text()) or {})
+        config = check_config(load_config_file(args.config))
         cells = expand_cells(config)
-    except (ConfigError, OSError, yaml.YAMLError) as err:
+        check_local(config, cells)
+    except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     for cell_id in cells:

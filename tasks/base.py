@@ -46,6 +46,7 @@ class Task:
     def __init__(self, shots: int | None = None):
         self.shots = self.default_shots() if shots is None else shots
         self.data_dir: str | Path | None = None
+        self.allow_hub = True  # False: local sources only (a check before a run)
 
     def default_shots(self) -> int:
         return 0
@@ -55,6 +56,12 @@ class Task:
     def package_rows(self) -> list[dict] | None:
         """Rows from data a package ships (None: no such package)."""
         return None
+
+    def hub_rows(self, dataset: str, config: str | None, split: str, tried: list[str]) -> list[dict] | None:
+        if not self.allow_hub:
+            tried.append(f"hub: {dataset} (not tried)")
+            return None
+        return hub_rows(dataset, config, split, tried)
 
     def rows(self, data_dir: str | Path | None) -> list[dict]:
         tried: list[str] = []
@@ -73,7 +80,7 @@ class Task:
             else:
                 tried.append("local: no data_dir given")
         if self.hub is not None:
-            rows = hub_rows(*self.hub, tried)
+            rows = self.hub_rows(*self.hub, tried)
             if rows is not None:
                 return rows
         raise TaskError(f"no data for task {self.name!r}: " + "; ".join(tried))
@@ -81,8 +88,12 @@ class Task:
     def examples(self, rows: list[dict]) -> list[Example]:
         raise NotImplementedError
 
-    def load(self, size: str | int = "tiny", data_dir: str | Path | None = None, seed: int = 0) -> list[Example]:
+    def load(
+        self, size: str | int = "tiny", data_dir: str | Path | None = None, seed: int = 0, hub: bool = True
+    ) -> list[Example]:
+        """The split's examples at ``size``; ``hub=False`` tries the local sources only."""
         self.data_dir = data_dir
+        self.allow_hub = hub
         return select(self.examples(self.rows(data_dir)), size, seed, self.name)
 
     def other_split(self, local: str, hub: tuple[str, str | None, str], purpose: str) -> list[dict]:
@@ -93,7 +104,7 @@ class Task:
             if path.is_file():
                 return read_jsonl(path)
             tried.append(f"local: {path} not found")
-        rows = hub_rows(*hub, tried)
+        rows = self.hub_rows(*hub, tried)
         if rows is None:
             raise TaskError(f"{self.name} {purpose} need the {hub[2]} split: " + "; ".join(tried))
         return rows

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .base import Example, Task, TaskError, hub_rows, read_jsonl, register_task
+from .base import Example, Task, TaskError, read_jsonl, register_task
 
 # a one-shot exemplar written for this project (not taken from the dataset)
 SHOT = (
@@ -45,7 +45,7 @@ class CNNDM(Task):
             if local.is_file():
                 return read_jsonl(local)
             tried.append(f"local: {local} not found")
-        rows = hub_rows(*self.hub, tried)
+        rows = self.hub_rows(*self.hub, tried)
         if rows is not None:
             return rows
         if data_dir is not None:

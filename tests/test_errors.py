@@ -38,7 +38,7 @@ CASES = [
     ({"method": "we", "method_args": {"lambda": 1.5}}, 2, ["lambda=1.5", "[0, 1]"]),
     ({"method": "we_se", "method_args": {"lambda": -0.1}}, 2, ["lambda=-0.1"]),
     ({"method": "we", "method_args": {"lambda": 0.5}}, 3, ["'lambda' needs exactly 2 models"]),
-    ({"method": "we", "method_args": {"weights": [1, 2]}}, 3, ["expected 3 non-negative numbers"]),
+    ({"method": "we", "method_args": {"weights": [1, 2]}}, 3, ["expected 3 finite non-negative numbers"]),
     ({"method": "cd", "method_args": {"lambda": 0.5}}, 2, ["unknown method_args ['lambda']", "alpha, beta"]),
     ({"method": "cd", "method_args": {"alpha": -1}}, 2, ["alpha=-1"]),
     ({"method": "cd", "method_args": {"beta": 2}}, 2, ["beta=2"]),
@@ -54,6 +54,25 @@ CASES = [
     ({"method": "large_model", "top_k": -3}, 2, ["top_k=-3"]),
     ({"method": "large_model", "max_new_tokens": -1}, 2, ["max_new_tokens=-1"]),
     ({"method": "large_model", "stop_strings": ["\n"]}, 2, ["stop_strings need a tokenizer"]),
+    # non-finite numbers and values of the wrong type, each named
+    ({"method": "large_model", "temperature": float("nan")}, 2, ["temperature=nan", "finite"]),
+    ({"method": "large_model", "temperature": float("inf")}, 2, ["temperature=inf", "finite"]),
+    ({"method": "large_model", "top_p": float("nan")}, 2, ["top_p=nan"]),
+    ({"method": "we", "method_args": {"weights": [float("nan"), 1]}}, 2, ["weights=[nan, 1]", "finite"]),
+    ({"method": "we", "method_args": {"weights": [float("inf"), 1]}}, 2, ["weights=[inf, 1]"]),
+    ({"method": "we", "method_args": {"weights": [1e308, 1e308]}}, 2, ["sum must be positive and finite"]),
+    ({"method": "we", "method_args": {"weights": "1,1"}}, 2, ["weights='1,1'"]),
+    ({"method": "we", "method_args": {"lambda": float("nan")}}, 2, ["lambda=nan"]),
+    ({"method": "cd", "method_args": {"alpha": float("nan")}}, 2, ["alpha=nan", "finite"]),
+    ({"method": "cd", "method_args": {"alpha": float("inf")}}, 2, ["alpha=inf"]),
+    ({"method": "cd", "method_args": {"beta": float("nan")}}, 2, ["beta=nan"]),
+    ({"method": "large_model", "eos_token_id": 1.5}, 2, ["eos_token_id=1.5"]),
+    ({"method": "large_model", "eos_token_id": "x"}, 2, ["eos_token_id='x'"]),
+    ({"method": "large_model", "eos_token_id": [2, None]}, 2, ["eos_token_id=[2, None]"]),
+    ({"method": "large_model", "seed": 2**70}, 2, ["seed=1180591620717411303424", "0..2**64-1"]),
+    ({"method": "large_model", "seed": -1}, 2, ["seed=-1"]),
+    ({"method": "large_model", "seed": 1.0}, 2, ["seed=1.0"]),
+    ({"method": "large_model", "method_args": "lambda=0.5"}, 2, ["method_args='lambda=0.5'"]),
 ]
 
 
@@ -75,6 +94,22 @@ def test_different_vocabularies_are_refused(counted):
     # a padded embedding matrix is fine once the shared size is given; extra ids are masked
     out = generate([a, b], PROMPT, "we_se", gamma=2, vocab_size=32, max_new_tokens=10)
     assert len(out.token_ids) == 10 and max(out.token_ids) < 32
+
+
+@pytest.mark.parametrize(
+    "prompt, words",
+    [
+        ([1, 32, 3], "prompt_ids holds 32, outside the vocabulary: expected ids in 0..31"),
+        ([1, -1], "holds -1"),
+        ([1, 2.0], "int token ids"),
+        (5, "prompt_ids=5"),
+    ],
+)
+def test_prompt_ids_outside_the_vocabulary_are_refused_before_decoding(models, counted, prompt, words):
+    with pytest.raises(ValueError) as err:
+        generate(models[:2], prompt, "we_se")
+    assert words in str(err.value) and "\n" not in str(err.value)
+    assert not counted
 
 
 def test_empty_prompt_and_empty_model_list(models):

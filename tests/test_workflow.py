@@ -369,7 +369,7 @@ def test_without_side_by_side_runs_speedups_come_from_the_standard_cells(tiny_ru
 def test_wandb_failure_never_loses_results(tiny_run, tmp_path, monkeypatch):
     import wandb
 
-    from pipeline.tracking import log_cell
+    from pipeline.tracking import WandbFailed, log_cell
 
     work, _, _ = tiny_run
     src = work / "results" / "generations" / "humaneval" / "pair"
@@ -380,18 +380,18 @@ def test_wandb_failure_never_loses_results(tiny_run, tmp_path, monkeypatch):
         raise ConnectionError("api.wandb.ai unreachable\nsecond line")
 
     monkeypatch.setattr(wandb, "init", unreachable)
-    outcome = log_cell(tmp_path / "we-T0.jsonl", tmp_path / "status.json", {"id": "x"}, mode="online")
-    status = json.loads((tmp_path / "status.json").read_text())
-    assert outcome["status"] == status["status"] == "failed"
-    assert status["error"] == "ConnectionError: api.wandb.ai unreachable"
+    with pytest.raises(WandbFailed):
+        log_cell(tmp_path / "we-T0.jsonl", tmp_path / "status.json", {"id": "x"}, mode="online", wandb_dir=tmp_path)
+    record = json.loads((tmp_path / "status.failed.json").read_text())
+    assert record["status"] == "failed" and record["error"] == "ConnectionError: api.wandb.ai unreachable"
+    assert not (tmp_path / "status.json").exists()
     assert (tmp_path / "we-T0.jsonl").read_text() == (src / "we-T0.jsonl").read_text()
 
     def timeout(*args, **kwargs):
         raise TimeoutError()
 
     monkeypatch.setattr(wandb, "init", timeout)
-    assert (
-        log_cell(tmp_path / "we-T0.jsonl", tmp_path / "s2.json", {"id": "x"}, mode="offline")["error"] == "TimeoutError"
-    )
+    with pytest.raises(WandbFailed, match="TimeoutError;"):
+        log_cell(tmp_path / "we-T0.jsonl", tmp_path / "s2.json", {"id": "x"}, mode="offline", wandb_dir=tmp_path)
     monkeypatch.setenv("WANDB_MODE", "disabled")
     assert log_cell(tmp_path / "we-T0.jsonl", tmp_path / "status.json", {"id": "x"})["status"] == "disabled"

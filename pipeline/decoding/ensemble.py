@@ -16,6 +16,7 @@ Register a new one by name and the methods ``<name>``, ``<name>_sd`` and
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,11 @@ from torch import Tensor
 from .sampling import Sampling, probs
 
 EnsembleFn = Callable[..., Tensor]
+
+
+def finite(x: Any) -> bool:
+    """A finite real number (not a bool, not NaN, not infinite): what every numeric parameter must be."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 @dataclass(frozen=True)
@@ -68,16 +74,20 @@ def _check_weights(args: dict[str, Any], n_models: int) -> dict[str, Any]:
             raise ValueError("give either 'lambda' or 'weights' for a weighted ensemble, not both")
         if n_models != 2:
             raise ValueError(f"'lambda' needs exactly 2 models, got {n_models}; use 'weights' for {n_models}")
-        if not isinstance(lam, (int, float)) or not 0.0 <= lam <= 1.0:
+        if not finite(lam) or not 0.0 <= lam <= 1.0:
             raise ValueError(f"lambda={lam!r} is outside the accepted range [0, 1]")
         weights = [1.0 - lam, float(lam)]
     if weights is None:
         weights = [1.0 / n_models] * n_models
-    if len(weights) != n_models or any(not isinstance(w, (int, float)) or w < 0 for w in weights):
-        raise ValueError(f"weights={weights!r}: expected {n_models} non-negative numbers, one per model")
+    if (
+        not isinstance(weights, (list, tuple))
+        or len(weights) != n_models
+        or any(not finite(w) or w < 0 for w in weights)
+    ):
+        raise ValueError(f"weights={weights!r}: expected {n_models} finite non-negative numbers, one per model")
     total = float(sum(weights))
-    if total <= 0:
-        raise ValueError(f"weights={weights!r} sum to zero")
+    if not 0 < total < math.inf:
+        raise ValueError(f"weights={weights!r}: their sum must be positive and finite")
     args["weights"] = [float(w) / total for w in weights]
     return args
 
@@ -96,9 +106,9 @@ def weighted_ensemble(logits: Sequence[Tensor], sampling: Sampling, weights: Seq
 
 def _check_cd(args: dict[str, Any], n_models: int) -> dict[str, Any]:
     alpha, beta = args.get("alpha"), args.get("beta")
-    if not isinstance(alpha, (int, float)) or alpha < 0:
-        raise ValueError(f"alpha={alpha!r}: expected a number >= 0")
-    if beta is not None and (not isinstance(beta, (int, float)) or not 0.0 <= beta <= 1.0):
+    if not finite(alpha) or alpha < 0:
+        raise ValueError(f"alpha={alpha!r}: expected a finite number >= 0")
+    if beta is not None and (not finite(beta) or not 0.0 <= beta <= 1.0):
         raise ValueError(f"beta={beta!r} is outside the accepted range [0, 1] (or null for no plausibility mask)")
     return args
 

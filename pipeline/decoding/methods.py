@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from .engine import Decoder, Member, Stopper
-from .ensemble import ENSEMBLES, single_model
+from .ensemble import ENSEMBLES, finite, single_model
 from .lookup import PromptLookup
 from .runner import HFRunner
 from .sampling import Sampling
@@ -171,36 +171,52 @@ def plan_method(
     return Plan(members, target_fn, schedule, lookup), resolved
 
 
-def _check_sampling(temperature: Any, top_k: Any, top_p: Any, max_new_tokens: Any) -> Sampling:
-    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or temperature < 0:
-        raise ValueError(f"temperature={temperature!r}: expected a number >= 0 (0 is greedy)")
+def check_sampling(temperature: Any, top_k: Any, top_p: Any, max_new_tokens: Any) -> Sampling:
+    if not finite(temperature) or temperature < 0:
+        raise ValueError(f"temperature={temperature!r}: expected a finite number >= 0 (0 is greedy)")
     if not _is_int(top_k) or top_k < 0:
         raise ValueError(f"top_k={top_k!r}: expected an int >= 0 (0 turns it off)")
-    if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+    if not finite(top_p) or not 0 < top_p <= 1:
         raise ValueError(f"top_p={top_p!r}: expected a number in (0, 1] (1 turns it off)")
     if not _is_int(max_new_tokens) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens={max_new_tokens!r}: expected an int >= 0")
     return Sampling(float(temperature), top_k, float(top_p))
 
 
-def _prompt_list(prompt_ids: Any) -> list[int]:
+def check_seed(seed: Any) -> int:
+    if not _is_int(seed) or not 0 <= seed < 2**64:
+        raise ValueError(f"seed={seed!r}: expected an int in 0..2**64-1")
+    return seed
+
+
+def _prompt_list(prompt_ids: Any, vocab: int) -> list[int]:
     if isinstance(prompt_ids, torch.Tensor):
         if prompt_ids.dim() == 2 and prompt_ids.shape[0] == 1:
             prompt_ids = prompt_ids[0]
         if prompt_ids.dim() != 1:
             raise ValueError(f"prompt_ids of shape {tuple(prompt_ids.shape)}: expected one sequence")
         prompt_ids = prompt_ids.tolist()
-    prompt = list(prompt_ids)
+    try:
+        prompt = list(prompt_ids)
+    except TypeError:
+        raise ValueError(f"prompt_ids={prompt_ids!r}: expected a non-empty sequence of token ids") from None
     if not prompt or not all(_is_int(t) for t in prompt):
-        raise ValueError("prompt_ids must be a non-empty sequence of token ids")
+        raise ValueError("prompt_ids must be a non-empty sequence of int token ids")
+    bad = next((t for t in prompt if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise ValueError(f"prompt_ids holds {bad}, outside the vocabulary: expected ids in 0..{vocab - 1}")
     return prompt
 
 
 def _eos_set(eos_token_id: Any) -> set[int]:
     if eos_token_id is None:
         return set()
-    ids = [eos_token_id] if _is_int(eos_token_id) else list(eos_token_id)
-    return {int(i) for i in ids}
+    if _is_int(eos_token_id):
+        return {eos_token_id}
+    ids = list(eos_token_id) if isinstance(eos_token_id, (list, tuple, set)) else [None]
+    if not ids or not all(_is_int(i) and i >= 0 for i in ids):
+        raise ValueError(f"eos_token_id={eos_token_id!r}: expected an int token id, a list of them, or None")
+    return set(ids)
 
 
 def generate(
@@ -238,13 +254,15 @@ def generate(
     if not isinstance(models, (list, tuple)) or not models:
         raise ValueError("models must be a non-empty list of causal LMs")
     vocab = _vocab_size(models, vocab_size)
+    if method_args is not None and not isinstance(method_args, dict):
+        raise ValueError(f"method_args={method_args!r}: expected a dict of argument names to values")
     plan, resolved = plan_method(method, models, gamma, dict(method_args or {}))
-    sampling = _check_sampling(temperature, top_k, top_p, max_new_tokens)
-    prompt = _prompt_list(prompt_ids)
+    sampling = check_sampling(temperature, top_k, top_p, max_new_tokens)
+    prompt = _prompt_list(prompt_ids, vocab)
+    eos = _eos_set(eos_token_id)
     if stop_strings and tokenizer is None:
         raise ValueError("stop_strings need a tokenizer to decode the output")
-    if not _is_int(seed):
-        raise ValueError(f"seed={seed!r}: expected an int")
+    check_seed(seed)
 
     used = sorted(set(plan.members) | {i for i, _ in plan.schedule or [] if i is not None})
     device = next(models[used[0]].parameters()).device
@@ -265,7 +283,7 @@ def generate(
         targets=plan.members,
         target_fn=plan.target_fn,
         sampling=sampling,
-        stopper=Stopper(max_new_tokens, _eos_set(eos_token_id), stop_strings, decode),
+        stopper=Stopper(max_new_tokens, eos, stop_strings, decode),
         generator=generator,
         stats=stats,
         device=device,

@@ -8,7 +8,7 @@ rule grid:
         grid=json.dumps([c["dims"] for c in CELLS.values()]),
     localrule: True
     run:
-        from pipeline.scoring import write_atomic
+        from pipeline.files import write_atomic
 
         write_atomic(Path(output[0]), json.dumps(json.loads(params.grid), indent=1) + "\n")
 

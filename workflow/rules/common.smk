@@ -13,18 +13,29 @@ min_version("8.0")
 ROOT = Path(workflow.basedir)
 sys.path.insert(0, str(ROOT))  # the pipeline package, also when it is not installed
 
-from pipeline.workflow import ConfigError, check_config, expand_cells, load_schema, models_to_prepare
-
-if not workflow.overwrite_configfiles:  # no --configfile: the embedded default, under any --config values
-    _base = yaml.safe_load((ROOT / "config" / "default.yaml").read_text())
-    update_config(_base, dict(config))
-    config.clear()
-    config.update(_base)
+from pipeline.workflow import (
+    ConfigError,
+    check_config,
+    check_local,
+    expand_cells,
+    load_config_file,
+    load_schema,
+    model_entry,
+    models_to_prepare,
+)
 
 try:
+    for _file in workflow.overwrite_configfiles:  # Snakemake's YAML reader keeps the last of duplicate keys
+        load_config_file(_file)
+    if not workflow.overwrite_configfiles:  # no --configfile: the embedded default, under any --config values
+        _base = load_config_file(ROOT / "config" / "default.yaml")
+        update_config(_base, dict(config))
+        config.clear()
+        config.update(_base)
     _checked = check_config(dict(config), load_schema(ROOT / "workflow" / "schemas" / "config.schema.yaml"))
     validate(config, str(ROOT / "workflow" / "schemas" / "config.schema.yaml"), set_default=True)
     CELLS = expand_cells(_checked)
+    check_local(_checked, CELLS)
 except ConfigError as err:
     sys.stderr.write(f"error: {err}\n")
     sys.exit(2)

@@ -5,7 +5,7 @@ rule prepare_model:
     output:
         f"{RESULTS}/models/{{model}}.json",
     params:
-        spec=lambda w: json.dumps({"name": w.model, **_checked["models"][w.model]}),
+        spec=lambda w: json.dumps(model_entry(_checked, w.model)),
     log:
         f"{RESULTS}/logs/prepare/{{model}}.log",
     threads: _checked["threads"]

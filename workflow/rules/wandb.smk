@@ -1,6 +1,7 @@
 # Weights & Biases: one run per cell (config: the cell's dimensions; summary: speed, acceptance,
-# quality; a table of samples). A W&B failure is recorded in the status file, never fatal:
-# the files under results/ are the source of truth.
+# quality; a table of samples). A W&B failure never touches results/ (the source of truth): it is
+# recorded in <cell>.wandb.failed.json (an online run is logged offline in its place), this job
+# fails after at most wandb.init_timeout seconds, and the next workflow run retries it.
 
 
 rule wandb_log:
@@ -18,6 +19,7 @@ rule wandb_log:
         project=WANDB["project"],
         entity=f"--entity {shlex.quote(WANDB['entity'])}" if WANDB.get("entity") else "",
         mode=WANDB["mode"],
+        timeout=WANDB["init_timeout"],
     log:
         f"{RESULTS}/logs/wandb/{{cell}}.log",
     threads: 1
@@ -27,4 +29,4 @@ rule wandb_log:
     shell:
         "{PY} -m pipeline.cli wandb-log {input.samples:q} {output:q} --dims {params.dims:q} --cell {params.cell:q}"
         " --experiment {params.experiment:q} --project {params.project:q} {params.entity} --mode {params.mode}"
-        " --dir {RESULTS:q} > {log:q} 2>&1"
+        " --dir {RESULTS:q} --init-timeout {params.timeout} > {log:q} 2>&1"

@@ -1,0 +1,354 @@
+"""Results are never lost or silently wrong: journal recovery, values checked before use, W&B retries, file modes."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.files import write_atomic
+from pipeline.generate_job import Cell, run_cell
+from pipeline.journal import Journal
+from pipeline.models import ModelSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+IDS = [f"e{i}" for i in range(10)]
+
+
+def sample(i: int) -> bytes:
+    return json.dumps({"id": f"e{i}", "output": f"out {i}", "n": i}).encode()
+
+
+def needs_output(row):
+    return None if "output" in row else "missing fields ['output']"
+
+
+def recover(path: Path, data: bytes) -> tuple[dict[str, bytes], list[dict]]:
+    path.write_bytes(data)
+    kept = Journal(path, IDS, needs_output).recover()
+    rejected = Path(f"{path}.rejected")
+    return kept, [json.loads(line) for line in rejected.read_text().splitlines()] if rejected.exists() else []
+
+
+# ---- journals ---------------------------------------------------------------------------------------
+
+
+def test_a_corrupt_line_in_the_middle_costs_only_itself(tmp_path):
+    good = [sample(i) for i in range(10)]
+    data = b"\n".join(good[:3] + [b'{"id": "e3", "outp'] + good[4:]) + b"\n"
+    kept, rejected = recover(tmp_path / "j.jsonl", data)
+    assert list(kept) == [f"e{i}" for i in range(10) if i != 3]  # 9 of 10 kept, not 3
+    assert all(kept[f"e{i}"] == good[i] for i in range(10) if i != 3)  # byte for byte
+    assert [r["line"] for r in rejected] == [4] and rejected[0]["reason"] == "not valid JSON"
+    assert rejected[0]["raw"] == '{"id": "e3", "outp'
+    assert (tmp_path / "j.jsonl").read_bytes() == b"".join(g + b"\n" for i, g in enumerate(good) if i != 3)
+
+
+def test_a_complete_last_line_without_newline_is_repaired_not_glued(tmp_path):
+    path = tmp_path / "j.jsonl"
+    kept, rejected = recover(path, sample(0) + b"\n" + sample(1))
+    assert list(kept) == ["e0", "e1"] and not rejected
+    assert path.read_bytes() == sample(0) + b"\n" + sample(1) + b"\n"
+    journal = Journal(path, IDS, needs_output)
+    with journal.writer() as add:
+        add({"id": "e2", "output": "out 2", "n": 2})
+    assert list(journal.recover()) == ["e0", "e1", "e2"]  # the next sample is a line of its own
+
+
+def test_a_line_torn_by_a_crash_is_set_aside(tmp_path):
+    kept, rejected = recover(tmp_path / "j.jsonl", sample(0) + b"\n" + sample(1)[:12])
+    assert list(kept) == ["e0"] and rejected[0]["reason"] == "a line torn by a crash mid-write"
+
+
+@pytest.mark.parametrize(
+    "line, reason",
+    [
+        (b"[1, 2, 3]", "a JSON list, not an object"),
+        (b'"just a string"', "a JSON str, not an object"),
+        (b'{"output": "no id"}', "no string 'id'"),
+        (b'{"id": 7, "output": "x"}', "no string 'id'"),
+        (b'{"id": "HumanEval/999", "output": "x"}', "id 'HumanEval/999' is not an example of this cell"),
+        (b'{"id": "e0", "output": "again"}', "a second line for id 'e0' (the first is kept)"),
+        (b'{"id": "e5"}', "missing fields ['output']"),
+        (b"\xff\xfe not utf-8", "not valid JSON"),
+    ],
+)
+def test_every_kind_of_bad_line_is_rejected_with_its_reason(tmp_path, line, reason):
+    data = sample(0) + b"\n" + line + b"\n" + sample(1) + b"\n" + line  # also as the last, unterminated line
+    kept, rejected = recover(tmp_path / "j.jsonl", data)
+    assert kept == {"e0": sample(0), "e1": sample(1)}
+    assert [r["reason"] for r in rejected][0] == reason
+    assert len(rejected) == 2  # both copies; neither stops the lines after it
+    raw = rejected[0]["raw"].encode("utf-8", "surrogateescape")
+    assert raw == line  # set aside byte for byte
+
+
+def test_the_generation_job_keeps_every_good_sample_and_writes_each_id_once(tiny_dir, tmp_path, capsys):
+    cell = Cell(
+        models=[ModelSpec("a", str(tiny_dir)), ModelSpec("b", str(tiny_dir))],
+        method="we_sd",
+        task="humaneval",
+        size=5,
+        max_new_tokens=3,
+        baseline="we",
+    )
+    out, journal = tmp_path / "gen" / "cell.jsonl", tmp_path / "journal" / "cell-x.jsonl"
+    run_cell(cell, out, progress=False, journal=journal)
+    good = out.read_bytes().splitlines()
+    ids = [json.loads(line)["id"] for line in good]
+    # a crash left a journal with: two good samples, a corrupt line between them, a duplicate, a foreign
+    # id, a sample of another cell (no baseline record), and a complete last line with no newline
+    no_baseline = json.loads(good[3])
+    del no_baseline["baseline"]
+    journal.write_bytes(
+        b"\n".join(
+            [
+                good[0],
+                b"{garbage",
+                good[2],
+                good[0],
+                b'{"id": "other/1", "output": ""}',
+                json.dumps(no_baseline).encode(),
+            ]
+        )
+        + b"\n"
+        + good[4]
+    )
+    out.unlink()
+    run_cell(cell, out, progress=False, journal=journal)
+    final = out.read_bytes().splitlines()
+    assert [json.loads(line)["id"] for line in final] == ids  # each id once, in the task's order
+    for i in (0, 2, 4):
+        assert final[i] == good[i]  # kept byte for byte, not generated again
+    assert not journal.exists()
+    rejected = [json.loads(line) for line in Path(f"{journal}.rejected").read_text().splitlines()]
+    assert [r["line"] for r in rejected] == [2, 4, 5, 6]
+    assert "no 'baseline' record" in rejected[3]["reason"]
+    assert capsys.readouterr().err.count("moved to") == 4
+
+
+def test_unwritable_output_or_journal_directories_get_one_line(tiny_dir, tmp_path, capsys, monkeypatch):
+    from pipeline.cli import main
+
+    cell = json.dumps(
+        {
+            "models": [{"name": "a", "source": str(tiny_dir)}],
+            "method": "large_model",
+            "task": "humaneval",
+            "size": 1,
+            "max_new_tokens": 2,
+        }
+    )
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    assert main(["generate", cell, str(blocker / "out.jsonl")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: cannot write to directory {blocker}: Not a directory; choose a writable location"
+    assert main(["generate", cell, str(tmp_path / "ok.jsonl"), "--journal-dir", str(blocker / "j")]) == 2
+    assert "cannot write to directory" in capsys.readouterr().err and not (tmp_path / "ok.jsonl").exists()
+
+    # a directory without write permission (root ignores modes, so the refusal is simulated at the OS call)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real = tempfile.mkstemp
+
+    def mkstemp(*args, dir=None, **kwargs):
+        if dir is not None and Path(dir).resolve() == locked.resolve():
+            raise PermissionError(13, "Permission denied")
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    assert main(["generate", cell, str(locked / "out.jsonl")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: cannot write to directory {locked}: Permission denied; choose a writable location"
+    )
+
+
+# ---- values checked before use -------------------------------------------------------------------
+
+DEFAULT = (ROOT / "config" / "default.yaml").read_text()
+BAD_CONFIGS = {
+    "temperature NaN": (("temperature: [1.0]", "temperature: [.nan]"), "grids[0].temperature[0]: nan"),
+    "temperature inf": (("temperature: [1.0]", "temperature: [.inf]"), "grids[0].temperature[0]: inf"),
+    "alpha NaN": (("alpha: 0.1", "alpha: .nan"), "grids[1].method_args.alpha: nan"),
+    "alpha inf": (("alpha: 0.1", "alpha: .inf"), "grids[1].method_args.alpha: inf"),
+    "weights NaN": (("{lambda: 0.5}", "{weights: [.nan, 1]}"), "grids[0].method_args.weights[0]: nan"),
+    "weights overflow": (("{lambda: 0.5}", "{weights: [1.0e+308, 1.0e+308]}"), "sum must be positive and finite"),
+    "negative weight": (("{lambda: 0.5}", "{weights: [-1, 2]}"), "finite non-negative numbers"),
+    "lambda outside": (("lambda: 0.5", "lambda: 1.5"), "lambda=1.5 is outside the accepted range [0, 1]"),
+    "duplicate set name": (
+        (
+            "      smol+l2: [smollm2-135m-instruct, smollm2-draft-l2]",
+            "      smol+l2: [smollm2-135m-instruct, smollm2-draft-l2]\n      smol+l2: [smollm2-135m-instruct]",
+        ),
+        "config key 'smol+l2' is given twice (line 23 of",
+    ),
+    "results at the root": (("results: results", 'results: "/"'), "results: '/' is a filesystem root"),
+    "model name that is a path": (
+        ("smollm2-draft-l2", "../../../elsewhere/x"),
+        'models: "../../../elsewhere/x" is not accepted',
+    ),
+    "set name that is a path": (("      smol+l2:", "      ..:"), 'grids[0].model_sets: ".." is not accepted'),
+    "max_new_tokens float": (("max_new_tokens: 64", "max_new_tokens: 4.0"), "max_new_tokens: 4.0 is not accepted"),
+    "max_new_tokens bool": (("max_new_tokens: 64", "max_new_tokens: true"), "max_new_tokens: true is not accepted"),
+    "top_p NaN": (("threads: 2", "threads: 2\ntop_p: .nan"), "top_p: nan is not accepted"),
+    "size beyond the split": (("size: 8", "size: 999999"), "size=999999 for task 'humaneval': the split has only 164"),
+    "missing model directory": (("{source: bundled}", "{source: /nonexistent/model}"), "/nonexistent/model not found"),
+    "missing data directory": (("data_dir: null", "data_dir: /nonexistent/data"), "data_dir: directory '/nonexistent"),
+    "unknown teacher": (
+        ("teacher: smollm2-135m-instruct, layers: 2", "teacher: gpt-9, layers: 2"),
+        "distill.teacher: 'gpt-9' is not a model of this config",
+    ),
+    "unknown distill key": (("layers: 2}", "layers: 2, colour: red}"), "distill: unknown key 'colour'"),
+    "seed beyond range": (("threads: 2", "threads: 2\nseed: 1180591620717411303424"), "seed: 1180591620717411303424"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CONFIGS))
+def test_every_bad_config_value_is_one_line_naming_it(case, tmp_path, capsys):
+    from pipeline.workflow import main
+
+    (old, new), words = BAD_CONFIGS[case]
+    assert old in DEFAULT
+    path = tmp_path / "config.yaml"
+    path.write_text(DEFAULT.replace(old, new, 1))
+    assert main([str(path)]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], err
+
+
+@pytest.mark.parametrize("case", ["duplicate set name", "temperature NaN", "results at the root"])
+def test_snakemake_refuses_bad_values_before_any_job(case, tmp_path):
+    (old, new), words = BAD_CONFIGS[case]
+    config = tmp_path / "config.yaml"
+    config.write_text(DEFAULT.replace(old, new, 1))
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        str(ROOT / "Snakefile"),
+        "-d",
+        str(tmp_path / "w"),
+        "--cores",
+        "1",
+        "--configfile",
+        str(config),
+    ]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    lines = [line for line in (run.stdout + run.stderr).splitlines() if line.strip()]
+    assert run.returncode != 0 and len(lines) == 1 and words in lines[0], lines
+    assert not (tmp_path / "w" / "results").exists()
+
+
+def test_a_cell_with_a_bad_value_stops_before_any_model_loads(tiny_dir, tmp_path, capsys):
+    from pipeline.cli import main
+
+    base = {"models": [{"name": "a", "source": str(tiny_dir)}], "method": "large_model", "task": "humaneval"}
+    for change, words in [
+        ({"max_new_tokens": 4.0}, "max_new_tokens=4.0"),
+        ({"temperature": float("nan")}, "temperature=nan"),
+        ({"top_p": float("nan")}, "top_p=nan"),
+        ({"size": 999999}, "the split has only 164"),
+        ({"seed": 2**70}, "seed=1180591620717411303424"),
+    ]:
+        out = tmp_path / "out.jsonl"
+        assert main(["generate", json.dumps({**base, **change}), str(out)]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and words in lines[0], lines
+        assert not out.exists()
+
+
+# ---- W&B ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def scored_cell(tmp_path):
+    samples = tmp_path / "cell.jsonl"
+    stats = {"new_tokens": 4, "wall_time_s": 0.5, "mean_accepted_per_round": None}
+    samples.write_text(json.dumps({"id": "a", "output": "x", "stats": stats}) + "\n")
+    samples.with_suffix(".speed.json").write_text(json.dumps({"samples": 1, "tokens_per_s": 8.0}))
+    return samples
+
+
+def test_an_unreachable_server_costs_seconds_keeps_an_offline_copy_and_is_retried(scored_cell, tmp_path, monkeypatch):
+    from pipeline import tracking
+
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    status, failed = tmp_path / "cell.wandb.json", tmp_path / "cell.wandb.failed.json"
+    start = time.perf_counter()
+    with pytest.raises(tracking.WandbFailed, match="next workflow run tries again") as err:
+        tracking.log_cell(scored_cell, status, {"id": "c"}, mode="auto", wandb_dir=tmp_path, init_timeout=3)
+    assert time.perf_counter() - start < 30  # W&B's own default waits 90 s
+    assert "\n" not in str(err.value)
+    assert not status.exists()  # not done: the workflow runs this job again
+    record = json.loads(failed.read_text())
+    assert record["status"] == "failed" and record["mode"] == "online"
+    copy = Path(record["offline_copy"])
+    assert copy.name.startswith("offline-run-") and list(copy.glob("*.wandb"))  # something to `wandb sync`
+    runs = list((tmp_path / "wandb").glob("*run-*"))
+    assert runs == [copy]  # the failed online attempt left no stub
+
+    # the next run reaches the server: the online run replaces the offline copy (nothing synced twice)
+    monkeypatch.setattr(tracking, "_log_run", lambda *a, **k: ("abc", tmp_path / "wandb" / "run-x-abc"))
+    outcome = tracking.log_cell(scored_cell, status, {"id": "c"}, mode="online", wandb_dir=tmp_path)
+    assert outcome["status"] == "ok" and json.loads(status.read_text())["run_id"] == "abc"
+    assert not copy.exists() and not failed.exists()
+
+
+def test_the_wandb_command_fails_in_one_line_so_the_job_is_retried(scored_cell, tmp_path, monkeypatch, capsys):
+    import wandb
+
+    from pipeline.cli import main
+
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("api.wandb.ai unreachable\nsecond line")
+
+    monkeypatch.setattr(wandb, "init", unreachable)
+    before = scored_cell.read_bytes()
+    status = tmp_path / "cell.wandb.json"
+    code = main(
+        [
+            "wandb-log",
+            str(scored_cell),
+            str(status),
+            "--dims",
+            '{"id": "c"}',
+            "--mode",
+            "offline",
+            "--dir",
+            str(tmp_path),
+        ]
+    )
+    assert code == 1 and not status.exists()
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [
+        "error: W&B logging failed for c: ConnectionError: api.wandb.ai unreachable; results/ is unaffected; "
+        "the next workflow run tries again (wandb.mode: offline stops trying online)"
+    ]
+    assert scored_cell.read_bytes() == before
+
+
+# ---- file modes -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o027, 0o640), (0o002, 0o664)])
+def test_result_files_get_the_mode_the_umask_gives(tmp_path, mask, mode):
+    old = os.umask(mask)
+    try:
+        write_atomic(tmp_path / "x.json", "{}")
+        (tmp_path / "plain.json").write_text("{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "x.json").stat().st_mode) == mode
+    assert stat.S_IMODE((tmp_path / "plain.json").stat().st_mode) == mode
