@@ -8,17 +8,25 @@ under ``generations/``, and writes to ``tables/`` (CSV and Markdown) and
 - ``speedup_vs_standard``: tokens/s over the cell's standard method (an
   ensemble for ``*_sd`` / ``*_se``, the large model for ``sd``), measured side
   by side in the same job when the cell ran its baseline beside it;
-- ``speedup_vs_large``: tokens/s over the large model alone (its own cell);
+- ``speedup_vs_large``: tokens/s over the large model alone (its own cell,
+  prompts paired by id);
 - ``quality``: every task metric (pass@1, accuracy, ROUGE, ...);
-- ``acceptance``: mean accepted tokens per verification round;
+- ``acceptance``: τ (mean accepted length), acceptance rates, per-position
+  acceptance;
+- ``exactness``: at T=0, the share of samples equal to the baseline's token
+  for token, and each mismatch's attribution (numerics or bug);
 - ``predicted_vs_measured``: the speed-up predicted from the measured
   forwards and measured per-forward costs beside the measured one;
+- ``spec_bench_categories``: speed-up and τ per Spec-Bench category;
+- ``flags``: every unstable cell and why;
 - ``summary.md``: all of them in one page;
 - ``plots/speedup_vs_gamma.png`` and ``plots/predicted_vs_measured.png``.
 
-The speed-up tables are shaped like the paper's: rows are model set x
-method, columns datasets; the value is the best over the gamma sweep, with
-that gamma in the Markdown.
+Every speed-up carries its 95% interval (``1.55x [1.47, 1.63]``, ``speed.py``)
+and an unstable cell is marked ``(unstable)`` in every table and drawn hollow
+in every plot. The speed-up tables are shaped like the paper's: rows are
+model set x method, columns datasets; the value is the best over the gamma
+sweep, with that gamma in the Markdown.
 """
 
 from __future__ import annotations
@@ -30,76 +38,63 @@ from typing import Any
 import pandas as pd
 
 from .files import atomic_path, read_jsonl, write_atomic
+from .speed import fmt, ratio_interval
 
 ROW = ["model_set", "method", "T"]
 
 
-def predicted_speedup(rows: list[dict[str, Any]]) -> float | None:
-    """Speed-up predicted from counted forwards and measured per-forward costs (side-by-side rows).
-
-    Each model's cost of one forward is measured in the baseline run (where it
-    decodes one token per forward), else in the method's own run. The
-    prediction prices every forward of the method at that cost, i.e. assumes
-    a forward of k new tokens costs what a forward of one does and the loop
-    costs nothing; the gap to the measured speed-up is what those assumptions
-    miss on this hardware.
-    """
-    if not rows or any("baseline" not in r for r in rows):
-        return None
-    n = max(len(r["stats"]["models"]) for r in rows)
-    calls_m, time_m, calls_b, time_b = [0] * n, [0.0] * n, [0] * n, [0.0] * n
-    tokens_m = sum(r["stats"]["new_tokens"] for r in rows)
-    tokens_b = sum(r["baseline"]["stats"]["new_tokens"] for r in rows)
-    for r in rows:
-        for i, m in enumerate(r["stats"]["models"]):
-            calls_m[i] += m["forward_calls"]
-            time_m[i] += m["forward_time_s"]
-        for i, m in enumerate(r["baseline"]["stats"]["models"][:n]):
-            calls_b[i] += m["forward_calls"]
-            time_b[i] += m["forward_time_s"]
-    cost = []
-    for i in range(n):
-        if calls_b[i]:
-            cost.append(time_b[i] / calls_b[i])
-        elif calls_m[i]:
-            cost.append(time_m[i] / calls_m[i])
-        else:
-            cost.append(0.0)
-    per_token_m = sum(c * k for c, k in zip(cost, calls_m)) / tokens_m if tokens_m else 0
-    per_token_b = sum(c * k for c, k in zip(cost, calls_b)) / tokens_b if tokens_b else 0
-    return per_token_b / per_token_m if per_token_m and per_token_b else None
-
-
-def same_as_baseline(rows: list[dict[str, Any]]) -> float | None:
-    if not rows or any("baseline" not in r for r in rows):
-        return None
-    return sum(r["output"] == r["baseline"]["output"] for r in rows) / len(rows)
-
-
 def collect(results: Path) -> pd.DataFrame:
     """One row per cell of ``grid.json`` whose files exist."""
+    df, _ = _collect(results)
+    return df
+
+
+def _joined(values) -> str | None:
+    if not values:
+        return None
+    return " ".join("-" if v is None else f"{v:.2f}" for v in values)
+
+
+def _collect(results: Path) -> tuple[pd.DataFrame, dict[str, list[dict[str, Any]]]]:
     grid = json.loads((results / "grid.json").read_text())
-    records = []
+    records, samples = [], {}
     for dims in grid:
         base = results / "generations" / f"{dims['id']}.jsonl"
         if not base.with_suffix(".speed.json").exists():
             continue
         speed = json.loads(base.with_suffix(".speed.json").read_text())
-        rows = read_jsonl(base)
+        samples[dims["id"]] = read_jsonl(base)
         rec = {k: v for k, v in dims.items() if k != "models"}
         rec["models"] = " + ".join(dims["models"])
+        exact = speed.get("exactness") or {}
         rec.update(
             samples=speed["samples"],
             new_tokens=speed["new_tokens"],
             tokens_per_s=speed["tokens_per_s"],
             baseline_tokens_per_s=speed.get("baseline_tokens_per_s"),
             speedup_side_by_side=speed.get("speedup_side_by_side"),
-            mean_accepted_per_round=speed["mean_accepted_per_round"],
-            acceptance_rate=speed["acceptance_rate"],
-            predicted_speedup=predicted_speedup(rows),
-            same_output_as_baseline=same_as_baseline(rows),
+            speedup_ci_low=speed.get("speedup_ci_low"),
+            speedup_ci_high=speed.get("speedup_ci_high"),
+            tau=speed.get("tau"),
+            tau_by_model=_joined(speed.get("tau_by_model")),
+            acceptance_rate=speed.get("acceptance_rate"),
+            draft_acceptance_rate=speed.get("draft_acceptance_rate"),
+            position_acceptance=_joined(speed.get("position_acceptance")),
+            predicted_speedup=speed.get("predicted_speedup"),
+            exact_match=exact.get("rate"),
+            mismatches_numerics=exact.get("numerics", 0 if exact else None),
+            mismatches_bug=exact.get("bugs", 0 if exact else None),
+            pairs_interfered=speed.get("pairs_interfered"),
+            pairs_remeasured=speed.get("pairs_remeasured"),
             overhead=speed["overhead"],
+            unstable=bool(speed.get("unstable")),
+            flags="; ".join(speed.get("flags", [])),
         )
+        for category, c in (speed.get("by_category") or {}).items():
+            rec[f"cat:{category}"] = c.get("speedup_side_by_side", c["tokens_per_s"])
+            rec[f"cat:{category}:low"] = c.get("speedup_ci_low")
+            rec[f"cat:{category}:high"] = c.get("speedup_ci_high")
+            rec[f"cat:{category}:tau"] = c.get("tau")
         summary = base.with_suffix(".summary.json")
         if summary.exists():
             for k, v in json.loads(summary.read_text()).items():
@@ -108,36 +103,58 @@ def collect(results: Path) -> pd.DataFrame:
         records.append(rec)
     df = pd.DataFrame.from_records(records)
     if df.empty:
-        return df
+        return df, samples
     df["gamma"] = df["gamma"].fillna("")
     df["T"] = df["temperature"].map(lambda t: f"{t:g}")
-    return _add_ratios(df)
+    return _add_ratios(df, samples), samples
 
 
-def _add_ratios(df: pd.DataFrame) -> pd.DataFrame:
-    """Speed-ups over the standard method (side by side when measured) and over the large model's own cell."""
+def _paired_ratio(rows: list[dict[str, Any]], reference: list[dict[str, Any]]) -> tuple[float, float, float] | None:
+    """A cell's speed over another cell's on the prompts both ran (paired by id), with its interval."""
+    ref = {r["id"]: r["stats"] for r in reference}
+    pairs = [(r["stats"], ref[r["id"]]) for r in rows if r["id"] in ref]
+    if not pairs:
+        return None
+    tm = [m["new_tokens"] for m, _ in pairs]
+    wm = [m["wall_time_s"] for m, _ in pairs]
+    tb = [b["new_tokens"] for _, b in pairs]
+    wb = [b["wall_time_s"] for _, b in pairs]
+    if not sum(wm) or not sum(tb):
+        return None
+    estimate = (sum(tm) / sum(wm)) / (sum(tb) / sum(wb))
+    low, high, _ = ratio_interval(tm, wm, tb, wb)
+    return estimate, low, high
+
+
+def _add_ratios(df: pd.DataFrame, samples: dict[str, list[dict[str, Any]]]) -> pd.DataFrame:
+    """Speed-ups over the standard method (side by side when measured) and over the large model's own cell.
+
+    Each comes with its interval (``<name>_low``, ``<name>_high``); ratios across cells pair prompts by id.
+    """
     key = ["dataset", "temperature"]
-    large = df[df["method"] == "large_model"].set_index([*key, "model_set"])["tokens_per_s"]
-    plain = df[df["kind"] == "plain"].set_index([*key, "model_set", "method"])["tokens_per_s"]
+    large = df[df["method"] == "large_model"].set_index([*key, "model_set"])["id"]
+    plain = df[df["kind"] == "plain"].set_index([*key, "model_set", "method"])["id"]
 
     def vs_large(r):
-        v = large.get((r["dataset"], r["temperature"], r["large_model"]))
-        return r["tokens_per_s"] / v if v else None
+        ref = large.get((r["dataset"], r["temperature"], r["large_model"]))
+        return _paired_ratio(samples[r["id"]], samples[ref]) if isinstance(ref, str) else None
 
     def vs_standard(r):
         if not isinstance(r["standard"], str):
             return None
         if r["kind"] == "plain":
-            return 1.0  # an ensemble is its own standard
+            return 1.0, None, None  # an ensemble is its own standard
         if pd.notna(r.get("speedup_side_by_side")):
-            return r["speedup_side_by_side"]
+            return r["speedup_side_by_side"], r["speedup_ci_low"], r["speedup_ci_high"]
         if r["standard"] == "large_model":
             return vs_large(r)
-        v = plain.get((r["dataset"], r["temperature"], r["model_set"], r["standard"]))
-        return r["tokens_per_s"] / v if v else None
+        ref = plain.get((r["dataset"], r["temperature"], r["model_set"], r["standard"]))
+        return _paired_ratio(samples[r["id"]], samples[ref]) if isinstance(ref, str) else None
 
-    df["speedup_vs_large"] = df.apply(vs_large, axis=1)
-    df["speedup_vs_standard"] = df.apply(vs_standard, axis=1)
+    for name, fn in (("speedup_vs_large", vs_large), ("speedup_vs_standard", vs_standard)):
+        values = df.apply(fn, axis=1)
+        for j, suffix in enumerate(("", "_low", "_high")):
+            df[name + suffix] = values.map(lambda v, j=j: v[j] if v is not None else None).astype(float)
     return df
 
 
@@ -152,7 +169,8 @@ def _best(df: pd.DataFrame, value: str) -> tuple[pd.DataFrame, pd.DataFrame]:
 
     def text(r):
         g = f" (γ={r['gamma']})" if r["gamma"] else ""
-        return f"{r[value]:.2f}x{g}"
+        low, high = r.get(f"{value}_low"), r.get(f"{value}_high")
+        return fmt(r[value], low, high) + g + (" (unstable)" if r["unstable"] else "")
 
     txt = best.assign(_t=best.apply(text, axis=1)).pivot_table(
         index=ROW, columns="dataset", values="_t", aggfunc="first"
@@ -203,6 +221,17 @@ def _savefig(fig, path: Path) -> Path:
     return path
 
 
+def _errorbar(ax, x, y, low, high, unstable, label, **kw):
+    """Points with their intervals; unstable cells hollow."""
+    yerr = [(y - low).fillna(0).clip(lower=0), (high - y).fillna(0).clip(lower=0)]
+    line = ax.errorbar(x, y, yerr=yerr, marker="o", capsize=3, label=label, **kw)
+    color = line[0].get_color()
+    hollow = unstable.astype(bool).to_numpy()
+    if hollow.any():
+        ax.scatter(x[hollow], y[hollow], s=70, facecolors="white", edgecolors=color, zorder=3)
+    return line
+
+
 def plot_speedup_vs_gamma(df: pd.DataFrame, path: Path) -> Path | None:
     plt = _pyplot()
     d = df[df["kind"] != "plain"].dropna(subset=["speedup_vs_standard"])
@@ -214,13 +243,21 @@ def plot_speedup_vs_gamma(df: pd.DataFrame, path: Path) -> Path | None:
         sub = d[d["dataset"] == ds].assign(g=lambda x: x["gamma"].map(lambda v: int(str(v).split("-")[-1])))
         for (ms, method, t), g in sub.groupby(ROW):
             g = g.sort_values("g")
-            ax.plot(g["g"], g["speedup_vs_standard"], marker="o", label=f"{method} ({ms}, T={t})")
+            _errorbar(
+                ax,
+                g["g"],
+                g["speedup_vs_standard"],
+                g["speedup_vs_standard_low"],
+                g["speedup_vs_standard_high"],
+                g["unstable"],
+                f"{method} ({ms}, T={t})",
+            )
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_xticks(sorted(sub["g"].unique()))
         ax.set_title(ds)
         ax.set_xlabel("gamma (for *_se: the last model's; see the tables for the full list)")
-        ax.set_ylabel("speed-up over the standard method")
-        ax.legend(fontsize=7)
+        ax.set_ylabel("speed-up over the standard method (95% interval)")
+        ax.legend(fontsize=7, title="hollow: unstable", title_fontsize=7)
     return _savefig(fig, path)
 
 
@@ -231,13 +268,39 @@ def plot_predicted(df: pd.DataFrame, path: Path) -> Path | None:
         return None
     fig, ax = plt.subplots(figsize=(5, 5))
     for method, g in d.groupby("method"):
-        ax.scatter(g["predicted_speedup"], g["speedup_side_by_side"], label=method)
-    hi = max(d["predicted_speedup"].max(), d["speedup_side_by_side"].max()) * 1.1
-    ax.plot([0, hi], [0, hi], color="grey", lw=0.8, ls="--")
+        _errorbar(
+            ax,
+            g["predicted_speedup"],
+            g["speedup_side_by_side"],
+            g["speedup_ci_low"],
+            g["speedup_ci_high"],
+            g["unstable"],
+            method,
+            linestyle="none",
+        )
+    hi = max(d["predicted_speedup"].max(), d["speedup_ci_high"].fillna(0).max(), d["speedup_side_by_side"].max())
+    ax.plot([0, hi * 1.1], [0, hi * 1.1], color="grey", lw=0.8, ls="--")
     ax.set_xlabel("predicted speed-up (counted forwards x measured cost)")
-    ax.set_ylabel("measured speed-up (side by side)")
-    ax.legend(fontsize=7)
+    ax.set_ylabel("measured speed-up, side by side (95% interval)")
+    ax.legend(fontsize=7, title="hollow: unstable", title_fontsize=7)
     return _savefig(fig, path)
+
+
+def _categories(df: pd.DataFrame) -> pd.DataFrame:
+    """Spec-Bench per category: speed-up (or tokens/s for plain cells) with its interval, and τ."""
+    cats = sorted({c.split(":")[1] for c in df.columns if c.startswith("cat:")})
+    if not cats:
+        return pd.DataFrame()
+    d = df.dropna(subset=[f"cat:{c}" for c in cats], how="all")
+    out = d[[*ROW, "gamma", "dataset"]].copy()
+    for c in cats:
+        out[c] = [
+            (fmt(v, lo, hi) if k != "plain" else f"{v:.1f} tok/s") + (f", τ {t:.2f}" if pd.notna(t) else "")
+            for v, lo, hi, t, k in zip(
+                d[f"cat:{c}"], d[f"cat:{c}:low"], d[f"cat:{c}:high"], d[f"cat:{c}:tau"], d["kind"]
+            )
+        ]
+    return out.set_index([*ROW, "gamma", "dataset"])
 
 
 def aggregate(results: Path) -> list[Path]:
@@ -250,28 +313,55 @@ def aggregate(results: Path) -> list[Path]:
         raise ValueError(f"no finished cells under {results}/generations")
     write_atomic(out / "cells.csv", df.to_csv(index=False))
     written.append(out / "cells.csv")
+    unstable = int(df["unstable"].sum())
     sections = [
         f"# Results of experiment {df['experiment'].iloc[0]}\n" if "experiment" in df else f"# Results: {results}\n",
         f"{len(df)} cells ({', '.join(sorted(df['dataset'].unique()))}). Speed is total new tokens over total "
-        "wall time of the cell's samples.\n",
+        "wall time of the cell's samples; every speed-up has its 95% paired-bootstrap interval over prompts "
+        f"[low, high]. {unstable} cell{'s are' if unstable != 1 else ' is'} marked (unstable): see Flags.\n",
     ]
 
     tables = []  # (file name, title, caption, numbers, Markdown)
     num, txt = _best(df, "speedup_vs_standard")
     caption = (
         "Tokens/s over the cell's standard method (the ensemble for `*_sd`/`*_se`, the large model for `sd`), "
-        "measured side by side in the same job; best over the gamma sweep.\n"
+        "measured side by side in the same job; best over the gamma sweep; 95% interval in brackets.\n"
     )
     tables.append(("speedup_vs_standard", "Speed-up over the standard method", caption, num, _md(txt)))
     num, txt = _best(df, "speedup_vs_large")
-    caption = "Tokens/s over the large model's own cell.\n"
+    caption = "Tokens/s over the large model's own cell (another job; prompts paired by id).\n"
     tables.append(("speedup_vs_large", "Speed-up over the large model alone", caption, num, _md(txt)))
     qcols = [c for c in df.columns if c.startswith("q:")]
     quality = _cell_table(df, qcols) if qcols else pd.DataFrame()
     tables.append(("quality", "Quality", "", quality, _md(quality, ".3f")))
-    acc = _cell_table(df, ["mean_accepted_per_round"])
-    caption = "Proposals accepted per verification round (the token the verifier adds is not counted).\n"
-    tables.append(("acceptance", "Mean accepted tokens per round", caption, acc, _md(acc)))
+    acc = df[df["kind"] != "plain"][
+        [
+            *ROW,
+            "gamma",
+            "dataset",
+            "tau",
+            "tau_by_model",
+            "acceptance_rate",
+            "draft_acceptance_rate",
+            "position_acceptance",
+        ]
+    ].set_index([*ROW, "gamma", "dataset"])
+    caption = (
+        "τ: mean accepted length, tokens emitted per forward of the large model (the verifier's own token "
+        "included; autoregressive decoding = 1.00); τ by model: the same per model of the set, in order. "
+        "Acceptance: accepted over verified proposals; draft acceptance: accepted over proposed (vLLM's); "
+        "per position: the acceptance rate of the 1st, 2nd, ... token of a verified block.\n"
+    )
+    tables.append(("acceptance", "Mean accepted length and acceptance", caption, acc, _md(acc)))
+    exact = df.dropna(subset=["exact_match"])[
+        [*ROW, "gamma", "dataset", "samples", "exact_match", "mismatches_numerics", "mismatches_bug"]
+    ].set_index([*ROW, "gamma", "dataset"])
+    caption = (
+        "T=0 cells: the share of samples whose tokens equal the baseline's (Spec-Bench's equality check); each "
+        "mismatch attributed to numerics (a near-tie in a float64 recompute at the first divergent token) or a "
+        "bug. In float32/float64 on a CPU every sample must match.\n"
+    )
+    tables.append(("exactness", "Exactness at T=0", caption, exact, _md(exact)))
     pvm = df.dropna(subset=["predicted_speedup"])[
         [*ROW, "gamma", "dataset", "acceptance_rate", "speedup_side_by_side", "predicted_speedup", "overhead"]
     ].set_index([*ROW, "gamma", "dataset"])
@@ -281,6 +371,17 @@ def aggregate(results: Path) -> list[Path]:
         "outside model forwards.\n"
     )
     tables.append(("predicted_vs_measured", "Predicted vs measured speed-up", caption, pvm, _md(pvm)))
+    cats = _categories(df)
+    if not cats.empty:
+        caption = "Spec-Bench's six categories: speed-up over the standard method [95% interval], and τ.\n"
+        tables.append(("spec_bench_categories", "Spec-Bench by category", caption, cats, _md(cats)))
+    flagged = df[df["unstable"]][["id", "samples", "pairs_interfered", "pairs_remeasured", "flags"]]
+    caption = (
+        "Cells whose speed-up should not be trusted as it stands: interval wider than the bound, too many pairs "
+        "interfered with after re-measuring, samples timed on different machines, or a measured speed-up far "
+        "from the cost model's prediction. Run them again on a quiet machine (delete their generations).\n"
+    )
+    tables.append(("flags", "Flags", caption, flagged.set_index("id"), _md(flagged.set_index("id"))))
     for name, title, caption, numbers, markdown in tables:
         written += _save(out, name, numbers, markdown)
         sections += [f"## {title}\n", caption, markdown]

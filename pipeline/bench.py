@@ -13,9 +13,11 @@ with its teacher's full head.
 All methods run over the same prompts, one prompt at a time, in a rotating
 order, after a warm-up, so slow drifts of a shared machine hit them alike.
 Speed is total new tokens over total wall time per method; ratios compare
-methods measured side by side. Greedy methods are also checked token for
-token against their baseline (and transformers' assisted generation against
-ours).
+methods measured side by side, each with its 95% paired-bootstrap interval
+over prompts (``speed.py``). Greedy methods are also checked token for token
+against their baseline (and transformers' assisted generation against ours).
+Each run is recorded with its commit, machine and settings under
+``benchmarks/`` (``--record``), so a figure quoted anywhere names its run.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from pipeline import cpu_kernels
 from pipeline.decoding import generate
 from pipeline.distill import Recipe, ensure_draft
 from pipeline.models import BUNDLED, ModelError, load, load_bundled, truncated_copy
+from pipeline.speed import fmt as speed_fmt
+from pipeline.speed import ratio_interval
 
 FALLBACK_PROMPTS = [
     'def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n',
@@ -72,10 +76,11 @@ class Totals:
     forward: float = 0.0
     verified: int = 0
     accepted: int = 0
-    rounds: int = 0
+    target_calls: int = 0
     same: int = 0
     runs: int = 0
     outputs: list = field(default_factory=list)
+    per_prompt: list = field(default_factory=list)  # (tokens, wall) of each prompt, in prompt order
 
 
 def variants(gammas: list[int], proposer: str, hf: bool) -> list[Variant]:
@@ -142,7 +147,7 @@ def run_variant(v: Variant, target, draft, ids, max_new, eos, seed) -> tuple[lis
         "forward": s.forward_time_s,
         "verified": verified,
         "accepted": s.accepted,
-        "rounds": s.rounds,
+        "target_calls": s.models[0].forward_calls,
     }
 
 
@@ -165,7 +170,8 @@ def measure(target, draft, tokenizer, prompts, vs: list[Variant], max_new: int) 
             t.forward = None if m["forward"] is None else (t.forward or 0.0) + m["forward"]
             t.verified += m.get("verified", 0)
             t.accepted += m.get("accepted", 0)
-            t.rounds += m.get("rounds", 0)
+            t.target_calls += m.get("target_calls", 0)
+            t.per_prompt.append((len(tokens), m["wall"]))
             t.runs += 1
             t.outputs.append((v, i, tokens))
             bar.update()
@@ -180,30 +186,33 @@ def measure(target, draft, tokenizer, prompts, vs: list[Variant], max_new: int) 
     return totals
 
 
+def _speedup(t: Totals, base: Totals) -> tuple[float, float | None, float | None]:
+    """``t``'s speed over ``base``'s with its paired-bootstrap interval over prompts."""
+    low, high, _ = ratio_interval(*zip(*t.per_prompt), *zip(*base.per_prompt))
+    return (t.tokens / t.wall) / (base.tokens / base.wall), low, high
+
+
 def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
     rows = []
-    base_rate = {}
+    base = {v.group: totals[v.label] for v in vs if v.baseline}
     for v in vs:
         t = totals[v.label]
-        if v.baseline:
-            base_rate[v.group] = t.tokens / t.wall
-    for v in vs:
-        t = totals[v.label]
-        rate = t.tokens / t.wall
+        speedup, low, high = _speedup(t, base[v.group])
         row = {
             "group": v.group,
             "method": v.label,
             "tokens": t.tokens,
-            "tok_per_s": rate,
-            "speedup": rate / base_rate[v.group],
+            "tok_per_s": t.tokens / t.wall,
+            "speedup": speedup,
+            "speedup_ci": [low, high],
             "acceptance": t.accepted / t.verified if t.verified else None,
-            "accepted_per_round": t.accepted / t.rounds if t.rounds else None,
+            "tau": t.tokens / t.target_calls if t.target_calls else None,
             "overhead": None if t.forward is None else 1 - t.forward / t.wall,
             "identical": f"{t.same}/{t.runs}" if v.temperature == 0 else "-",
         }
         if v.method == "hf_assisted":
-            ours = totals[f"sd g={v.gamma}"]
-            row["ours_vs_hf"] = (ours.tokens / ours.wall) / rate
+            ours, ours_low, ours_high = _speedup(totals[f"sd g={v.gamma}"], t)
+            row["ours_vs_hf"], row["ours_vs_hf_ci"] = ours, [ours_low, ours_high]
         rows.append(row)
     return rows
 
@@ -212,16 +221,58 @@ def render(rows: list[dict]) -> str:
     def fmt(x, spec):
         return "-" if x is None else format(x, spec)
 
-    head = f"| {'group':8} | {'method':18} | tok/s | speed-up | accept | acc/round | overhead | same as baseline |"
+    head = (
+        f"| {'group':8} | {'method':18} | tok/s | {'speed-up [95% interval]':23} | accept |    τ | overhead "
+        "| same as baseline |"
+    )
     lines = [head, "|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|"]
     for r in rows:
-        extra = f" (ours {r['ours_vs_hf']:.2f}x)" if "ours_vs_hf" in r else ""
+        extra = f" (ours {speed_fmt(r['ours_vs_hf'], *r['ours_vs_hf_ci'])})" if "ours_vs_hf" in r else ""
+        speedup = speed_fmt(r["speedup"], *r["speedup_ci"])
         lines.append(
-            f"| {r['group']:8} | {r['method']:18} | {r['tok_per_s']:5.1f} | {r['speedup']:7.2f}x | "
-            f"{fmt(r['acceptance'], '6.1%')} | {fmt(r['accepted_per_round'], '9.2f')} | "
+            f"| {r['group']:8} | {r['method']:18} | {r['tok_per_s']:5.1f} | {speedup:23} | "
+            f"{fmt(r['acceptance'], '6.1%')} | {fmt(r['tau'], '4.2f')} | "
             f"{fmt(r['overhead'], '8.1%')} | {r['identical']}{extra} |"
         )
     return "\n".join(lines)
+
+
+def record(out_dir: Path, rows: list[dict], settings: dict[str, Any]) -> Path:
+    """Write a run's results with its commit, machine and settings: ``<out_dir>/<time>-<commit>.json``."""
+    import datetime
+    import platform
+    import subprocess
+
+    from .files import write_atomic
+    from .generate_job import environment
+    from .timing import provenance
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(
+                ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+        )
+    except (OSError, subprocess.CalledProcessError):
+        commit, dirty = "unknown", False
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+    path = Path(out_dir) / f"{stamp}-{commit}{'-dirty' if dirty else ''}.json"
+    data = {
+        "commit": commit,
+        "dirty": dirty,
+        "time": stamp,
+        "machine": {**environment(), **provenance(), "node": platform.node()},
+        "settings": settings,
+        "rows": rows,
+    }
+    write_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,6 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="3 prompts, 32 tokens, gamma 2 only")
     ap.add_argument("--no-pack", action="store_true", help="keep nn.Linear (MKL) instead of prepacked oneDNN layers")
     ap.add_argument("--json", type=Path, help="also write the table as JSON here")
+    ap.add_argument(
+        "--record",
+        type=Path,
+        default=Path(__file__).resolve().parent.parent / "benchmarks",
+        help="directory for the run's record (commit, machine, settings, results); default: benchmarks/",
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.prompts, args.max_new_tokens, args.gamma = 3, 32, [2]
@@ -270,13 +327,17 @@ def main(argv: list[str] | None = None) -> int:
     print(render(rows))
     print("speed-up: tokens/s over the group's baseline (large_model; we; cd), measured interleaved.")
     print(
-        "accept: accepted / verified proposals (lookup and models). acc/round: accepted proposals per verification"
-        " round. overhead: 1 - time inside model forwards / wall time."
+        "interval: 95% paired bootstrap over prompts (BCa). accept: accepted / verified proposals (lookup and models)."
+        " τ: tokens per forward of the target (mean accepted length, the verifier's token included)."
+        " overhead: 1 - time inside model forwards / wall time."
     )
     print(f"bench took {time.perf_counter() - start:.0f} s")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=2))
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    settings.update(draft=draft_desc, kernels=kernels, threads=torch.get_num_threads(), prompts_text=prompts)
+    print(f"recorded in {record(args.record, rows, settings)}")
     return 0
 
 

@@ -45,9 +45,17 @@ def resolve_mode(mode: str) -> str:
 
 
 def cell_metrics(samples: Path) -> dict[str, Any]:
-    """Summary metrics of a cell from its files: speed (``.speed.json``) and quality (``.summary.json``)."""
+    """Summary metrics of a cell from its files: speed with its interval and flags (``.speed.json``),
+    exactness, and quality (``.summary.json``)."""
     speed = json.loads(samples.with_suffix(".speed.json").read_text())
     out = {f"speed/{k}": v for k, v in speed.items() if isinstance(v, int | float)}
+    if speed.get("flags") is not None:
+        out["speed/flags"] = "; ".join(speed["flags"])
+    exact = speed.get("exactness")
+    if exact:
+        out["exactness/rate"] = exact["rate"]
+        out["exactness/numerics"] = exact.get("numerics", 0)
+        out["exactness/bugs"] = exact.get("bugs", 0)
     summary_path = samples.with_suffix(".summary.json")
     if summary_path.exists():
         quality = json.loads(summary_path.read_text())
@@ -158,14 +166,14 @@ def _log_run(samples, dims, cell, experiment, project, entity, mode, wandb_dir, 
             mode=mode,
             settings=wandb.Settings(silent=True, x_disable_stats=True, console="off", init_timeout=timeout),
         )
-        columns = ["id", "output", "new_tokens", "tokens_per_s", "accepted_per_round", "baseline_output", "score"]
+        columns = ["id", "output", "new_tokens", "tokens_per_s", "tau", "baseline_output", "score"]
         table = wandb.Table(columns=columns)
         for i, row in enumerate(rows):
             st = row["stats"]
             tps = st["new_tokens"] / st["wall_time_s"] if st["wall_time_s"] else None
             metrics = {"sample/new_tokens": st["new_tokens"], "sample/tokens_per_s": tps}
-            if st.get("mean_accepted_per_round") is not None:
-                metrics["sample/accepted_per_round"] = st["mean_accepted_per_round"]
+            if st.get("tau") is not None:
+                metrics["sample/tau"] = st["tau"]
             if "baseline" in row:
                 b = row["baseline"]["stats"]
                 if b["wall_time_s"] and tps:
@@ -177,7 +185,7 @@ def _log_run(samples, dims, cell, experiment, project, entity, mode, wandb_dir, 
                 row["output"],
                 st["new_tokens"],
                 tps,
-                st.get("mean_accepted_per_round"),
+                st.get("tau"),
                 row.get("baseline", {}).get("output"),
                 json.dumps(score),
             )

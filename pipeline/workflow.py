@@ -495,6 +495,7 @@ def _cell(config, g, method, names, label, dataset, dopts, t, gamma) -> tuple[st
         "top_k": config["top_k"],
         "top_p": config["top_p"],
         "seed": config["seed"],
+        "timing": config["timing"],
     }
     if kind != "plain" and config["side_by_side"]:
         cell["baseline"] = base

@@ -57,9 +57,10 @@ def test_perfect_draft_accepts_everything(pair):
     result = generate(pair, PROMPT, "sd", gamma=4, max_new_tokens=25)
     target, draft = result.stats.models
     assert draft.acceptance_rate == 1.0
-    assert result.stats.mean_accepted_per_round == 4.0
     assert target.forward_calls == 5  # 25 tokens = 5 rounds of 4 accepted + 1 bonus
     assert result.stats.rounds == 5
+    assert result.stats.tau == 5.0  # tokens per target forward: 4 accepted + the verifier's own
+    assert result.stats.position_verified == [5, 5, 5, 5] and result.stats.position_accepted == [5, 5, 5, 5]
 
 
 def test_gamma_one(pair):

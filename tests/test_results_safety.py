@@ -198,7 +198,7 @@ BAD_CONFIGS = {
     "set name that is a path": (("      smol+l2:", "      ..:"), 'grids[0].model_sets: ".." is not accepted'),
     "max_new_tokens float": (("max_new_tokens: 64", "max_new_tokens: 4.0"), "max_new_tokens: 4.0 is not accepted"),
     "max_new_tokens bool": (("max_new_tokens: 64", "max_new_tokens: true"), "max_new_tokens: true is not accepted"),
-    "top_p NaN": (("threads: 2", "threads: 2\ntop_p: .nan"), "top_p: nan is not accepted"),
+    "top_p NaN": (("notebook: true", "notebook: true\ntop_p: .nan"), "top_p: nan is not accepted"),
     "size beyond the split": (("size: 8", "size: 999999"), "size=999999 for task 'humaneval': the split has only 164"),
     "missing model directory": (("{source: bundled}", "{source: /nonexistent/model}"), "/nonexistent/model not found"),
     "missing data directory": (("data_dir: null", "data_dir: /nonexistent/data"), "data_dir: directory '/nonexistent"),
@@ -207,7 +207,10 @@ BAD_CONFIGS = {
         "distill.teacher: 'gpt-9' is not a model of this config",
     ),
     "unknown distill key": (("layers: 2}", "layers: 2, colour: red}"), "distill: unknown key 'colour'"),
-    "seed beyond range": (("threads: 2", "threads: 2\nseed: 1180591620717411303424"), "seed: 1180591620717411303424"),
+    "seed beyond range": (
+        ("notebook: true", "notebook: true\nseed: 1180591620717411303424"),
+        "seed: 1180591620717411303424",
+    ),
 }
 
 

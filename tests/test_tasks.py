@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -135,8 +136,9 @@ def test_cnndm_offline_and_rouge(monkeypatch):
 def test_spec_bench_categories():
     examples = get_task("spec_bench").load("full", DATA)
     assert len(examples) == 480
-    cats = {e.meta["category"] for e in examples}
-    assert {"translation", "summarization", "qa", "math_reasoning", "rag"} <= cats
+    counts = Counter(e.meta["category"] for e in examples)
+    assert counts == {c: 80 for c in ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")}
+    assert len({e.meta["subcategory"] for e in examples if e.meta["category"] == "mt_bench"}) == 8
 
 
 def test_chat_template_rendering():

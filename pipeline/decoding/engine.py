@@ -244,8 +244,7 @@ class Decoder:
             accepted, fix = verify_greedy(target, proposed)
         else:
             accepted, fix = verify_sampled(target, proposed, self.pending_q[:count], self.generator)
-        self.stats.rounds += 1
-        self.stats.accepted += accepted
+        self.stats.record_round(count, accepted)
         for j, by in enumerate(self.pending_by[: min(accepted + 1, count)]):
             by.verified += 1
             by.accepted += j < accepted

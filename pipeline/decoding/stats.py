@@ -31,13 +31,30 @@ class GenerationStats:
     proposers: dict[str, ModelStats] = field(default_factory=dict)  # proposers that are not models
     rounds: int = 0  # verification rounds (blocks of proposals checked against the target)
     accepted: int = 0  # proposals accepted, all proposers together
+    position_verified: list[int] = field(default_factory=list)  # [j]: blocks whose (j+1)-th proposal was checked
+    position_accepted: list[int] = field(default_factory=list)  # [j]: ... and accepted
     wall_time_s: float = 0.0
     time_to_first_token_s: float | None = None
     stop_reason: str = ""
 
+    def record_round(self, count: int, accepted: int) -> None:
+        """One verification round: ``count`` proposals checked in order, the first ``accepted`` accepted."""
+        self.rounds += 1
+        self.accepted += accepted
+        reached = min(accepted + 1, count)
+        grow = reached - len(self.position_verified)
+        if grow > 0:
+            self.position_verified += [0] * grow
+            self.position_accepted += [0] * grow
+        for j in range(reached):
+            self.position_verified[j] += 1
+            self.position_accepted[j] += j < accepted
+
     @property
-    def mean_accepted_per_round(self) -> float | None:
-        return self.accepted / self.rounds if self.rounds else None
+    def tau(self) -> float | None:
+        """Mean accepted length: new tokens per forward of the large model (models[0]); 1.00 autoregressively."""
+        calls = self.models[0].forward_calls if self.models else 0
+        return self.new_tokens / calls if calls else None
 
     @property
     def forward_time_s(self) -> float:
@@ -54,7 +71,7 @@ class GenerationStats:
             d["acceptance_rate"] = m.acceptance_rate
         for name, m in self.proposers.items():
             out["proposers"][name]["acceptance_rate"] = m.acceptance_rate
-        out["mean_accepted_per_round"] = self.mean_accepted_per_round
+        out["tau"] = self.tau
         out["forward_time_s"] = self.forward_time_s
         out["overhead"] = self.overhead
         return out

@@ -8,7 +8,7 @@ rule prepare_model:
         spec=lambda w: json.dumps(model_entry(_checked, w.model)),
     log:
         f"{RESULTS}/logs/prepare/{{model}}.log",
-    threads: _checked["threads"]
+    threads: max(_checked["threads"], 2)  # distillation is time-capped: it gets at least two threads
     resources:
         mem_mb=16000,
         runtime=60,

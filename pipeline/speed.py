@@ -1,0 +1,284 @@
+"""How speed is measured and reported: one place for every speed figure of a cell.
+
+- **Speed** is total new tokens over total wall time (Spec-Bench's definition),
+  never a mean of per-sample rates; a **speed-up** is the method's speed over
+  its standard method's, both run on the same prompts side by side.
+- **Interval**: a seeded paired bootstrap over prompts (each resample draws
+  prompts with replacement and keeps each prompt's method and baseline
+  together), BCa (bias-corrected and accelerated: a ratio of totals over a few
+  dozen heterogeneous prompts is skewed and biased, which the plain percentile
+  interval ignores); the percentile interval where BCa is undefined (every
+  resample equal).
+- **τ** (mean accepted length, as Spec-Bench and vLLM define it): tokens
+  emitted per verification forward of the target, the verifier's own token
+  included, so autoregressive decoding has τ = 1.00. Here, per model: new
+  tokens over that model's forward calls; τ is the large model's (models[0]):
+  for ``sd`` and ``*_sd`` the verifier's, for ``*_se`` the tokens per forward
+  of the large model, whose turns both verify and propose.
+- **Acceptance**: ``acceptance_rate`` is accepted over verified proposals;
+  ``draft_acceptance_rate`` is accepted over proposed (vLLM's), proposals cut
+  by an earlier rejection included; ``position_acceptance[j]`` is the rate at
+  the (j+1)-th token of a verified block, given it was reached.
+- **Flags**: a cell is ``unstable`` when its interval is wider than
+  ``max_halfwidth`` of its estimate, when more than ``max_interfered`` of its
+  pairs were still interfered after re-measuring, when its samples were timed
+  on different machines or settings, or when the measured speed-up is further
+  from the cost model's prediction than the interval's half-width plus
+  ``prediction_tolerance`` of the prediction.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from collections import defaultdict
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from .timing import Thresholds
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How a cell is timed and judged (the config's ``timing`` section)."""
+
+    confidence: float = 0.95
+    resamples: int = 10000
+    seed: int = 0
+    remeasure: int = 2  # re-runs of an interfered pair, at most
+    psi_share: float = Thresholds.psi_share
+    nivcsw_per_s: float = Thresholds.nivcsw_per_s
+    max_halfwidth: float = 0.08
+    max_interfered: float = 0.25
+    prediction_tolerance: float = 0.35
+    near_tie_nats: float = 0.1  # exactness: a float64 gap below which a greedy mismatch is put down to numerics
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Policy:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data or {}) - known)
+        if unknown:
+            raise ValueError(f"unknown timing settings {unknown}; accepted: {', '.join(sorted(known))}")
+        return cls(**(data or {}))
+
+    @property
+    def thresholds(self) -> Thresholds:
+        return Thresholds(self.psi_share, self.nivcsw_per_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---- ratios and intervals ------------------------------------------------------------------------
+
+
+def _ratio(tm, wm, tb, wb, axis=-1):
+    return (np.sum(tm, axis=axis) / np.sum(wm, axis=axis)) / (np.sum(tb, axis=axis) / np.sum(wb, axis=axis))
+
+
+def ratio_interval(
+    tokens_m, wall_m, tokens_b, wall_b, policy: Policy = Policy()
+) -> tuple[float | None, float | None, str | None]:
+    """A paired-bootstrap interval for the ratio of (total tokens / total wall) of two paired series.
+
+    Returns ``(low, high, method)``; ``(None, None, None)`` with fewer than two pairs.
+    """
+    from scipy.stats import bootstrap
+
+    data = [np.asarray(x, dtype=float) for x in (tokens_m, wall_m, tokens_b, wall_b)]
+    if len(data[0]) < 2:
+        return None, None, None
+    for method in ("BCa", "percentile"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # BCa's degenerate-distribution warning: the fallback handles it
+            res = bootstrap(
+                data,
+                _ratio,
+                paired=True,
+                vectorized=True,
+                confidence_level=policy.confidence,
+                n_resamples=policy.resamples,
+                method=method,
+                rng=np.random.default_rng(policy.seed),
+            )
+        low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
+        if math.isfinite(low) and math.isfinite(high):
+            return low, high, method
+    estimate = float(_ratio(*data))
+    return estimate, estimate, "degenerate"
+
+
+def halfwidth(estimate: float | None, low: float | None, high: float | None) -> float | None:
+    """The interval's half-width as a share of the estimate."""
+    if estimate is None or low is None or high is None or not estimate:
+        return None
+    return (high - low) / 2 / estimate
+
+
+def _missing(x: Any) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def fmt(value: float | None, low: float | None = None, high: float | None = None, unstable: bool = False) -> str:
+    """A speed-up as the tables show it: ``1.55x [1.47, 1.63]``, `` (unstable)`` after a flagged one."""
+    if _missing(value):
+        return "-"
+    text = f"{value:.2f}x"
+    if not _missing(low) and not _missing(high):
+        text += f" [{low:.2f}, {high:.2f}]"
+    return text + (" (unstable)" if unstable else "")
+
+
+# ---- decoding metrics ----------------------------------------------------------------------------
+
+
+def _sum_lists(lists: list[list[int]]) -> list[int]:
+    out: list[int] = []
+    for values in lists:
+        out += [0] * (len(values) - len(out))
+        for j, v in enumerate(values):
+            out[j] += v
+    return out
+
+
+def decoding_metrics(stats: list[dict[str, Any]]) -> dict[str, Any]:
+    """τ (overall and per model), acceptance rates and per-position acceptance over a cell's samples."""
+    tokens = sum(s["new_tokens"] for s in stats)
+    n_models = max((len(s["models"]) for s in stats), default=0)
+    calls = [sum(s["models"][i]["forward_calls"] for s in stats if i < len(s["models"])) for i in range(n_models)]
+    tau_by_model = [tokens / c if c else None for c in calls]
+    proposers = [m for s in stats for m in [*s["models"], *s.get("proposers", {}).values()]]
+    proposed = sum(m["proposed"] for m in proposers)
+    verified = sum(m["verified"] for m in proposers)
+    accepted = sum(m["accepted"] for m in proposers)
+    reached = _sum_lists([s.get("position_verified", []) for s in stats])
+    hits = _sum_lists([s.get("position_accepted", []) for s in stats])
+    return {
+        "tau": tau_by_model[0] if tau_by_model else None,
+        "tau_by_model": tau_by_model,
+        "acceptance_rate": accepted / verified if verified else None,
+        "draft_acceptance_rate": accepted / proposed if proposed else None,
+        "position_acceptance": [a / r if r else None for a, r in zip(hits, reached)],
+    }
+
+
+def predicted_speedup(rows: list[dict[str, Any]]) -> float | None:
+    """Speed-up predicted from counted forwards and measured per-forward costs (side-by-side rows).
+
+    Each model's cost of one forward is measured in the baseline run (where it
+    decodes one token per forward), else in the method's own run. The
+    prediction prices every forward of the method at that cost, i.e. assumes
+    a forward of k new tokens costs what a forward of one does and the loop
+    costs nothing; the gap to the measured speed-up is what those assumptions
+    miss on this hardware. A stall inflates the baseline's costs and the
+    method's alike, so the prediction is a check on the measured ratio.
+    """
+    if not rows or any("baseline" not in r for r in rows):
+        return None
+    n = max(len(r["stats"]["models"]) for r in rows)
+    calls_m, time_m, calls_b, time_b = [0] * n, [0.0] * n, [0] * n, [0.0] * n
+    tokens_m = sum(r["stats"]["new_tokens"] for r in rows)
+    tokens_b = sum(r["baseline"]["stats"]["new_tokens"] for r in rows)
+    for r in rows:
+        for i, m in enumerate(r["stats"]["models"]):
+            calls_m[i] += m["forward_calls"]
+            time_m[i] += m["forward_time_s"]
+        for i, m in enumerate(r["baseline"]["stats"]["models"][:n]):
+            calls_b[i] += m["forward_calls"]
+            time_b[i] += m["forward_time_s"]
+    cost = [time_b[i] / calls_b[i] if calls_b[i] else time_m[i] / calls_m[i] if calls_m[i] else 0.0 for i in range(n)]
+    per_token_m = sum(c * k for c, k in zip(cost, calls_m)) / tokens_m if tokens_m else 0
+    per_token_b = sum(c * k for c, k in zip(cost, calls_b)) / tokens_b if tokens_b else 0
+    return per_token_b / per_token_m if per_token_m and per_token_b else None
+
+
+# ---- a cell --------------------------------------------------------------------------------------
+
+
+def _side_by_side(rows: list[dict[str, Any]], policy: Policy) -> dict[str, Any]:
+    tm = [r["stats"]["new_tokens"] for r in rows]
+    wm = [r["stats"]["wall_time_s"] for r in rows]
+    tb = [r["baseline"]["stats"]["new_tokens"] for r in rows]
+    wb = [r["baseline"]["stats"]["wall_time_s"] for r in rows]
+    if not sum(wm) or not sum(wb) or not sum(tb):
+        return {}
+    estimate = float(_ratio(tm, wm, tb, wb))
+    low, high, method = ratio_interval(tm, wm, tb, wb, policy)
+    return {
+        "baseline_tokens_per_s": sum(tb) / sum(wb),
+        "speedup_side_by_side": estimate,
+        "speedup_ci_low": low,
+        "speedup_ci_high": high,
+        "speedup_ci_method": method,
+        "speedup_halfwidth": halfwidth(estimate, low, high),
+    }
+
+
+def summarize(rows: list[dict[str, Any]], policy: Policy = Policy(), exactness: dict | None = None) -> dict[str, Any]:
+    """A cell's speed summary (its ``.speed.json``): speed, interval, τ, acceptance, interference, flags."""
+    stats = [r["stats"] for r in rows]
+    tokens = sum(s["new_tokens"] for s in stats)
+    wall = sum(s["wall_time_s"] for s in stats)
+    summary: dict[str, Any] = {
+        "samples": len(rows),
+        "new_tokens": tokens,
+        "wall_time_s": wall,
+        "tokens_per_s": tokens / wall if wall else None,
+        **decoding_metrics(stats),
+        "overhead": 1 - sum(s["forward_time_s"] for s in stats) / wall if wall else None,
+        "confidence": policy.confidence,
+    }
+    paired = bool(rows) and all("baseline" in r for r in rows)
+    if paired:
+        summary.update(_side_by_side(rows, policy))
+        summary["predicted_speedup"] = predicted_speedup(rows)
+    timed = [r["timing"] for r in rows if "timing" in r]
+    summary["pairs_interfered"] = sum(bool(t["attempts"][t["counted"]]["interfered"]) for t in timed)
+    summary["pairs_remeasured"] = sum(len(t["attempts"]) > 1 for t in timed)
+    hosts = {json_key(r.get("provenance")) for r in rows if r.get("provenance")}
+    summary["provenance"] = rows[0].get("provenance") if len(hosts) == 1 else sorted(hosts) or None
+    if exactness is not None:
+        summary["exactness"] = exactness
+    categories = defaultdict(list)
+    for r in rows:
+        if r.get("category"):
+            categories[r["category"]].append(r)
+    if categories:
+        summary["by_category"] = {
+            c: {
+                "samples": len(rs),
+                "tokens_per_s": sum(r["stats"]["new_tokens"] for r in rs) / sum(r["stats"]["wall_time_s"] for r in rs),
+                "tau": decoding_metrics([r["stats"] for r in rs])["tau"],
+                **(_side_by_side(rs, policy) if paired else {}),
+            }
+            for c, rs in sorted(categories.items())
+        }
+    summary["flags"] = flags(summary, policy)
+    summary["unstable"] = bool(summary["flags"])
+    return summary
+
+
+def json_key(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def flags(summary: dict[str, Any], policy: Policy) -> list[str]:
+    """Why a cell's speed-up should not be trusted as it stands (empty: nothing found)."""
+    out = []
+    hw = summary.get("speedup_halfwidth")
+    if hw is not None and hw > policy.max_halfwidth:
+        out.append(f"interval ±{hw:.0%} wider than ±{policy.max_halfwidth:.0%}")
+    n = summary["samples"]
+    if n and summary["pairs_interfered"] / n > policy.max_interfered:
+        out.append(f"{summary['pairs_interfered']} of {n} pairs interfered after re-measuring")
+    if isinstance(summary.get("provenance"), list):
+        out.append(f"samples timed on {len(summary['provenance'])} different machines or settings")
+    est, pred = summary.get("speedup_side_by_side"), summary.get("predicted_speedup")
+    if est is not None and pred:
+        slack = (hw or 0) * est + policy.prediction_tolerance * pred
+        if abs(est - pred) > slack:
+            out.append(f"measured {est:.2f}x is off the cost model's {pred:.2f}x")
+    return out
