@@ -174,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("file", type=Path)
     s.add_argument("--task", required=True)
     s.add_argument("--data-dir", help="local benchmark data (laid out like shared/data)")
+    s.add_argument("--workers", type=int, default=2, help="samples executed at once (sandboxed processes)")
     le = sub.add_parser("lm-eval", help="lm-eval's command line with the 'specens' model registered", add_help=False)
     le.add_argument("rest", nargs=argparse.REMAINDER)
     b = sub.add_parser("bench", help="the benchmark; see python -m pipeline.bench --help", add_help=False)
@@ -245,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "score":
             from .scoring import score_file
 
-            summary = score_file(args.file, args.task, args.data_dir)
+            summary = score_file(args.file, args.task, args.data_dir, workers=args.workers)
             print(json.dumps(summary, indent=2))
             return 0
         from .workflow import main as grid_main  # the last command: grid

@@ -57,8 +57,8 @@ def _psi_some_us() -> int | None:
 class Thresholds:
     """When a timed region counts as interfered (per second of its wall time)."""
 
-    psi_share: float = 0.10  # seconds of CPU pressure per second
-    nivcsw_per_s: float = 100.0  # involuntary context switches per second
+    psi_share: float = 0.15  # seconds of CPU pressure per second
+    nivcsw_per_s: float = 1000.0  # involuntary context switches per second (where pressure is not available)
 
     # a few milliseconds of pressure or a few preemptions are no evidence in a run of milliseconds
     min_psi_s: float = 0.02

@@ -174,6 +174,10 @@ def _log_run(samples, dims, cell, experiment, project, entity, mode, wandb_dir, 
             metrics = {"sample/new_tokens": st["new_tokens"], "sample/tokens_per_s": tps}
             if st.get("tau") is not None:
                 metrics["sample/tau"] = st["tau"]
+            if "timing" in row:
+                counted = row["timing"]["attempts"][row["timing"]["counted"]]
+                metrics["sample/interfered"] = int(counted["interfered"])
+                metrics["sample/attempts"] = len(row["timing"]["attempts"])
             if "baseline" in row:
                 b = row["baseline"]["stats"]
                 if b["wall_time_s"] and tps:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -48,9 +50,16 @@ def test_missing_model_directory_is_one_clear_error(tmp_path):
         load(tmp_path / "nope")
 
 
-def test_benchmark_runs_and_prints_every_method(capsys):
-    args = ["--prompts", "1", "--max-new-tokens", "4", "--gamma", "1", "--draft", "truncated", "--proposer", "draft"]
-    assert bench.main(args) == 0
+def test_benchmark_runs_prints_every_method_and_records_the_run(capsys, tmp_path):
+    args = ["--prompts", "2", "--max-new-tokens", "4", "--gamma", "1", "--draft", "truncated", "--proposer", "draft"]
+    assert bench.main([*args, "--record", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     for label in ("large_model", "sd g=1", "hf_assisted g=1", "we_se g=[1,1]", "cd_se g=[1,1]", "ours"):
         assert label in out
+    (record,) = tmp_path.glob("*.json")
+    data = json.loads(record.read_text())
+    assert data["commit"] and data["machine"]["host"] and data["settings"]["prompts"] == 2
+    assert record.name.startswith(data["time"]) and data["commit"] in record.name
+    rows = {r["method"]: r for r in data["rows"]}
+    assert rows["large_model"]["speedup"] == 1.0 and rows["sd g=1"]["tau"] >= 1.0
+    assert len(rows["sd g=1"]["speedup_ci"]) == 2

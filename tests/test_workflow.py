@@ -179,7 +179,7 @@ def test_dry_run_of_the_default_grid_lists_exactly_its_jobs(tmp_path):
     run = snakemake(tmp_path, "-n")
     assert run.returncode == 0, run.stderr[-2000:]
     n = len(expand_cells(check_config(DEFAULT)))
-    assert n == 14  # 5 + 4 cells per grid plus gamma sweeps; no gamma for we/cd, sd only in the WE grid
+    assert n == 9  # 5 + 4 cells per grid, one gamma each; no gamma for we/cd, sd only in the WE grid
     assert job_counts(run.stdout + run.stderr) == {
         "all": 1,
         "grid": 1,
@@ -206,7 +206,7 @@ def test_slurm_dry_run_lists_jobs_with_their_resources(tmp_path):
     assert "gpu=1" in resources["generate"] and "slurm_partition=gpu" in resources["generate"]
     assert "runtime=240" in resources["generate"] and "cpus_per_task=8" in resources["generate"]
     assert "slurm_partition=cpu" in resources["score"] and "gpu" not in resources["score"]
-    assert job_counts(out)["generate"] == 14 and "wandb_log" not in job_counts(out)
+    assert job_counts(out)["generate"] == 9 and "wandb_log" not in job_counts(out)
     # overridable from the command line; the rule's own defaults (one GPU) stay
     run = snakemake(
         tmp_path,

@@ -289,11 +289,18 @@ def generate(
         device=device,
         lookup=lookup,
     )
+    events = None
+    if device.type == "cuda":  # device time too: CUDA events around the whole decode
+        torch.cuda.synchronize(device)
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+        events[0].record()
     start = time.perf_counter()
     with torch.inference_mode():
         tokens = decoder.run(prompt, plan.schedule)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    if events is not None:
+        events[1].record()
+        torch.cuda.synchronize(device)  # the clock is read only once the device is done
+        stats.device_time_s = events[0].elapsed_time(events[1]) / 1000
     stats.wall_time_s = time.perf_counter() - start
     stats.new_tokens = len(tokens)
     text = tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else None
