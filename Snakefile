@@ -13,6 +13,7 @@ follow. The rules live in workflow/rules/, one concern per file.
 include: "workflow/rules/common.smk"
 include: "workflow/rules/prepare.smk"
 include: "workflow/rules/generate.smk"
+include: "workflow/rules/speed.smk"
 include: "workflow/rules/score.smk"
 include: "workflow/rules/wandb.smk"
 include: "workflow/rules/aggregate.smk"

@@ -22,7 +22,7 @@ under ``generations/``, and writes to ``tables/`` (CSV and Markdown) and
 - ``summary.md``: all of them in one page;
 - ``plots/speedup_vs_gamma.png`` and ``plots/predicted_vs_measured.png``.
 
-Every speed-up carries its 95% interval (``1.55x [1.47, 1.63]``, ``speed.py``)
+Every speed-up carries its interval (95% by default) (``1.55x [1.47, 1.63]``, ``speed.py``)
 and an unstable cell is marked ``(unstable)`` in every table and drawn hollow
 in every plot. The speed-up tables are shaped like the paper's: rows are
 model set x method, columns datasets; the value is the best over the gamma
@@ -37,8 +37,8 @@ from typing import Any
 
 import pandas as pd
 
-from .files import atomic_path, read_jsonl, write_atomic
-from .speed import fmt, ratio_interval
+from .files import ResultsError, atomic_path, read_jsonl, write_atomic
+from .speed import Policy, fmt, halfwidth, ratio_interval
 
 ROW = ["model_set", "method", "T"]
 
@@ -57,12 +57,13 @@ def _joined(values) -> str | None:
 
 def _collect(results: Path) -> tuple[pd.DataFrame, dict[str, list[dict[str, Any]]]]:
     grid = json.loads((results / "grid.json").read_text())
-    records, samples = [], {}
+    records, samples, policy = [], {}, Policy()
     for dims in grid:
         base = results / "generations" / f"{dims['id']}.jsonl"
         if not base.with_suffix(".speed.json").exists():
             continue
         speed = json.loads(base.with_suffix(".speed.json").read_text())
+        policy = Policy.from_dict(speed.get("policy"))  # the cells' own: one config judged them all
         samples[dims["id"]] = read_jsonl(base)
         rec = {k: v for k, v in dims.items() if k != "models"}
         rec["models"] = " + ".join(dims["models"])
@@ -84,6 +85,7 @@ def _collect(results: Path) -> tuple[pd.DataFrame, dict[str, list[dict[str, Any]
             exact_match=exact.get("rate"),
             mismatches_numerics=exact.get("numerics", 0 if exact else None),
             mismatches_bug=exact.get("bugs", 0 if exact else None),
+            mismatches_unchecked=exact.get("unchecked", 0 if exact else None),
             pairs_interfered=speed.get("pairs_interfered"),
             pairs_remeasured=speed.get("pairs_remeasured"),
             overhead=speed["overhead"],
@@ -91,7 +93,8 @@ def _collect(results: Path) -> tuple[pd.DataFrame, dict[str, list[dict[str, Any]
             flags="; ".join(speed.get("flags", [])),
         )
         for category, c in (speed.get("by_category") or {}).items():
-            rec[f"cat:{category}"] = c.get("speedup_side_by_side", c["tokens_per_s"])
+            rec[f"cat:{category}"] = c.get("speedup_side_by_side")
+            rec[f"cat:{category}:tps"] = c["tokens_per_s"]
             rec[f"cat:{category}:low"] = c.get("speedup_ci_low")
             rec[f"cat:{category}:high"] = c.get("speedup_ci_high")
             rec[f"cat:{category}:tau"] = c.get("tau")
@@ -106,10 +109,13 @@ def _collect(results: Path) -> tuple[pd.DataFrame, dict[str, list[dict[str, Any]
         return df, samples
     df["gamma"] = df["gamma"].fillna("")
     df["T"] = df["temperature"].map(lambda t: f"{t:g}")
-    return _add_ratios(df, samples), samples
+    df.attrs["confidence"] = policy.confidence
+    return _add_ratios(df, samples, policy), samples
 
 
-def _paired_ratio(rows: list[dict[str, Any]], reference: list[dict[str, Any]]) -> tuple[float, float, float] | None:
+def _paired_ratio(
+    rows: list[dict[str, Any]], reference: list[dict[str, Any]], policy: Policy
+) -> tuple[float, float | None, float | None] | None:
     """A cell's speed over another cell's on the prompts both ran (paired by id), with its interval."""
     ref = {r["id"]: r["stats"] for r in reference}
     pairs = [(r["stats"], ref[r["id"]]) for r in rows if r["id"] in ref]
@@ -122,39 +128,49 @@ def _paired_ratio(rows: list[dict[str, Any]], reference: list[dict[str, Any]]) -
     if not sum(wm) or not sum(tb):
         return None
     estimate = (sum(tm) / sum(wm)) / (sum(tb) / sum(wb))
-    low, high, _ = ratio_interval(tm, wm, tb, wb)
+    low, high, _ = ratio_interval(tm, wm, tb, wb, policy)
     return estimate, low, high
 
 
-def _add_ratios(df: pd.DataFrame, samples: dict[str, list[dict[str, Any]]]) -> pd.DataFrame:
+def _add_ratios(df: pd.DataFrame, samples: dict[str, list[dict[str, Any]]], policy: Policy) -> pd.DataFrame:
     """Speed-ups over the standard method (side by side when measured) and over the large model's own cell.
 
-    Each comes with its interval (``<name>_low``, ``<name>_high``); ratios across cells pair prompts by id.
+    Each comes with its interval (``<name>_low``, ``<name>_high``) and ``<name>_unstable``: a ratio across
+    cells (prompts paired by id) is unstable when either cell is, or when its interval is too wide.
     """
     key = ["dataset", "temperature"]
     large = df[df["method"] == "large_model"].set_index([*key, "model_set"])["id"]
     plain = df[df["kind"] == "plain"].set_index([*key, "model_set", "method"])["id"]
+    unstable = df.set_index("id")["unstable"]
+
+    def across(r, ref):
+        if not isinstance(ref, str):
+            return None
+        ratio = _paired_ratio(samples[r["id"]], samples[ref], policy)
+        if ratio is None:
+            return None
+        hw = halfwidth(*ratio)
+        return (*ratio, bool(r["unstable"] or unstable[ref] or (hw is not None and hw > policy.max_halfwidth)))
 
     def vs_large(r):
-        ref = large.get((r["dataset"], r["temperature"], r["large_model"]))
-        return _paired_ratio(samples[r["id"]], samples[ref]) if isinstance(ref, str) else None
+        return across(r, large.get((r["dataset"], r["temperature"], r["large_model"])))
 
     def vs_standard(r):
         if not isinstance(r["standard"], str):
             return None
         if r["kind"] == "plain":
-            return 1.0, None, None  # an ensemble is its own standard
+            return 1.0, None, None, bool(r["unstable"])  # an ensemble is its own standard
         if pd.notna(r.get("speedup_side_by_side")):
-            return r["speedup_side_by_side"], r["speedup_ci_low"], r["speedup_ci_high"]
+            return r["speedup_side_by_side"], r["speedup_ci_low"], r["speedup_ci_high"], bool(r["unstable"])
         if r["standard"] == "large_model":
             return vs_large(r)
-        ref = plain.get((r["dataset"], r["temperature"], r["model_set"], r["standard"]))
-        return _paired_ratio(samples[r["id"]], samples[ref]) if isinstance(ref, str) else None
+        return across(r, plain.get((r["dataset"], r["temperature"], r["model_set"], r["standard"])))
 
     for name, fn in (("speedup_vs_large", vs_large), ("speedup_vs_standard", vs_standard)):
         values = df.apply(fn, axis=1)
         for j, suffix in enumerate(("", "_low", "_high")):
             df[name + suffix] = values.map(lambda v, j=j: v[j] if v is not None else None).astype(float)
+        df[name + "_unstable"] = values.map(lambda v: bool(v[3]) if v is not None else False)
     return df
 
 
@@ -170,7 +186,7 @@ def _best(df: pd.DataFrame, value: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     def text(r):
         g = f" (γ={r['gamma']})" if r["gamma"] else ""
         low, high = r.get(f"{value}_low"), r.get(f"{value}_high")
-        return fmt(r[value], low, high) + g + (" (unstable)" if r["unstable"] else "")
+        return fmt(r[value], low, high) + g + (" (unstable)" if r[f"{value}_unstable"] else "")
 
     txt = best.assign(_t=best.apply(text, axis=1)).pivot_table(
         index=ROW, columns="dataset", values="_t", aggfunc="first"
@@ -256,7 +272,7 @@ def plot_speedup_vs_gamma(df: pd.DataFrame, path: Path) -> Path | None:
         ax.set_xticks(sorted(sub["g"].unique()))
         ax.set_title(ds)
         ax.set_xlabel("gamma (for *_se: the last model's; see the tables for the full list)")
-        ax.set_ylabel("speed-up over the standard method (95% interval)")
+        ax.set_ylabel(f"speed-up over the standard method ({df.attrs.get('confidence', 0.95):.0%} interval)")
         ax.legend(fontsize=7, title="hollow: unstable", title_fontsize=7)
     return _savefig(fig, path)
 
@@ -281,25 +297,31 @@ def plot_predicted(df: pd.DataFrame, path: Path) -> Path | None:
     hi = max(d["predicted_speedup"].max(), d["speedup_ci_high"].fillna(0).max(), d["speedup_side_by_side"].max())
     ax.plot([0, hi * 1.1], [0, hi * 1.1], color="grey", lw=0.8, ls="--")
     ax.set_xlabel("predicted speed-up (counted forwards x measured cost)")
-    ax.set_ylabel("measured speed-up, side by side (95% interval)")
+    ax.set_ylabel(f"measured speed-up, side by side ({df.attrs.get('confidence', 0.95):.0%} interval)")
     ax.legend(fontsize=7, title="hollow: unstable", title_fontsize=7)
     return _savefig(fig, path)
 
 
 def _categories(df: pd.DataFrame) -> pd.DataFrame:
-    """Spec-Bench per category: speed-up (or tokens/s for plain cells) with its interval, and τ."""
+    """Spec-Bench per category: speed-up with its interval (tokens/s where there is no baseline), and τ."""
     cats = sorted({c.split(":")[1] for c in df.columns if c.startswith("cat:")})
     if not cats:
         return pd.DataFrame()
-    d = df.dropna(subset=[f"cat:{c}" for c in cats], how="all")
+    d = df.dropna(subset=[f"cat:{c}:tps" for c in cats], how="all")
     out = d[[*ROW, "gamma", "dataset"]].copy()
+
+    def text(speedup, low, high, tps, tau) -> str:
+        if pd.notna(speedup):
+            figure = fmt(speedup, low, high)
+        elif pd.notna(tps):
+            figure = f"{tps:.1f} tok/s"
+        else:
+            return "-"
+        return figure + (f", τ {tau:.2f}" if pd.notna(tau) else "")
+
     for c in cats:
-        out[c] = [
-            (fmt(v, lo, hi) if k != "plain" else f"{v:.1f} tok/s") + (f", τ {t:.2f}" if pd.notna(t) else "")
-            for v, lo, hi, t, k in zip(
-                d[f"cat:{c}"], d[f"cat:{c}:low"], d[f"cat:{c}:high"], d[f"cat:{c}:tau"], d["kind"]
-            )
-        ]
+        columns = [d[f"cat:{c}{k}"] for k in ("", ":low", ":high", ":tps", ":tau")]
+        out[c] = [text(*values) for values in zip(*columns)]
     return out.set_index([*ROW, "gamma", "dataset"])
 
 
@@ -310,14 +332,15 @@ def aggregate(results: Path) -> list[Path]:
     out, plots = results / "tables", results / "plots"
     written: list[Path] = []
     if df.empty:
-        raise ValueError(f"no finished cells under {results}/generations")
+        raise ResultsError(f"no finished cells under {results}/generations")
     write_atomic(out / "cells.csv", df.to_csv(index=False))
     written.append(out / "cells.csv")
     unstable = int(df["unstable"].sum())
+    conf = f"{df.attrs.get('confidence', 0.95):.0%}"
     sections = [
         f"# Results of experiment {df['experiment'].iloc[0]}\n" if "experiment" in df else f"# Results: {results}\n",
         f"{len(df)} cells ({', '.join(sorted(df['dataset'].unique()))}). Speed is total new tokens over total "
-        "wall time of the cell's samples; every speed-up has its 95% paired-bootstrap interval over prompts "
+        f"wall time of the cell's samples; every speed-up has its {conf} paired-bootstrap interval over prompts "
         f"[low, high]. {unstable} cell{'s are' if unstable != 1 else ' is'} marked (unstable): see Flags.\n",
     ]
 
@@ -325,7 +348,8 @@ def aggregate(results: Path) -> list[Path]:
     num, txt = _best(df, "speedup_vs_standard")
     caption = (
         "Tokens/s over the cell's standard method (the ensemble for `*_sd`/`*_se`, the large model for `sd`), "
-        "measured side by side in the same job; best over the gamma sweep; 95% interval in brackets.\n"
+        f"measured side by side in the same job; best over the gamma sweep (the best of several noisy estimates "
+        f"leans high: read the interval); {conf} interval in brackets.\n"
     )
     tables.append(("speedup_vs_standard", "Speed-up over the standard method", caption, num, _md(txt)))
     num, txt = _best(df, "speedup_vs_large")
@@ -354,12 +378,22 @@ def aggregate(results: Path) -> list[Path]:
     )
     tables.append(("acceptance", "Mean accepted length and acceptance", caption, acc, _md(acc)))
     exact = df.dropna(subset=["exact_match"])[
-        [*ROW, "gamma", "dataset", "samples", "exact_match", "mismatches_numerics", "mismatches_bug"]
+        [
+            *ROW,
+            "gamma",
+            "dataset",
+            "samples",
+            "exact_match",
+            "mismatches_numerics",
+            "mismatches_bug",
+            "mismatches_unchecked",
+        ]
     ].set_index([*ROW, "gamma", "dataset"])
     caption = (
         "T=0 cells: the share of samples whose tokens equal the baseline's (Spec-Bench's equality check); each "
         "mismatch attributed to numerics (a near-tie in a float64 recompute at the first divergent token) or a "
-        "bug. In float32/float64 on a CPU every sample must match.\n"
+        "bug (unchecked: the float64 recompute could not run, see the cell's .speed.json). In float32/float64 "
+        "on a CPU every sample is expected to match.\n"
     )
     tables.append(("exactness", "Exactness at T=0", caption, exact, _md(exact)))
     pvm = df.dropna(subset=["predicted_speedup"])[
@@ -373,7 +407,7 @@ def aggregate(results: Path) -> list[Path]:
     tables.append(("predicted_vs_measured", "Predicted vs measured speed-up", caption, pvm, _md(pvm)))
     cats = _categories(df)
     if not cats.empty:
-        caption = "Spec-Bench's six categories: speed-up over the standard method [95% interval], and τ.\n"
+        caption = f"Spec-Bench's six categories: speed-up over the standard method [{conf} interval], and τ.\n"
         tables.append(("spec_bench_categories", "Spec-Bench by category", caption, cats, _md(cats)))
     flagged = df[df["unstable"]][["id", "samples", "pairs_interfered", "pairs_remeasured", "flags"]]
     caption = (

@@ -36,6 +36,7 @@ import torch
 from pipeline import cpu_kernels
 from pipeline.decoding import generate
 from pipeline.distill import Recipe, ensure_draft
+from pipeline.files import ResultsError
 from pipeline.models import BUNDLED, ModelError, load, load_bundled, truncated_copy
 from pipeline.speed import fmt as speed_fmt
 from pipeline.speed import ratio_interval
@@ -289,8 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--record",
         type=Path,
-        default=Path(__file__).resolve().parent.parent / "benchmarks",
-        help="directory for the run's record (commit, machine, settings, results); default: benchmarks/",
+        default=Path("benchmarks"),
+        help="directory for the run's record (commit, machine, settings, results); default: ./benchmarks",
     )
     args = ap.parse_args(argv)
     if args.quick:
@@ -337,7 +338,11 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(rows, indent=2))
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     settings.update(draft=draft_desc, kernels=kernels, threads=torch.get_num_threads(), prompts_text=prompts)
-    print(f"recorded in {record(args.record, rows, settings)}")
+    try:
+        print(f"recorded in {record(args.record, rows, settings)}")
+    except ResultsError as err:
+        print(f"error: the run was not recorded: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

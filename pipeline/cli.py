@@ -15,6 +15,9 @@ from pathlib import Path
 
 import torch
 
+from tasks import TaskError
+
+from .errors import UserError
 from .models import BUNDLED, ModelError, ModelSpec, cache_dir, load_spec
 
 DEFAULT_DRAFTS = {  # the partners of the embedded default: small students of the bundled model
@@ -147,6 +150,12 @@ def main(argv: list[str] | None = None) -> int:
         help="append samples to a journal here and move it to OUT when the cell is complete (resumable)",
     )
     g.add_argument("--threads", type=int, help="CPU threads for torch")
+    g.add_argument("--timing", help="how samples are timed and judged, as JSON (the config's timing section)")
+    g.add_argument("--no-speed", action="store_true", help="leave OUT.speed.json to 'pipeline speed'")
+    sp = sub.add_parser("speed", help="judge a finished cell: speed-up, interval, τ, flags, exactness (.speed.json)")
+    sp.add_argument("cell", help="the cell as a JSON file or inline JSON (as for generate)")
+    sp.add_argument("samples", type=Path, help="the cell's finished JSONL file")
+    sp.add_argument("--timing", help="how samples are judged, as JSON (the config's timing section)")
     p = sub.add_parser("prepare", help="make a model ready (convert, download or distil) and record where it is")
     p.add_argument("spec", help="the model as inline JSON: {name, source, dtype, device, distill, full_head}")
     p.add_argument("out", type=Path, help="the JSON record written when the model is ready")
@@ -196,18 +205,27 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_distill(args)
         if getattr(args, "threads", None):
             torch.set_num_threads(args.threads)
-        if args.command == "generate":
-            from .generate_job import cell_from_dict, cell_key, run_cell
+        if args.command in ("generate", "speed"):
+            from .generate_job import cell_from_dict, cell_key, run_cell, write_speed
 
             try:
                 text = args.cell if args.cell.lstrip().startswith("{") else Path(args.cell).read_text()
-                cell = cell_from_dict(json.loads(text))
-            except (OSError, json.JSONDecodeError, ValueError, TypeError) as err:
-                raise ModelError(f"cell {args.cell[:80]}: {err}") from None
+                data = json.loads(text)
+                if args.timing:
+                    data["timing"] = json.loads(args.timing)
+                cell = cell_from_dict(data)
+            except (OSError, json.JSONDecodeError, UserError, TypeError) as err:
+                raise UserError(f"cell {args.cell[:80]}: {err}") from None
+            if args.command == "speed":
+                if not args.samples.is_file():
+                    raise UserError(f"samples file {args.samples} not found")
+                print(json.dumps(write_speed(cell, args.samples), indent=2))
+                return 0
             journal = None
             if args.journal_dir:
                 journal = args.journal_dir / f"{args.out.name.removesuffix('.jsonl')}-{cell_key(cell)}.jsonl"
-            print(json.dumps(run_cell(cell, args.out, journal=journal), indent=2))
+            summary = run_cell(cell, args.out, journal=journal, speed=not args.no_speed)
+            print(json.dumps(summary, indent=2) if summary else f"generated {args.out}")
             return 0
         if args.command == "prepare":
             return cmd_prepare(args)
@@ -252,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         from .workflow import main as grid_main  # the last command: grid
 
         return grid_main([str(args.config)])
-    except ValueError as err:  # ModelError, TaskError, ResultsError, the decoder's argument checks: one line
+    except (UserError, TaskError) as err:  # a user's mistake: one line, no traceback (a bug keeps its traceback)
         print(f"error: {err}", file=sys.stderr)
         return 2
 

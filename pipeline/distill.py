@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import hashlib
 import json
 import math
 import random
@@ -34,7 +35,7 @@ import torch
 
 from .cpu_kernels import pack_linears
 from .decoding.lookup import PromptLookup
-from .models import ModelSpec, truncated_copy
+from .models import ModelSpec, locate, truncated_copy
 from .restricted import RestrictedHeadLM
 
 META = "draft.json"
@@ -291,9 +292,13 @@ def save(draft: RestrictedHeadLM, tokenizer, out_dir: Path, meta: dict, kept: li
     tmp.rename(out_dir)
 
 
-def draft_name(teacher_name: str, recipe: Recipe) -> str:
+def draft_name(teacher: ModelSpec, recipe: Recipe) -> str:
+    """The cache name of a draft: readable, plus a hash of the whole recipe and the teacher's spec
+    (another teacher source or another step count is another draft)."""
     head = f"h{recipe.head_tokens}" if recipe.head_tokens else "full"
-    return f"{teacher_name}-draft-L{recipe.layers}-{head}-s{recipe.seed}"
+    where = locate(teacher)  # the teacher's identity, however it was named ('bundled' or by name)
+    key = json.dumps({"recipe": asdict(recipe), "teacher": [where[0], str(where[1])]}, sort_keys=True)
+    return f"{teacher.name}-draft-L{recipe.layers}-{head}-s{recipe.seed}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
 
 
 def ensure_draft(teacher: str | ModelSpec, recipe: Recipe, force: bool = False, out_dir: Path | None = None) -> Path:
@@ -305,7 +310,7 @@ def ensure_draft(teacher: str | ModelSpec, recipe: Recipe, force: bool = False, 
 
     spec = teacher if isinstance(teacher, ModelSpec) else ModelSpec(teacher)
     teacher_name = spec.name
-    out = out_dir or cache_dir() / "drafts" / draft_name(teacher_name, recipe)
+    out = out_dir or cache_dir() / "drafts" / draft_name(spec, recipe)
     if (out / META).exists() and not force:
         return out
     with cache_lock(out):

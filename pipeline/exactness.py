@@ -9,13 +9,18 @@ mismatch this module finds the first divergent position and recomputes the
 target there in float64 (each model reloaded on the CPU, one at a time), from
 the shared prefix: when the two tokens' target log-probabilities lie within
 ``near_tie_nats`` of each other the mismatch is attributed to numerics,
-otherwise it is reported as a bug.
+otherwise it is reported as a bug. The check never fails a cell: when the
+float64 copies would not fit in memory, or the recompute fails, the
+mismatches are recorded as ``unchecked`` with the reason.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,21 +34,63 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def _plan(method: str, method_args: dict, n: int):
+    """The method's target members and function (no model is needed to know them)."""
+    from .decoding.methods import plan_method
+
+    plan, _ = plan_method(method, [torch.nn.Module() for _ in range(n)], 1, dict(method_args))
+    return plan
+
+
+def float64_bytes(spec) -> int:
+    """About how much memory ``spec``'s model takes in float64 (its weight files, rescaled)."""
+    from .models import resolve
+
+    path = resolve(spec)
+    files = [f for pattern in ("*.safetensors", "*.bin") for f in path.glob(pattern)]
+    try:
+        stored = json.loads((path / "config.json").read_text()).get("torch_dtype") or "float16"
+    except (OSError, ValueError):
+        stored = "float16"
+    per_param = {"float32": 4, "float64": 8}.get(str(stored), 2)
+    return sum(f.stat().st_size for f in files) * 8 // per_param
+
+
+def available_bytes() -> int | None:
+    """Memory this process can still take: the machine's available memory, within its cgroup's limit."""
+    found = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError):
+        pass
+    for limit, usage in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
+        try:
+            found.append(int(Path(limit).read_text()) - int(Path(usage).read_text()))
+            break
+        except (OSError, ValueError):  # no such file, or "max"
+            continue
+    return min(found) if found else None
+
+
 @torch.inference_mode()
 def target_logprobs(specs, method: str, method_args: dict, contexts: list[list[int]]) -> list[torch.Tensor]:
-    """The method's target distribution (greedy: identity warping) after each context, in float64 on the CPU."""
-    from .decoding.methods import plan_method
+    """The method's target log-probabilities (greedy: identity warping) after each context, in float64 on the CPU.
+
+    Only the target's models are loaded, one at a time.
+    """
     from .decoding.sampling import Sampling
     from .models import load_spec
 
+    plan = _plan(method, method_args, len(specs))
     rows: dict[int, list[torch.Tensor]] = {}
-    plan = None
-    for i, spec in enumerate(specs):
-        model, _ = load_spec(dataclasses.replace(spec, dtype="float64", device="cpu", pack=False))
-        if plan is None:
-            plan, _ = plan_method(method, [model] * len(specs), 1, dict(method_args))
-        if i in plan.members:
-            rows[i] = [model(input_ids=torch.tensor([ctx])).logits[0, -1] for ctx in contexts]
+    for i in plan.members:
+        model, _ = load_spec(dataclasses.replace(specs[i], dtype="float64", device="cpu", pack=False))
+        rows[i] = [model(input_ids=torch.tensor([ctx])).logits[0, -1] for ctx in contexts]
         del model
     out = []
     for c in range(len(contexts)):
@@ -75,17 +122,29 @@ def check(
     if not mismatches:
         return record
     contexts = [prompts[r["id"]] + r["token_ids"][:pos] for r, pos in mismatches]
-    logprobs = target_logprobs(specs, baseline, baseline_args, contexts)
+    try:
+        members = _plan(baseline, baseline_args, len(specs)).members
+        need, have = max(float64_bytes(specs[i]) for i in members), available_bytes()  # one at a time
+        if have is not None and need > 0.8 * have:
+            raise MemoryError(f"a float64 copy needs {need / 2**30:.1f} GiB, {have / 2**30:.1f} GiB available")
+        logprobs = target_logprobs(specs, baseline, baseline_args, contexts)
+    except Exception as err:  # the check must never cost the cell: say why it was not done
+        reason = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
+        logprobs = [None] * len(mismatches)
+        record["unchecked_reason"] = reason
     for (r, pos), lp in zip(mismatches, logprobs):
         a = r["token_ids"][pos] if pos < len(r["token_ids"]) else None
         b = r["baseline"]["token_ids"][pos] if pos < len(r["baseline"]["token_ids"]) else None
-        entry = {"id": r["id"], "position": pos, "method_token": a, "baseline_token": b}
-        if a is None or b is None:  # one side stopped (EOS, stop string) where the other went on
-            entry.update(gap_nats=None, attribution="bug")
+        entry = {"id": r["id"], "position": pos, "method_token": a, "baseline_token": b, "gap_nats": None}
+        if lp is None:
+            entry["attribution"] = "unchecked"
+        elif a is None or b is None:  # one side stopped (EOS, stop string) where the other went on
+            entry["attribution"] = "bug"
         else:
             gap = abs(float(lp[a] - lp[b]))
-            entry.update(gap_nats=gap, attribution="numerics" if gap <= near_tie_nats else "bug")
+            near = math.isfinite(gap) and gap <= near_tie_nats  # an impossible token is never a near-tie
+            entry.update(gap_nats=gap if math.isfinite(gap) else None, attribution="numerics" if near else "bug")
         record["mismatches"].append(entry)
-    record["numerics"] = sum(m["attribution"] == "numerics" for m in record["mismatches"])
-    record["bugs"] = len(record["mismatches"]) - record["numerics"]
+    for kind in ("numerics", "bug", "unchecked"):
+        record["bugs" if kind == "bug" else kind] = sum(m["attribution"] == kind for m in record["mismatches"])
     return record

@@ -14,8 +14,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .errors import UserError
 
-class ResultsError(ValueError):
+
+class ResultsError(UserError):
     """A results path that cannot be used (a user-facing, one-line error)."""
 
 
@@ -44,9 +46,19 @@ def atomic_path(path: Path):
         yield Path(tmp)
         os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600; a result file is an ordinary file
         os.replace(tmp, path)
+        _sync_dir(path.parent)  # the rename itself survives a power loss
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _sync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:

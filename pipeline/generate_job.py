@@ -29,6 +29,7 @@ from tasks import get_task, render
 
 from .decoding import generate
 from .decoding.methods import accepted_args, check_sampling, check_seed
+from .errors import UserError
 from .files import read_jsonl, writable_dir, write_atomic
 from .journal import Journal
 from .models import ModelSpec, load_set
@@ -69,10 +70,10 @@ def cell_from_dict(data: dict[str, Any]) -> Cell:
     data = dict(data)
     models = [ModelSpec(m) if isinstance(m, str) else ModelSpec(**m) for m in data.pop("models", [])]
     if not models:
-        raise ValueError("a cell needs at least one model")
+        raise UserError("a cell needs at least one model")
     unknown = sorted(set(data) - set(Cell.__dataclass_fields__))
     if unknown:
-        raise ValueError(f"unknown cell keys {unknown}; accepted: {', '.join(sorted(Cell.__dataclass_fields__))}")
+        raise UserError(f"unknown cell keys {unknown}; accepted: {', '.join(sorted(Cell.__dataclass_fields__))}")
     return Cell(models=models, **data)
 
 
@@ -128,12 +129,16 @@ def cell_key(cell: Cell) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def run_cell(cell: Cell, out: Path, progress: bool = True, journal: Path | None = None) -> dict[str, Any]:
+def run_cell(
+    cell: Cell, out: Path, progress: bool = True, journal: Path | None = None, speed: bool = True
+) -> dict[str, Any] | None:
     """Generate every missing sample of ``cell`` into ``out``; return the speed summary.
 
     Samples are appended to ``journal`` (default: ``out`` itself) as they are made; with a separate
-    journal, ``out`` appears only once the cell is complete (the journal is renamed to it), so a
-    workflow manager that deletes the outputs of a failed job never deletes generated samples.
+    journal, ``out`` appears only once the cell is complete (written from the journal), so a workflow
+    manager that deletes the outputs of a failed job never deletes generated samples. ``speed=False``
+    leaves ``<out>.speed.json`` to ``write_speed`` (the workflow's own rule, so that changing how
+    speed is judged never regenerates a sample).
     """
     from tqdm import tqdm
 
@@ -142,6 +147,8 @@ def run_cell(cell: Cell, out: Path, progress: bool = True, journal: Path | None 
     writable_dir(out.parent)
     task = get_task(cell.task)
     examples = task.load(cell.size, cell.data_dir, cell.seed)
+    if cell.seed + len(examples) > 2**64:
+        raise UserError(f"seed={cell.seed}: the samples use seeds up to seed + {len(examples) - 1}, beyond 2**64-1")
     log = Journal(journal, [ex.id for ex in examples], sample_check(cell))
     done = log.recover()  # before the models load: a journal problem costs nothing
     models, tokenizer = load_set(cell.models)
@@ -151,7 +158,7 @@ def run_cell(cell: Cell, out: Path, progress: bool = True, journal: Path | None 
             {
                 "environment": environment(),
                 "cell": {
-                    **{k: v for k, v in cell.__dict__.items() if k != "models"},
+                    **{k: v for k, v in cell.__dict__.items() if k not in ("models", "policy")},
                     "models": [m.name for m in cell.models],
                 },
             },
@@ -234,15 +241,39 @@ def run_cell(cell: Cell, out: Path, progress: bool = True, journal: Path | None 
         for i, (ex, _, stops) in tqdm(todo, desc=f"{cell.method} {cell.task}", disable=not progress):
             add(measure(i, ex, stops))
     rows = log.finish(out)  # every sample, each id once, in the task's order
+    summary = write_speed(cell, out, rows, prompts) if speed else None
+    if journal != out:
+        journal.unlink()  # last: until here a crash leaves every sample in the journal
+    return summary
+
+
+def prompt_ids(cell: Cell) -> dict[str, list[int]]:
+    """Each example's prompt as token ids, as the generation job rendered it."""
+    from transformers import AutoTokenizer
+
+    from .models import resolve
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve(cell.models[0]))
+    task = get_task(cell.task)
+    examples = task.load(cell.size, cell.data_dir, cell.seed)
+    return {ex.id: tokenizer(render(task, ex, tokenizer, cell.chat)[0]).input_ids for ex in examples}
+
+
+def write_speed(
+    cell: Cell, out: Path, rows: list[dict[str, Any]] | None = None, prompts: dict[str, list[int]] | None = None
+) -> dict[str, Any]:
+    """Judge a finished cell's samples (``speed.summarize``, exactness at T=0) into ``<out>.speed.json``."""
+    out = Path(out)
+    rows = read_jsonl(out) if rows is None else rows
     exact = None
     if cell.baseline and cell.temperature == 0:
         from .exactness import check
 
-        exact = check(rows, prompts, cell.models, cell.baseline, cell.baseline_args, cell.policy.near_tie_nats)
+        mismatched = any(r["token_ids"] != r["baseline"]["token_ids"] for r in rows)
+        prompts = prompts if prompts is not None or not mismatched else prompt_ids(cell)
+        exact = check(rows, prompts or {}, cell.models, cell.baseline, cell.baseline_args, cell.policy.near_tie_nats)
     summary = summarize(rows, cell.policy, exact)
     write_atomic(out.with_suffix(".speed.json"), json.dumps(summary, indent=2) + "\n")
-    if journal != out:
-        journal.unlink()  # last: until here a crash leaves every sample in the journal
     return summary
 
 

@@ -28,11 +28,15 @@ from typing import Any
 
 import torch
 
+from tasks import offline
+
+from .errors import UserError
+
 BUNDLED = "smollm2-135m-instruct"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
-class ModelError(ValueError):
+class ModelError(UserError):
     """A model could not be resolved or loaded (a user-facing, one-line error)."""
 
 
@@ -62,12 +66,6 @@ def model_path() -> Path | None:
             if key.strip() == "MODEL_PATH":
                 value = val.strip().strip("'\"")
     return Path(value).expanduser() if value else None
-
-
-def offline() -> bool:
-    return any(
-        os.environ.get(k, "").lower() in ("1", "true", "yes") for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    )
 
 
 def bundled_gguf() -> Path:

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import UserError
 from .timing import Thresholds
 
 
@@ -61,8 +62,31 @@ class Policy:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data or {}) - known)
         if unknown:
-            raise ValueError(f"unknown timing settings {unknown}; accepted: {', '.join(sorted(known))}")
+            raise UserError(f"unknown timing settings {unknown}; accepted: {', '.join(sorted(known))}")
         return cls(**(data or {}))
+
+    def __post_init__(self):
+        def bad(name: str, accepted: str) -> UserError:
+            return UserError(f"timing.{name}={getattr(self, name)!r}: expected {accepted}")
+
+        number = (int, float)
+        if not isinstance(self.confidence, number) or not 0 < self.confidence < 1:
+            raise bad("confidence", "a number in (0, 1)")
+        for name in ("resamples", "remeasure", "seed"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < (100 if name == "resamples" else 0):
+                raise bad(name, "an integer >= 100" if name == "resamples" else "an integer >= 0")
+        for name in (
+            "psi_share",
+            "nivcsw_per_s",
+            "max_halfwidth",
+            "max_interfered",
+            "prediction_tolerance",
+            "near_tie_nats",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, number) or isinstance(value, bool) or not 0 <= value < math.inf:
+                raise bad(name, "a finite number >= 0")
 
     @property
     def thresholds(self) -> Thresholds:
@@ -230,6 +254,7 @@ def summarize(rows: list[dict[str, Any]], policy: Policy = Policy(), exactness: 
         **decoding_metrics(stats),
         "overhead": 1 - sum(s["forward_time_s"] for s in stats) / wall if wall else None,
         "confidence": policy.confidence,
+        "policy": policy.to_dict(),
     }
     paired = bool(rows) and all("baseline" in r for r in rows)
     if paired:
@@ -238,8 +263,8 @@ def summarize(rows: list[dict[str, Any]], policy: Policy = Policy(), exactness: 
     timed = [r["timing"] for r in rows if "timing" in r]
     summary["pairs_interfered"] = sum(bool(t["attempts"][t["counted"]]["interfered"]) for t in timed)
     summary["pairs_remeasured"] = sum(len(t["attempts"]) > 1 for t in timed)
-    hosts = {json_key(r.get("provenance")) for r in rows if r.get("provenance")}
-    summary["provenance"] = rows[0].get("provenance") if len(hosts) == 1 else sorted(hosts) or None
+    hosts = {json_key(r.get("provenance")) for r in rows}  # a sample without a record counts as its own
+    summary["provenance"] = (rows[0].get("provenance") if rows else None) if len(hosts) <= 1 else sorted(hosts)
     if exactness is not None:
         summary["exactness"] = exactness
     categories = defaultdict(list)

@@ -120,12 +120,12 @@ def log_cell(
                 outcome["offline_error"] = _one_line(offline_err)
         write_atomic(failed, json.dumps(outcome, indent=2) + "\n")
         kept = f"; an offline copy is in {outcome['offline_copy']}" if "offline_copy" in outcome else ""
+        advice = " (wandb.mode: offline stops trying online)" if mode == "online" else ""
         raise WandbFailed(
             f"W&B logging failed for {dims.get('id')}: {outcome['error']}{kept}; results/ is unaffected; the "
-            "next workflow run tries again (wandb.mode: offline stops trying online)"
+            f"next workflow run tries again{advice}"
         ) from None
-    if mode == "online":
-        _forget_fallback(failed)
+    _forget_fallback(failed)  # this run replaces an earlier attempt's offline copy, whatever the mode now
     failed.unlink(missing_ok=True)
     outcome.update(status="ok", run_id=run_id, run_dir=str(run_dir))
     write_atomic(status, json.dumps(outcome, indent=2) + "\n")
@@ -180,7 +180,7 @@ def _log_run(samples, dims, cell, experiment, project, entity, mode, wandb_dir, 
                 metrics["sample/attempts"] = len(row["timing"]["attempts"])
             if "baseline" in row:
                 b = row["baseline"]["stats"]
-                if b["wall_time_s"] and tps:
+                if b["wall_time_s"] and b["new_tokens"] and tps:
                     metrics["sample/speedup_side_by_side"] = tps / (b["new_tokens"] / b["wall_time_s"])
             run.log(metrics, step=i)
             score = {k: v for k, v in scores.get(row["id"], {}).items() if k != "id"}

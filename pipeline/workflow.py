@@ -20,12 +20,14 @@ from typing import Any
 
 import yaml
 
+from .errors import UserError
+
 SCHEMA = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "config.schema.yaml"
 GRID_KEYS = ("datasets", "gamma", "temperature", "max_new_tokens", "method_args", "proposer", "se_large_gamma")
 MODEL_KEYS = ("source", "dtype", "device", "distill", "full_head", "pack")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A bad config value: one line naming the key, the value and what is accepted."""
 
 
@@ -39,6 +41,14 @@ class _StrictLoader(yaml.SafeLoader):
         seen: set[Any] = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
+            try:
+                hash(key)
+            except TypeError:
+                line = key_node.start_mark.line + 1
+                raise ConfigError(
+                    f"config key {key!r} (line {line} of {key_node.start_mark.name}) is not a plain value; "
+                    "keys are names"
+                ) from None
             if key in seen:
                 line = key_node.start_mark.line + 1
                 raise ConfigError(
@@ -290,9 +300,10 @@ def _check_teachers(models: dict[str, Any]) -> None:
             ok = (isinstance(value, int) if want_int else isinstance(value, (int, float))) and not isinstance(
                 value, bool
             )
-            if not ok or value < 0 or (value == 0 and key not in ("head_tokens", "seed")):
+            zero_ok = key in ("head_tokens", "seed", "warmup")
+            if not ok or value < 0 or (value == 0 and not zero_ok):
                 kind = "an integer" if want_int else "a number"
-                floor = ">= 0" if key in ("head_tokens", "seed") else "> 0"
+                floor = ">= 0" if zero_ok else "> 0"
                 raise ConfigError(f"{where}.{key}: {value!r} is not accepted; expected {kind} {floor}")
         teacher = distill.get("teacher", BUNDLED)
         if not isinstance(teacher, str) or (teacher != BUNDLED and teacher not in models):
@@ -320,7 +331,7 @@ def check_local(config: dict[str, Any], cells: dict[str, dict[str, Any]]) -> Non
     Hub sources are checked only when the hub is offline (then they must be in the local hub cache).
     """
     from pipeline.models import ModelError, ModelSpec, locate
-    from tasks import TaskError, get_task
+    from tasks import HubSkipped, TaskError, get_task
 
     data_dir = config["data_dir"]
     if data_dir is not None and not Path(data_dir).expanduser().is_dir():
@@ -339,13 +350,12 @@ def check_local(config: dict[str, Any], cells: dict[str, dict[str, Any]]) -> Non
         seen.add(key)
         try:
             get_task(cell["task"]).load(cell["size"], data_dir, cell["seed"], hub=False)
+        except HubSkipped:
+            continue  # from the hub: fetched, and its size checked, when the job runs
         except TaskError as err:
-            if "no data for task" in str(err) and get_task(cell["task"]).hub is not None:
-                from pipeline.models import offline
-
-                if not offline():
-                    continue  # only on the hub: fetched, and its size checked, when the job runs
             raise ConfigError(f"config key datasets.{cell['task']}: {err}") from None
+        except (OSError, ValueError) as err:  # a damaged local file
+            raise ConfigError(f"config key datasets.{cell['task']}: cannot read its data: {err}") from None
 
 
 def fill_defaults(config: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
@@ -495,7 +505,6 @@ def _cell(config, g, method, names, label, dataset, dopts, t, gamma) -> tuple[st
         "top_k": config["top_k"],
         "top_p": config["top_p"],
         "seed": config["seed"],
-        "timing": config["timing"],
     }
     if kind != "plain" and config["side_by_side"]:
         cell["baseline"] = base

@@ -3,10 +3,21 @@
 import importlib
 import pkgutil
 
-from .base import SIZES, TASKS, Example, Task, TaskError, get_task, register_task, render
+from .base import SIZES, TASKS, Example, HubSkipped, Task, TaskError, get_task, offline, register_task, render
 
 for _module in pkgutil.iter_modules(__path__):
     if _module.name not in ("base", "sandbox", "template"):
         importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["SIZES", "TASKS", "Example", "Task", "TaskError", "get_task", "register_task", "render"]
+__all__ = [
+    "SIZES",
+    "TASKS",
+    "Example",
+    "HubSkipped",
+    "Task",
+    "TaskError",
+    "get_task",
+    "offline",
+    "register_task",
+    "render",
+]

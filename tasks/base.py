@@ -26,6 +26,17 @@ class TaskError(ValueError):
     """A user-facing, one-line error about a task, its size or its data."""
 
 
+class HubSkipped(TaskError):
+    """A split would come from the hub, which a local check does not try (it is tried when the job runs)."""
+
+
+def offline() -> bool:
+    """Whether the Hugging Face hub is off (``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE``)."""
+    return any(
+        os.environ.get(k, "").lower() in ("1", "true", "yes") for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+
+
 @dataclass
 class Example:
     id: str
@@ -58,9 +69,8 @@ class Task:
         return None
 
     def hub_rows(self, dataset: str, config: str | None, split: str, tried: list[str]) -> list[dict] | None:
-        if not self.allow_hub:
-            tried.append(f"hub: {dataset} (not tried)")
-            return None
+        if not self.allow_hub and not offline():  # offline, the job would find nothing there either
+            raise HubSkipped(f"{self.name}: {dataset} would come from the hub")
         return hub_rows(dataset, config, split, tried)
 
     def rows(self, data_dir: str | Path | None) -> list[dict]:
@@ -172,7 +182,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def hub_rows(dataset: str, config: str | None, split: str, tried: list[str]) -> list[dict] | None:
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+    if offline():
         tried.append(f"hub: {dataset} (offline)")
         return None
     try:

@@ -177,8 +177,8 @@ DEFAULT = (ROOT / "config" / "default.yaml").read_text()
 BAD_CONFIGS = {
     "temperature NaN": (("temperature: [1.0]", "temperature: [.nan]"), "grids[0].temperature[0]: nan"),
     "temperature inf": (("temperature: [1.0]", "temperature: [.inf]"), "grids[0].temperature[0]: inf"),
-    "alpha NaN": (("alpha: 0.1", "alpha: .nan"), "grids[1].method_args.alpha: nan"),
-    "alpha inf": (("alpha: 0.1", "alpha: .inf"), "grids[1].method_args.alpha: inf"),
+    "alpha NaN": (("alpha: 0.1", "alpha: .nan"), "grids[2].method_args.alpha: nan"),
+    "alpha inf": (("alpha: 0.1", "alpha: .inf"), "grids[2].method_args.alpha: inf"),
     "weights NaN": (("{lambda: 0.5}", "{weights: [.nan, 1]}"), "grids[0].method_args.weights[0]: nan"),
     "weights overflow": (("{lambda: 0.5}", "{weights: [1.0e+308, 1.0e+308]}"), "sum must be positive and finite"),
     "negative weight": (("{lambda: 0.5}", "{weights: [-1, 2]}"), "finite non-negative numbers"),
@@ -199,7 +199,7 @@ BAD_CONFIGS = {
     "max_new_tokens float": (("max_new_tokens: 64", "max_new_tokens: 4.0"), "max_new_tokens: 4.0 is not accepted"),
     "max_new_tokens bool": (("max_new_tokens: 64", "max_new_tokens: true"), "max_new_tokens: true is not accepted"),
     "top_p NaN": (("notebook: true", "notebook: true\ntop_p: .nan"), "top_p: nan is not accepted"),
-    "size beyond the split": (("size: 24", "size: 999999"), "size=999999 for task 'humaneval': the split has only 164"),
+    "size beyond the split": (("size: 20", "size: 999999"), "size=999999 for task 'humaneval': the split has only 164"),
     "missing model directory": (("{source: bundled}", "{source: /nonexistent/model}"), "/nonexistent/model not found"),
     "missing data directory": (("data_dir: null", "data_dir: /nonexistent/data"), "data_dir: directory '/nonexistent"),
     "unknown teacher": (
@@ -276,7 +276,7 @@ def test_a_cell_with_a_bad_value_stops_before_any_model_loads(tiny_dir, tmp_path
 @pytest.fixture()
 def scored_cell(tmp_path):
     samples = tmp_path / "cell.jsonl"
-    stats = {"new_tokens": 4, "wall_time_s": 0.5, "mean_accepted_per_round": None}
+    stats = {"new_tokens": 4, "wall_time_s": 0.5, "tau": None}
     samples.write_text(json.dumps({"id": "a", "output": "x", "stats": stats}) + "\n")
     samples.with_suffix(".speed.json").write_text(json.dumps({"samples": 1, "tokens_per_s": 8.0}))
     return samples
@@ -337,7 +337,7 @@ def test_the_wandb_command_fails_in_one_line_so_the_job_is_retried(scored_cell, 
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines == [
         "error: W&B logging failed for c: ConnectionError: api.wandb.ai unreachable; results/ is unaffected; "
-        "the next workflow run tries again (wandb.mode: offline stops trying online)"
+        "the next workflow run tries again"
     ]
     assert scored_cell.read_bytes() == before
 
@@ -355,3 +355,23 @@ def test_result_files_get_the_mode_the_umask_gives(tmp_path, mask, mode):
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "x.json").stat().st_mode) == mode
     assert stat.S_IMODE((tmp_path / "plain.json").stat().st_mode) == mode
+
+
+def test_datasets_only_on_the_hub_are_checked_when_the_job_runs_unless_offline(tmp_path, monkeypatch):
+    from pipeline.workflow import ConfigError, check_config, check_local, expand_cells
+
+    config = check_config(
+        {
+            "models": {"smollm2-135m-instruct": {"source": "bundled"}},
+            "grids": [{"name": "g", "model_sets": {"s": ["smollm2-135m-instruct"]}, "methods": ["large_model"]}],
+            "datasets": {"gsm8k": {"size": 5}},
+            "data_dir": str(tmp_path),  # no gsm8k/ in it
+        }
+    )
+    cells = expand_cells(config)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    check_local(config, cells)  # online: the job fetches it
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    with pytest.raises(ConfigError, match=r"datasets.gsm8k: no data for task 'gsm8k'.*gsm8k/test.jsonl not found"):
+        check_local(config, cells)

@@ -278,3 +278,38 @@ def test_speed_is_reported_per_category():
     assert set(cats) == {"qa", "rag"}
     assert cats["qa"]["speedup_side_by_side"] == pytest.approx(4.0 / 2.1) and cats["qa"]["samples"] == 2
     assert cats["rag"]["speedup_side_by_side"] == pytest.approx(4.0 / 4.2)
+
+
+def test_timing_settings_are_checked_before_use():
+    for bad, words in [
+        ({"confidence": 1.5}, "timing.confidence=1.5: expected a number in (0, 1)"),
+        ({"resamples": 0}, "timing.resamples=0: expected an integer >= 100"),
+        ({"remeasure": -1}, "timing.remeasure=-1: expected an integer >= 0"),
+        ({"psi_share": float("nan")}, "timing.psi_share=nan: expected a finite number >= 0"),
+        ({"colour": 1}, "unknown timing settings ['colour']"),
+    ]:
+        with pytest.raises(ValueError, match=None) as err:
+            Policy.from_dict(bad)
+        assert words in str(err.value)
+
+
+def test_an_exactness_check_that_cannot_run_never_costs_the_cell(tiny_dir, monkeypatch):
+    from pipeline import exactness
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError("a float64 copy needs 54.0 GiB, 20.0 GiB available")
+
+    monkeypatch.setattr(exactness, "target_logprobs", no_memory)
+    specs = [ModelSpec("a", str(tiny_dir)), ModelSpec("b", str(tiny_dir))]
+    rows = [{"id": "x", "token_ids": [1, 2], "baseline": {"token_ids": [1, 3]}}]
+    record = exactness.check(rows, {"x": [5, 6]}, specs, "we", {"lambda": 0.5})
+    assert record["rate"] == 0.0 and record["unchecked"] == 1 and record["bugs"] == 0
+    assert record["mismatches"][0] | {} == {
+        "id": "x",
+        "position": 1,
+        "method_token": 2,
+        "baseline_token": 3,
+        "gap_nats": None,
+        "attribution": "unchecked",
+    }
+    assert record["unchecked_reason"].startswith("MemoryError: a float64 copy needs 54.0 GiB")

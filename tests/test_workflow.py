@@ -185,6 +185,7 @@ def test_dry_run_of_the_default_grid_lists_exactly_its_jobs(tmp_path):
         "grid": 1,
         "prepare_model": 3,
         "generate": n,
+        "speed": n,
         "score": n,
         "wandb_log": n,
         "aggregate": 1,
@@ -342,12 +343,32 @@ def test_a_rerun_does_nothing_and_a_crashed_cell_resumes(tiny_run):
     resumed = snakemake(work, *args)
     assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
     counts = job_counts(resumed.stdout + resumed.stderr)
-    assert counts == {"generate": 1, "score": 1, "wandb_log": 1, "aggregate": 1, "notebook": 1, "all": 1}
+    assert counts == {
+        "generate": 1,
+        "speed": 1,
+        "score": 1,
+        "wandb_log": 1,
+        "aggregate": 1,
+        "notebook": 1,
+        "all": 1,
+    }
     new_rows = (gen / f"{cell_id}.jsonl").read_text().splitlines()
     assert new_rows[0] == rows[0]  # kept as it was, timing included: not generated again
     assert json.loads(new_rows[1])["id"] == json.loads(rows[1])["id"] and not journal.exists()
     log = (results / "logs" / "generate" / f"{cell_id}.log").read_text()
     assert "1 of 2 samples already generated" in log
+
+
+@pytest.mark.xdist_group("tiny_dag")
+def test_a_changed_timing_setting_re_judges_cells_without_generating_again(tiny_run):
+    work, config, _ = tiny_run
+    changed = {**config, "timing": {"max_halfwidth": 0.5, "resamples": 2000}}
+    (work / "changed.yaml").write_text(yaml.safe_dump(changed))
+    run = snakemake(work, "-n", "--cores", "2", "--configfile", str(work / "changed.yaml"))
+    assert run.returncode == 0, (run.stdout + run.stderr)[-2000:]
+    counts = job_counts(run.stdout + run.stderr)
+    assert "generate" not in counts and "score" not in counts
+    assert counts["speed"] == len(expand_cells(check_config(config)))
 
 
 @pytest.mark.xdist_group("tiny_dag")

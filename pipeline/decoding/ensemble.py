@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..errors import ArgumentError
 from .sampling import Sampling, probs
 
 EnsembleFn = Callable[..., Tensor]
@@ -60,7 +61,7 @@ def register_ensemble(
 
     def decorator(fn: EnsembleFn) -> EnsembleFn:
         if name in ENSEMBLES or name.endswith(("_sd", "_se")) or not name.isidentifier():
-            raise ValueError(f"cannot register ensemble {name!r}: name taken or not a plain identifier")
+            raise ArgumentError(f"cannot register ensemble {name!r}: name taken or not a plain identifier")
         ENSEMBLES[name] = Ensemble(name, fn, dict(params or {}), min_models, max_models, check, full_vocab)
         return fn
 
@@ -71,11 +72,11 @@ def _check_weights(args: dict[str, Any], n_models: int) -> dict[str, Any]:
     lam, weights = args.pop("lambda", None), args.get("weights")
     if lam is not None:
         if weights is not None:
-            raise ValueError("give either 'lambda' or 'weights' for a weighted ensemble, not both")
+            raise ArgumentError("give either 'lambda' or 'weights' for a weighted ensemble, not both")
         if n_models != 2:
-            raise ValueError(f"'lambda' needs exactly 2 models, got {n_models}; use 'weights' for {n_models}")
+            raise ArgumentError(f"'lambda' needs exactly 2 models, got {n_models}; use 'weights' for {n_models}")
         if not finite(lam) or not 0.0 <= lam <= 1.0:
-            raise ValueError(f"lambda={lam!r} is outside the accepted range [0, 1]")
+            raise ArgumentError(f"lambda={lam!r} is outside the accepted range [0, 1]")
         weights = [1.0 - lam, float(lam)]
     if weights is None:
         weights = [1.0 / n_models] * n_models
@@ -84,10 +85,10 @@ def _check_weights(args: dict[str, Any], n_models: int) -> dict[str, Any]:
         or len(weights) != n_models
         or any(not finite(w) or w < 0 for w in weights)
     ):
-        raise ValueError(f"weights={weights!r}: expected {n_models} finite non-negative numbers, one per model")
+        raise ArgumentError(f"weights={weights!r}: expected {n_models} finite non-negative numbers, one per model")
     total = float(sum(weights))
     if not 0 < total < math.inf:
-        raise ValueError(f"weights={weights!r}: their sum must be positive and finite")
+        raise ArgumentError(f"weights={weights!r}: their sum must be positive and finite")
     args["weights"] = [float(w) / total for w in weights]
     return args
 
@@ -107,9 +108,9 @@ def weighted_ensemble(logits: Sequence[Tensor], sampling: Sampling, weights: Seq
 def _check_cd(args: dict[str, Any], n_models: int) -> dict[str, Any]:
     alpha, beta = args.get("alpha"), args.get("beta")
     if not finite(alpha) or alpha < 0:
-        raise ValueError(f"alpha={alpha!r}: expected a finite number >= 0")
+        raise ArgumentError(f"alpha={alpha!r}: expected a finite number >= 0")
     if beta is not None and (not finite(beta) or not 0.0 <= beta <= 1.0):
-        raise ValueError(f"beta={beta!r} is outside the accepted range [0, 1] (or null for no plausibility mask)")
+        raise ArgumentError(f"beta={beta!r} is outside the accepted range [0, 1] (or null for no plausibility mask)")
     return args
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from array import array
 
+from ..errors import ArgumentError
 from .stats import ModelStats
 
 
@@ -19,7 +20,7 @@ class PromptLookup:
 
     def __init__(self, max_ngram: int = 4, min_ngram: int = 2):
         if not 1 <= min_ngram <= max_ngram:
-            raise ValueError(f"lookup n-gram range {min_ngram}..{max_ngram} is empty")
+            raise ArgumentError(f"lookup n-gram range {min_ngram}..{max_ngram} is empty")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.stats = ModelStats()
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ..errors import ArgumentError
 from .engine import Decoder, Member, Stopper
 from .ensemble import ENSEMBLES, finite, single_model
 from .lookup import PromptLookup
@@ -54,11 +55,13 @@ def _vocab_size(models: Sequence[torch.nn.Module], vocab_size: int | None) -> in
     sizes = [int(m.get_output_embeddings().weight.shape[0]) for m in models]
     if vocab_size is not None:
         if not isinstance(vocab_size, int) or vocab_size < 1 or vocab_size > min(sizes):
-            raise ValueError(f"vocab_size={vocab_size!r} must be a positive int no larger than every model's ({sizes})")
+            raise ArgumentError(
+                f"vocab_size={vocab_size!r} must be a positive int no larger than every model's ({sizes})"
+            )
         return vocab_size
     if len(set(sizes)) > 1:
         desc = ", ".join(f"model {i}: {s}" for i, s in enumerate(sizes))
-        raise ValueError(
+        raise ArgumentError(
             f"models have different vocabularies ({desc}); an ensemble needs one shared tokenizer "
             "(pass vocab_size=<tokenizer size> if only the embedding matrices are padded)"
         )
@@ -73,15 +76,15 @@ def _check_gamma(method: str, gamma: Any, n_models: int) -> list[int]:
     """Return one gamma per model."""
     if _is_int(gamma):
         if gamma < 1:
-            raise ValueError(f"gamma={gamma} for {method!r}: must be an int >= 1")
+            raise ArgumentError(f"gamma={gamma} for {method!r}: must be an int >= 1")
         return [gamma] * n_models
     if isinstance(gamma, (list, tuple)):
         if not method.endswith("_se"):
-            raise ValueError(f"gamma={list(gamma)} for {method!r}: a list is for *_se methods; give one int >= 1")
+            raise ArgumentError(f"gamma={list(gamma)} for {method!r}: a list is for *_se methods; give one int >= 1")
         if len(gamma) != n_models or not all(_is_int(g) and g >= 1 for g in gamma):
-            raise ValueError(f"gamma={list(gamma)} for {method!r}: expected {n_models} ints >= 1, one per model")
+            raise ArgumentError(f"gamma={list(gamma)} for {method!r}: expected {n_models} ints >= 1, one per model")
         return list(gamma)
-    raise ValueError(f"gamma={gamma!r} for {method!r}: expected an int >= 1 or a list of ints")
+    raise ArgumentError(f"gamma={gamma!r} for {method!r}: expected an int >= 1 or a list of ints")
 
 
 def cheapest(models: Sequence[torch.nn.Module]) -> int:
@@ -93,7 +96,7 @@ def cheapest(models: Sequence[torch.nn.Module]) -> int:
 def accepted_args(method: str) -> dict[str, Any]:
     """The ``method_args`` a method takes, with their defaults (raises ValueError for an unknown method)."""
     if method not in method_names():
-        raise ValueError(f"unknown method {method!r}; accepted: {', '.join(method_names())}")
+        raise ArgumentError(f"unknown method {method!r}; accepted: {', '.join(method_names())}")
     accepted: dict[str, Any] = {}
     if method not in SINGLE_METHODS:
         accepted.update(ENSEMBLES[method.removesuffix("_sd").removesuffix("_se")].params)
@@ -115,10 +118,10 @@ def plan_method(
     unknown = sorted(set(args) - set(accepted))
     if unknown:
         keys = ", ".join(sorted(accepted)) or "none"
-        raise ValueError(f"unknown method_args {unknown} for {method!r}; accepted: {keys}")
+        raise ArgumentError(f"unknown method_args {unknown} for {method!r}; accepted: {keys}")
     kind = args.pop("proposer", "draft")
     if kind not in PROPOSERS:
-        raise ValueError(f"proposer={kind!r} for {method!r}: expected one of {', '.join(PROPOSERS)}")
+        raise ArgumentError(f"proposer={kind!r} for {method!r}: expected one of {', '.join(PROPOSERS)}")
     lookup, model_drafts = "lookup" in kind, "draft" in kind
 
     if method in ("large_model", "small_model"):
@@ -126,7 +129,7 @@ def plan_method(
         return Plan([index], single_model, None), args
     if method == "sd":
         if model_drafts and n != 2:
-            raise ValueError(f"'sd' needs 2 models [target, draft], got {n}")
+            raise ArgumentError(f"'sd' needs 2 models [target, draft], got {n}")
         g = _check_gamma(method, gamma, n)[-1]
         drafter = 1 if model_drafts else None
         return Plan([0], single_model, [(drafter, g), (0, 0)], lookup), {"proposer": kind, "gamma": g}
@@ -138,11 +141,11 @@ def plan_method(
             if ens.max_models == ens.min_models
             else (f"{ens.min_models}" + (f" to {ens.max_models}" if ens.max_models else " or more"))
         )
-        raise ValueError(f"{method!r} needs {want} models, got {n}")
+        raise ArgumentError(f"{method!r} needs {want} models, got {n}")
     if ens.full_vocab:
         for i, m in enumerate(models):
             if getattr(m, "restricted_vocab", False):
-                raise ValueError(
+                raise ArgumentError(
                     f"{method!r} needs full-vocabulary logits, but model {i} has a restricted output head "
                     "(a distilled draft); use a full-head model here"
                 )
@@ -158,7 +161,7 @@ def plan_method(
     if first is None:
         first = cheapest(models)
     if not _is_int(first) or not 0 <= first < n:
-        raise ValueError(f"first_proposer={first!r} for {method!r}: expected a model index in 0..{n - 1}")
+        raise ArgumentError(f"first_proposer={first!r} for {method!r}: expected a model index in 0..{n - 1}")
     gammas = _check_gamma(method, gamma, n)
     if not model_drafts:  # lookup alone proposes, every model verifies: *_sd and *_se coincide
         schedule = [(None, gammas[first])] + [(i, 0) for i in members]
@@ -173,19 +176,19 @@ def plan_method(
 
 def check_sampling(temperature: Any, top_k: Any, top_p: Any, max_new_tokens: Any) -> Sampling:
     if not finite(temperature) or temperature < 0:
-        raise ValueError(f"temperature={temperature!r}: expected a finite number >= 0 (0 is greedy)")
+        raise ArgumentError(f"temperature={temperature!r}: expected a finite number >= 0 (0 is greedy)")
     if not _is_int(top_k) or top_k < 0:
-        raise ValueError(f"top_k={top_k!r}: expected an int >= 0 (0 turns it off)")
+        raise ArgumentError(f"top_k={top_k!r}: expected an int >= 0 (0 turns it off)")
     if not finite(top_p) or not 0 < top_p <= 1:
-        raise ValueError(f"top_p={top_p!r}: expected a number in (0, 1] (1 turns it off)")
+        raise ArgumentError(f"top_p={top_p!r}: expected a number in (0, 1] (1 turns it off)")
     if not _is_int(max_new_tokens) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens={max_new_tokens!r}: expected an int >= 0")
+        raise ArgumentError(f"max_new_tokens={max_new_tokens!r}: expected an int >= 0")
     return Sampling(float(temperature), top_k, float(top_p))
 
 
 def check_seed(seed: Any) -> int:
     if not _is_int(seed) or not 0 <= seed < 2**64:
-        raise ValueError(f"seed={seed!r}: expected an int in 0..2**64-1")
+        raise ArgumentError(f"seed={seed!r}: expected an int in 0..2**64-1")
     return seed
 
 
@@ -194,17 +197,17 @@ def _prompt_list(prompt_ids: Any, vocab: int) -> list[int]:
         if prompt_ids.dim() == 2 and prompt_ids.shape[0] == 1:
             prompt_ids = prompt_ids[0]
         if prompt_ids.dim() != 1:
-            raise ValueError(f"prompt_ids of shape {tuple(prompt_ids.shape)}: expected one sequence")
+            raise ArgumentError(f"prompt_ids of shape {tuple(prompt_ids.shape)}: expected one sequence")
         prompt_ids = prompt_ids.tolist()
     try:
         prompt = list(prompt_ids)
     except TypeError:
-        raise ValueError(f"prompt_ids={prompt_ids!r}: expected a non-empty sequence of token ids") from None
+        raise ArgumentError(f"prompt_ids={prompt_ids!r}: expected a non-empty sequence of token ids") from None
     if not prompt or not all(_is_int(t) for t in prompt):
-        raise ValueError("prompt_ids must be a non-empty sequence of int token ids")
+        raise ArgumentError("prompt_ids must be a non-empty sequence of int token ids")
     bad = next((t for t in prompt if not 0 <= t < vocab), None)
     if bad is not None:
-        raise ValueError(f"prompt_ids holds {bad}, outside the vocabulary: expected ids in 0..{vocab - 1}")
+        raise ArgumentError(f"prompt_ids holds {bad}, outside the vocabulary: expected ids in 0..{vocab - 1}")
     return prompt
 
 
@@ -215,7 +218,7 @@ def _eos_set(eos_token_id: Any) -> set[int]:
         return {eos_token_id}
     ids = list(eos_token_id) if isinstance(eos_token_id, (list, tuple, set)) else [None]
     if not ids or not all(_is_int(i) and i >= 0 for i in ids):
-        raise ValueError(f"eos_token_id={eos_token_id!r}: expected an int token id, a list of them, or None")
+        raise ArgumentError(f"eos_token_id={eos_token_id!r}: expected an int token id, a list of them, or None")
     return set(ids)
 
 
@@ -252,16 +255,16 @@ def generate(
     Raises ``ValueError`` on any bad argument before decoding.
     """
     if not isinstance(models, (list, tuple)) or not models:
-        raise ValueError("models must be a non-empty list of causal LMs")
+        raise ArgumentError("models must be a non-empty list of causal LMs")
     vocab = _vocab_size(models, vocab_size)
     if method_args is not None and not isinstance(method_args, dict):
-        raise ValueError(f"method_args={method_args!r}: expected a dict of argument names to values")
+        raise ArgumentError(f"method_args={method_args!r}: expected a dict of argument names to values")
     plan, resolved = plan_method(method, models, gamma, dict(method_args or {}))
     sampling = check_sampling(temperature, top_k, top_p, max_new_tokens)
     prompt = _prompt_list(prompt_ids, vocab)
     eos = _eos_set(eos_token_id)
     if stop_strings and tokenizer is None:
-        raise ValueError("stop_strings need a tokenizer to decode the output")
+        raise ArgumentError("stop_strings need a tokenizer to decode the output")
     check_seed(seed)
 
     used = sorted(set(plan.members) | {i for i, _ in plan.schedule or [] if i is not None})

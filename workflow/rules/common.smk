@@ -44,6 +44,9 @@ RESULTS = _checked["results"].rstrip("/")
 # the jobs' Python: this interpreter, with the repository importable (also for an uninstalled checkout)
 PY = f'PYTHONPATH="{ROOT}${{PYTHONPATH:+:$PYTHONPATH}}" {shlex.quote(sys.executable)}'
 WANDB = _checked["wandb"]
+# how samples are timed and judged: given to the jobs outside their tracked params, so changing it
+# re-judges finished cells (the speed rule) and never regenerates a sample
+TIMING = json.dumps(_checked["timing"], sort_keys=True)
 MODELS = models_to_prepare(_checked, CELLS)
 GEN = f"{RESULTS}/generations"
 

@@ -9,7 +9,6 @@ rule generate:
         lambda w: [f"{RESULTS}/models/{m}.json" for m in cell_dims(w)["models"]],
     output:
         samples=f"{GEN}/{{cell}}.jsonl",
-        speed=f"{GEN}/{{cell}}.speed.json",
         meta=f"{GEN}/{{cell}}.meta.json",
     params:
         cell=lambda w: json.dumps(CELLS[w.cell]["cell"]),
@@ -23,4 +22,4 @@ rule generate:
         runtime=120,
     shell:
         "OMP_WAIT_POLICY=PASSIVE {PY} -m pipeline.cli generate {params.cell:q} {output.samples:q} --journal-dir {params.journal:q}"
-        " --threads {threads} > {log:q} 2>&1"
+        " --threads {threads} --timing {TIMING:q} --no-speed > {log:q} 2>&1"

@@ -1,0 +1,15 @@
+"""The project's user-facing errors: a mistake in a value the user gave, said in one line.
+
+Each names the value and what is accepted; the ``pipeline`` command prints it
+as ``error: ...`` without a traceback and exits 2, nothing already written is
+lost. Anything else that goes wrong is a bug and keeps its traceback. All are
+``ValueError`` subclasses, so the decoder's documented ``ValueError`` holds.
+"""
+
+
+class UserError(ValueError):
+    """A bad value from the user (config, cell, command line, arguments)."""
+
+
+class ArgumentError(UserError):
+    """A bad argument to the decoder, raised before any forward pass."""
