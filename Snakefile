@@ -11,6 +11,7 @@ follow. The rules live in workflow/rules/, one concern per file.
 """
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/cells.smk"
 include: "workflow/rules/prepare.smk"
 include: "workflow/rules/generate.smk"
 include: "workflow/rules/speed.smk"

@@ -33,11 +33,9 @@ from typing import Any
 
 import torch
 
-from pipeline import cpu_kernels
 from pipeline.decoding import generate
-from pipeline.distill import Recipe, ensure_draft
 from pipeline.files import ResultsError
-from pipeline.models import BUNDLED, ModelError, load, load_bundled, truncated_copy
+from pipeline.models import BUNDLED, ModelError, Recipe, cpu_kernels, ensure_draft, load, load_bundled, truncated_copy
 from pipeline.speed import fmt as speed_fmt
 from pipeline.speed import ratio_interval
 

@@ -1,8 +1,7 @@
 """The ``pipeline`` command: what the workflow's rules call, and users by hand.
 
-pipeline models [--model NAME[=SOURCE] ...]     list models: size, vocabulary, dtype, device, speed
-pipeline distill [--layers 2] [--head-tokens 4096] ...   distil a draft from a teacher (cached)
-pipeline bench [...]                               the benchmark (python -m pipeline.bench)
+Each subcommand is a function registered with ``@command`` (``pipeline --help`` lists them all).
+A cell file is what the workflow writes to ``results/cells/<cell>.json``: ``{"cell": {...}, "dims": {...}}``.
 """
 
 from __future__ import annotations
@@ -11,52 +10,55 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-
-import torch
 
 from tasks import TaskError
 
 from .errors import UserError
-from .models import BUNDLED, ModelError, ModelSpec, cache_dir, load_spec
-
-DEFAULT_DRAFTS = {  # the partners of the embedded default: small students of the bundled model
-    "smollm2-draft-l1": {"teacher": BUNDLED, "layers": 1},
-    "smollm2-draft-l2": {"teacher": BUNDLED, "layers": 2},
-}
 
 
-def parse_model(text: str) -> ModelSpec:
-    name, _, source = text.partition("=")
-    if name in DEFAULT_DRAFTS and not source:
-        return ModelSpec(name, distill=dict(DEFAULT_DRAFTS[name]))
-    return ModelSpec(name, source or None)
+@dataclass(frozen=True)
+class Command:
+    help: str
+    run: Callable  # (args) -> exit code; a passthrough command: (argv) -> exit code
+    arguments: tuple[tuple[tuple, dict], ...] = ()
+    passthrough: bool = False  # its own command line, untouched
 
 
-@torch.inference_mode()
-def ms_per_forward(model, new_tokens: int, context: int = 128, reps: int = 5) -> float:
-    """Median milliseconds of one forward of ``new_tokens`` tokens after ``context`` cached ones."""
-    from transformers import DynamicCache
-
-    device = next(model.parameters()).device
-    cache = DynamicCache()
-    model(input_ids=torch.arange(100, 100 + context, device=device)[None], past_key_values=cache, use_cache=True)
-    times = []
-    for _ in range(reps + 1):
-        ids = torch.full((1, new_tokens), 200, device=device)
-        start = time.perf_counter()
-        model(input_ids=ids, past_key_values=cache, use_cache=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
-        cache.crop(-new_tokens)
-    return 1000 * sorted(times[1:])[len(times[1:]) // 2]
+COMMANDS: dict[str, Command] = {}
 
 
+def arg(*flags, **options) -> tuple[tuple, dict]:
+    return flags, options
+
+
+def command(name: str, help: str, *arguments: tuple[tuple, dict], passthrough: bool = False):
+    """Register the decorated function as subcommand ``name`` with its arguments."""
+
+    def register(run: Callable) -> Callable:
+        COMMANDS[name] = Command(help, run, arguments, passthrough)
+        return run
+
+    return register
+
+
+@command(
+    "models",
+    "list models: parameters, vocabulary, dtype, device, ms per forward",
+    arg(
+        "--model",
+        action="append",
+        default=[],
+        metavar="NAME[=SOURCE]",
+        help="a model (repeatable); default: the default config's models",
+    ),
+)
 def cmd_models(args: argparse.Namespace) -> int:
-    specs = [parse_model(m) for m in args.model] or [ModelSpec(BUNDLED)] + [
-        ModelSpec(n, distill=dict(d)) for n, d in DEFAULT_DRAFTS.items()
-    ]
+    from .models import default_models, load_spec, ms_per_forward, parse_model
+
+    specs = [parse_model(m) for m in args.model] or list(default_models().values())
     print("| model | parameters | vocabulary | head | dtype | device | ms / 1 token | ms / 4 tokens |")
     print("|---|---|---|---|---|---|---|---|")
     for spec in specs:
@@ -73,8 +75,22 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+@command(
+    "distill",
+    "distil a draft from a teacher (cached)",
+    arg("--teacher", help="a model name (default: the bundled model)"),
+    arg("--layers", type=int, default=2),
+    arg("--head-tokens", type=int, default=4096, help="restrict the head to this many ids (0: full)"),
+    arg("--steps", type=int, default=400),
+    arg("--prompts", type=int, default=64),
+    arg("--max-train-seconds", type=float, default=150.0),
+    arg("--seed", type=int, default=0),
+    arg("--out", type=Path, help="output directory (default: under $SPECENS_CACHE/drafts)"),
+    arg("--force", action="store_true", help="distil again even if cached"),
+    arg("--threads", type=int, help="CPU threads for torch"),
+)
 def cmd_distill(args: argparse.Namespace) -> int:
-    from .distill import Recipe, ensure_draft, read_meta
+    from .models import BUNDLED, Recipe, ensure_draft, read_meta
 
     recipe = Recipe(
         layers=args.layers,
@@ -84,7 +100,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
         prompts=args.prompts,
         max_train_seconds=args.max_train_seconds,
     )
-    out = ensure_draft(args.teacher, recipe, force=args.force, out_dir=args.out)
+    out = ensure_draft(args.teacher or BUNDLED, recipe, force=args.force, out_dir=args.out)
     meta = read_meta(out)
     print(f"draft: {out}")
     print(
@@ -95,9 +111,16 @@ def cmd_distill(args: argparse.Namespace) -> int:
     return 0
 
 
+@command(
+    "prepare",
+    "make a model ready (convert, download or distil) and record where it is",
+    arg("spec", help="the model as inline JSON: {name, source, dtype, device, distill, full_head}"),
+    arg("out", type=Path, help="the JSON record written when the model is ready"),
+    arg("--threads", type=int, help="CPU threads for torch"),
+)
 def cmd_prepare(args: argparse.Namespace) -> int:
     from .files import write_atomic
-    from .models import resolve
+    from .models import ModelError, ModelSpec, load_spec, resolve
 
     try:
         data = json.loads(args.spec)
@@ -120,156 +143,201 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="pipeline", description="Fast LLM ensembles through speculation")
-    sub = ap.add_subparsers(dest="command", required=True)
-    m = sub.add_parser("models", help="list models: parameters, vocabulary, dtype, device, ms per forward")
-    m.add_argument(
-        "--model",
-        action="append",
-        default=[],
-        metavar="NAME[=SOURCE]",
-        help=f"a model (repeatable); default: {BUNDLED} and its default drafts",
-    )
-    d = sub.add_parser("distill", help="distil a draft from a teacher (cached)")
-    d.add_argument("--teacher", default=BUNDLED)
-    d.add_argument("--layers", type=int, default=2)
-    d.add_argument("--head-tokens", type=int, default=4096, help="restrict the head to this many ids (0: full)")
-    d.add_argument("--steps", type=int, default=400)
-    d.add_argument("--prompts", type=int, default=64)
-    d.add_argument("--max-train-seconds", type=float, default=150.0)
-    d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--out", type=Path, help=f"output directory (default: under {cache_dir() / 'drafts'})")
-    d.add_argument("--force", action="store_true", help="distil again even if cached")
-    g = sub.add_parser("generate", help="one grid cell's generation job (resumable JSONL)")
-    g.add_argument("cell", help="the cell as a JSON file or inline JSON: models, method, task, gamma, size, ...")
-    g.add_argument("out", type=Path, help="the JSONL file of samples")
-    g.add_argument(
+def read_cell_file(path: str) -> dict:
+    """A cell file: ``{"cell": {...}, "dims": {...}}`` as the workflow writes it."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise UserError(f"cell file {path}: {err}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("cell"), dict):
+        raise UserError(f'cell file {path}: expected an object {{"cell": {{...}}, "dims": {{...}}}}')
+    return data
+
+
+def load_cell(path: str, timing_file: str | None):
+    """The cell of a cell file, timed and judged by the settings of a timing file (the config's ``timing``)."""
+    from .generate_job import cell_from_dict
+
+    data = read_cell_file(path)["cell"]
+    if timing_file:
+        try:
+            data = {**data, "timing": json.loads(Path(timing_file).read_text())}
+        except (OSError, json.JSONDecodeError) as err:
+            raise UserError(f"timing file {timing_file}: {err}") from None
+    try:
+        return cell_from_dict(data)
+    except TypeError as err:
+        raise UserError(f"cell file {path}: {err}") from None
+
+
+@command(
+    "generate",
+    "one grid cell's generation job (resumable JSONL)",
+    arg("cell_file", help="the cell file (results/cells/<cell>.json): models, method, task, gamma, ..."),
+    arg("out", type=Path, help="the JSONL file of samples"),
+    arg(
         "--journal-dir",
         type=Path,
         help="append samples to a journal here and move it to OUT when the cell is complete (resumable)",
-    )
-    g.add_argument("--threads", type=int, help="CPU threads for torch")
-    g.add_argument("--timing", help="how samples are timed and judged, as JSON (the config's timing section)")
-    g.add_argument("--no-speed", action="store_true", help="leave OUT.speed.json to 'pipeline speed'")
-    sp = sub.add_parser("speed", help="judge a finished cell: speed-up, interval, τ, flags, exactness (.speed.json)")
-    sp.add_argument("cell", help="the cell as a JSON file or inline JSON (as for generate)")
-    sp.add_argument("samples", type=Path, help="the cell's finished JSONL file")
-    sp.add_argument("--timing", help="how samples are judged, as JSON (the config's timing section)")
-    p = sub.add_parser("prepare", help="make a model ready (convert, download or distil) and record where it is")
-    p.add_argument("spec", help="the model as inline JSON: {name, source, dtype, device, distill, full_head}")
-    p.add_argument("out", type=Path, help="the JSON record written when the model is ready")
-    p.add_argument("--threads", type=int, help="CPU threads for torch")
-    w = sub.add_parser("wandb-log", help="log one scored cell to Weights & Biases (never fails the job)")
-    w.add_argument("samples", type=Path)
-    w.add_argument("status", type=Path, help="where the outcome (run id, mode or the error) is written")
-    w.add_argument("--dims", required=True, help="the cell's dimensions as JSON")
-    w.add_argument("--cell", default="{}", help="the cell's settings as JSON")
-    w.add_argument("--experiment", default="default")
-    w.add_argument("--project", default="specens")
-    w.add_argument("--entity")
-    w.add_argument("--mode", default="auto", choices=["auto", "online", "offline", "disabled"])
-    w.add_argument("--dir", type=Path, default=Path("results"), help="where W&B keeps its run files")
-    w.add_argument("--init-timeout", type=float, default=15.0, help="seconds to wait for the W&B server")
-    a = sub.add_parser("aggregate", help="speed-up and quality tables and plots from a results directory")
-    a.add_argument("results", type=Path)
-    nb = sub.add_parser("notebook", help="execute the analysis notebook on a results directory")
-    nb.add_argument("notebook", type=Path)
-    nb.add_argument("out", type=Path)
-    nb.add_argument("--results", type=Path, default=Path("results"))
-    gr = sub.add_parser("grid", help="check a workflow config and list its cells")
-    gr.add_argument("config", type=Path)
-    s = sub.add_parser("score", help="score a generations file (JSONL with id and output)")
-    s.add_argument("file", type=Path)
-    s.add_argument("--task", required=True)
-    s.add_argument("--data-dir", help="local benchmark data (laid out like shared/data)")
-    s.add_argument("--workers", type=int, default=2, help="samples executed at once (sandboxed processes)")
-    le = sub.add_parser("lm-eval", help="lm-eval's command line with the 'specens' model registered", add_help=False)
-    le.add_argument("rest", nargs=argparse.REMAINDER)
-    b = sub.add_parser("bench", help="the benchmark; see python -m pipeline.bench --help", add_help=False)
-    b.add_argument("rest", nargs=argparse.REMAINDER)
+    ),
+    arg("--threads", type=int, help="CPU threads for torch"),
+    arg("--timing-file", help="how samples are timed and judged: a JSON file (the config's timing section)"),
+    arg("--no-speed", action="store_true", help="leave OUT.speed.json to 'pipeline speed'"),
+)
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .generate_job import cell_key, run_cell
+
+    cell = load_cell(args.cell_file, args.timing_file)
+    journal = None
+    if args.journal_dir:
+        journal = args.journal_dir / f"{args.out.name.removesuffix('.jsonl')}-{cell_key(cell)}.jsonl"
+    summary = run_cell(cell, args.out, journal=journal, speed=not args.no_speed)
+    print(json.dumps(summary, indent=2) if summary else f"generated {args.out}")
+    return 0
+
+
+@command(
+    "speed",
+    "judge a finished cell: speed-up, interval, τ, flags, exactness",
+    arg("cell_file", help="the cell file (as for generate)"),
+    arg("samples", type=Path, help="the cell's finished JSONL file"),
+    arg("--timing-file", help="how samples are judged: a JSON file (the config's timing section)"),
+    arg("--threads", type=int, help="CPU threads for torch"),
+)
+def cmd_speed(args: argparse.Namespace) -> int:
+    from .generate_job import write_speed
+
+    cell = load_cell(args.cell_file, args.timing_file)
+    if not args.samples.is_file():
+        raise UserError(f"samples file {args.samples} not found")
+    print(json.dumps(write_speed(cell, args.samples), indent=2))
+    return 0
+
+
+@command(
+    "wandb-log",
+    "log one scored cell to Weights & Biases",
+    arg("samples", type=Path),
+    arg("status", type=Path, help="where the outcome (run id, mode or the error) is written"),
+    arg("--cell-file", required=True, help="the cell file: its dims become the run's config"),
+    arg("--experiment", default="default"),
+    arg("--project", default="specens"),
+    arg("--entity"),
+    arg("--mode", default="auto", choices=["auto", "online", "offline", "disabled"]),
+    arg("--dir", type=Path, default=Path("results"), help="where W&B keeps its run files"),
+    arg("--init-timeout", type=float, default=15.0, help="seconds to wait for the W&B server"),
+)
+def cmd_wandb_log(args: argparse.Namespace) -> int:
+    from .tracking import WandbFailed, log_cell
+
+    data = read_cell_file(args.cell_file)
+    try:
+        log_cell(
+            args.samples,
+            args.status,
+            dims=data.get("dims") or {},
+            cell=data["cell"],
+            experiment=args.experiment,
+            project=args.project,
+            entity=args.entity,
+            mode=args.mode,
+            wandb_dir=args.dir,
+            init_timeout=args.init_timeout,
+        )
+    except WandbFailed as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+@command(
+    "aggregate",
+    "speed-up and quality tables and plots from a results directory",
+    arg("results", type=Path),
+)
+def cmd_aggregate(args: argparse.Namespace) -> int:
+    from .aggregate import aggregate
+
+    print("\n".join(str(p) for p in aggregate(args.results)))
+    return 0
+
+
+@command(
+    "notebook",
+    "execute the analysis notebook on a results directory",
+    arg("notebook", type=Path),
+    arg("out", type=Path),
+    arg("--results", type=Path, default=Path("results")),
+)
+def cmd_notebook(args: argparse.Namespace) -> int:
+    from .notebook import execute
+
+    execute(args.notebook, args.out, args.results)
+    print(f"executed {args.notebook} -> {args.out}")
+    return 0
+
+
+@command(
+    "grid",
+    "check a workflow config and list its cells",
+    arg("config", type=Path),
+)
+def cmd_grid(args: argparse.Namespace) -> int:
+    from .workflow import main as grid_main
+
+    return grid_main([str(args.config)])
+
+
+@command(
+    "score",
+    "score a generations file (JSONL with id and output)",
+    arg("file", type=Path),
+    arg("--task", required=True),
+    arg("--data-dir", help="local benchmark data (laid out like shared/data)"),
+    arg("--workers", type=int, default=2, help="samples executed at once (sandboxed processes)"),
+)
+def cmd_score(args: argparse.Namespace) -> int:
+    from .scoring import score_file
+
+    print(json.dumps(score_file(args.file, args.task, args.data_dir, workers=args.workers), indent=2))
+    return 0
+
+
+@command("lm-eval", "lm-eval's command line with the 'specens' model registered", passthrough=True)
+def cmd_lm_eval(argv: list[str]) -> int:
+    from .lm_eval_model import main as lm_eval_main
+
+    return lm_eval_main(argv)
+
+
+@command("bench", "the benchmark; see python -m pipeline.bench --help", passthrough=True)
+def cmd_bench(argv: list[str]) -> int:
+    from . import bench
+
+    return bench.main(argv)
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="pipeline", description="Fast LLM ensembles through speculation")
+    sub = ap.add_subparsers(dest="command", required=True)
+    for name, cmd in COMMANDS.items():
+        p = sub.add_parser(name, help=cmd.help, add_help=not cmd.passthrough)
+        for flags, options in cmd.arguments or [(("rest",), {"nargs": argparse.REMAINDER})]:
+            p.add_argument(*flags, **options)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        if argv and argv[0] == "bench":  # its arguments go through untouched
-            from . import bench
-
-            return bench.main(argv[1:])
-        if argv and argv[0] == "lm-eval":  # lm-eval's own command line, untouched
-            from .lm_eval_model import main as lm_eval_main
-
-            return lm_eval_main(argv[1:])
-        args = ap.parse_args(argv)
-        if args.command == "models":
-            return cmd_models(args)
-        if args.command == "distill":
-            return cmd_distill(args)
+        if argv and argv[0] in COMMANDS and COMMANDS[argv[0]].passthrough:
+            return COMMANDS[argv[0]].run(argv[1:])
+        args = parser().parse_args(argv)
         if getattr(args, "threads", None):
+            import torch
+
             torch.set_num_threads(args.threads)
-        if args.command in ("generate", "speed"):
-            from .generate_job import cell_from_dict, cell_key, run_cell, write_speed
-
-            try:
-                text = args.cell if args.cell.lstrip().startswith("{") else Path(args.cell).read_text()
-                data = json.loads(text)
-                if args.timing:
-                    data["timing"] = json.loads(args.timing)
-                cell = cell_from_dict(data)
-            except (OSError, json.JSONDecodeError, UserError, TypeError) as err:
-                raise UserError(f"cell {args.cell[:80]}: {err}") from None
-            if args.command == "speed":
-                if not args.samples.is_file():
-                    raise UserError(f"samples file {args.samples} not found")
-                print(json.dumps(write_speed(cell, args.samples), indent=2))
-                return 0
-            journal = None
-            if args.journal_dir:
-                journal = args.journal_dir / f"{args.out.name.removesuffix('.jsonl')}-{cell_key(cell)}.jsonl"
-            summary = run_cell(cell, args.out, journal=journal, speed=not args.no_speed)
-            print(json.dumps(summary, indent=2) if summary else f"generated {args.out}")
-            return 0
-        if args.command == "prepare":
-            return cmd_prepare(args)
-        if args.command == "wandb-log":
-            from .tracking import WandbFailed, log_cell
-
-            try:
-                log_cell(
-                    args.samples,
-                    args.status,
-                    dims=json.loads(args.dims),
-                    cell=json.loads(args.cell),
-                    experiment=args.experiment,
-                    project=args.project,
-                    entity=args.entity,
-                    mode=args.mode,
-                    wandb_dir=args.dir,
-                    init_timeout=args.init_timeout,
-                )
-            except WandbFailed as err:
-                print(f"error: {err}", file=sys.stderr)
-                return 1
-            return 0
-        if args.command == "aggregate":
-            from .aggregate import aggregate
-
-            written = aggregate(args.results)
-            print("\n".join(str(p) for p in written))
-            return 0
-        if args.command == "notebook":
-            from .notebook import execute
-
-            execute(args.notebook, args.out, args.results)
-            print(f"executed {args.notebook} -> {args.out}")
-            return 0
-        if args.command == "score":
-            from .scoring import score_file
-
-            summary = score_file(args.file, args.task, args.data_dir, workers=args.workers)
-            print(json.dumps(summary, indent=2))
-            return 0
-        from .workflow import main as grid_main  # the last command: grid
-
-        return grid_main([str(args.config)])
+        return COMMANDS[args.command].run(args)
     except (UserError, TaskError) as err:  # a user's mistake: one line, no traceback (a bug keeps its traceback)
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from tasks.base import cut_at_stops
 
 from .decoding import generate
-from .models import ModelSpec, load_set
+from .models import ModelSpec, load_set, parse_model
 
 IGNORED = {"batch_size", "max_batch_size", "device"}  # lm-eval passes these to every model
 
@@ -46,8 +46,6 @@ class SpecEnsLM(LM):
         **kwargs: Any,
     ):
         super().__init__()
-        from .cli import parse_model
-
         specs: list[ModelSpec] = [parse_model(m) for m in _split(models)]
         self.models, self.tokenizer = load_set(specs)
         self.method = method

@@ -9,13 +9,11 @@ task's example id) and ``output`` (the generated text). Scores go to
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from tasks import TaskError, get_task
-from tasks.humaneval import pass_at_k
 
 from .files import write_atomic
 
@@ -51,14 +49,10 @@ def score_file(path: Path, task_name: str, data_dir: str | Path | None = None, w
         scores = list(pool.map(lambda r: task.score(examples[r["id"]], r["output"]), rows))
     lines = "".join(json.dumps({"id": r["id"], **s}) + "\n" for r, s in zip(rows, scores))
     write_atomic(path.with_suffix(".scores.jsonl"), lines)
-    summary: dict[str, Any] = {"task": task_name, "samples": len(rows), **task.aggregate(scores)}
-    if task_name == "humaneval":
-        by_id: dict[str, list[float]] = defaultdict(list)
-        for r, s in zip(rows, scores):
-            by_id[r["id"]].append(s["pass@1"])
-        n = min(len(v) for v in by_id.values())
-        for k in (1, 10, 100):
-            if k <= n:
-                summary[f"pass@{k}"] = sum(pass_at_k(len(v), int(sum(v)), k) for v in by_id.values()) / len(by_id)
+    summary: dict[str, Any] = {
+        "task": task_name,
+        "samples": len(rows),
+        **task.aggregate(scores, [r["id"] for r in rows]),
+    }
     write_atomic(path.with_suffix(".summary.json"), json.dumps(summary, indent=2) + "\n")
     return summary

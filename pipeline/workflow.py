@@ -24,7 +24,6 @@ from .errors import UserError
 
 SCHEMA = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "config.schema.yaml"
 GRID_KEYS = ("datasets", "gamma", "temperature", "max_new_tokens", "method_args", "proposer", "se_large_gamma")
-MODEL_KEYS = ("source", "dtype", "device", "distill", "full_head", "pack")
 
 
 class ConfigError(UserError):
@@ -282,8 +281,7 @@ def _check_teachers(models: dict[str, Any]) -> None:
     another (not distilled) model of the config."""
     import dataclasses
 
-    from pipeline.distill import Recipe
-    from pipeline.models import BUNDLED
+    from pipeline.models import BUNDLED, Recipe
 
     fields = {f.name: f for f in dataclasses.fields(Recipe)}
     for name, spec in models.items():
@@ -316,13 +314,11 @@ def _check_teachers(models: dict[str, Any]) -> None:
 
 
 def model_entry(config: dict[str, Any], name: str) -> dict[str, Any]:
-    """A model of the config as ``pipeline prepare`` / ``generate`` take it; a teacher of the config is
-    given with its own source."""
-    spec = {"name": name, **{k: v for k, v in config["models"][name].items() if k in MODEL_KEYS}}
-    teacher = (spec.get("distill") or {}).get("teacher")
-    if teacher in config["models"]:
-        spec["distill"] = {**spec["distill"], "teacher": model_entry(config, teacher)}
-    return spec
+    """A model of the config as ``pipeline prepare`` / ``generate`` take it (a teacher of the config
+    with its own source)."""
+    from pipeline.models.spec import config_entry
+
+    return config_entry(config["models"], name)
 
 
 def check_local(config: dict[str, Any], cells: dict[str, dict[str, Any]]) -> None:

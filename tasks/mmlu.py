@@ -36,7 +36,6 @@ class MMLU(Task):
     chat_stop: list[str] = []
     local = "mmlu/validation.jsonl"  # the test split is not shipped locally
     hub = ("cais/mmlu", "all", "test")
-    metrics = ["acc"]
 
     def default_shots(self) -> int:
         return 5

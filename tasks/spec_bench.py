@@ -19,7 +19,6 @@ class SpecBench(Task):
     stop: list[str] = []
     chat_stop: list[str] = []
     local = "spec_bench/question.jsonl"
-    metrics: list[str] = []
 
     def examples(self, rows: list[dict]) -> list[Example]:
         return [

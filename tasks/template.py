@@ -16,7 +16,6 @@ class MyTask(Task):
     chat_stop: list[str] = []  # the same when the model's chat template is used
     local = "my_task/test.jsonl"  # the split under data_dir, one JSON object per line
     hub = None  # or ("dataset/name", "config", "split") for datasets.load_dataset
-    metrics = ["exact_match"]
 
     def examples(self, rows: list[dict]) -> list[Example]:
         return [

@@ -48,16 +48,18 @@ def test_generate_command(tiny_dir, tmp_path, capsys):
     cell.write_text(
         json.dumps(
             {
-                "models": [{"name": "a", "source": str(tiny_dir)}],
-                "method": "large_model",
-                "task": "humaneval",
-                "size": "tiny",
-                "max_new_tokens": 4,
+                "cell": {
+                    "models": [{"name": "a", "source": str(tiny_dir)}],
+                    "method": "large_model",
+                    "task": "humaneval",
+                    "size": "tiny",
+                    "max_new_tokens": 4,
+                }
             }
         )
     )
     assert main(["generate", str(cell), str(tmp_path / "out.jsonl")]) == 0
     assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 5
-    cell.write_text(json.dumps({"models": ["a"], "method": "sd", "task": "humaneval", "colour": "red"}))
+    cell.write_text(json.dumps({"cell": {"models": ["a"], "method": "sd", "task": "humaneval", "colour": "red"}}))
     assert main(["generate", str(cell), str(tmp_path / "bad.jsonl")]) == 2
     assert "unknown cell keys ['colour']" in capsys.readouterr().err

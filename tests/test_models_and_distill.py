@@ -12,19 +12,20 @@ from transformers import PreTrainedTokenizerFast
 
 from pipeline import cli
 from pipeline.decoding import generate
-from pipeline.distill import Recipe, distill
 from pipeline.models import (
     BUNDLED,
     ModelError,
     ModelSpec,
+    Recipe,
     bundled_dir,
     bundled_gguf,
     check_tokenizers,
+    distill,
     load,
     load_set,
     resolve,
 )
-from pipeline.restricted import RestrictedHeadLM
+from pipeline.models.restricted import RestrictedHeadLM
 
 
 def test_local_directory_source(tiny_dir):
@@ -133,7 +134,7 @@ def test_restricted_draft_is_a_lossless_proposer_but_not_a_cd_amateur(tiny_draft
 def test_packed_linear_layers_match_and_copy(tiny_dir):
     import copy
 
-    from pipeline.cpu_kernels import PackedLinear, available
+    from pipeline.models.cpu_kernels import PackedLinear, available
 
     if not available():
         pytest.skip("oneDNN is not available in this torch build")

@@ -137,14 +137,19 @@ def test_the_generation_job_keeps_every_good_sample_and_writes_each_id_once(tiny
 def test_unwritable_output_or_journal_directories_get_one_line(tiny_dir, tmp_path, capsys, monkeypatch):
     from pipeline.cli import main
 
-    cell = json.dumps(
-        {
-            "models": [{"name": "a", "source": str(tiny_dir)}],
-            "method": "large_model",
-            "task": "humaneval",
-            "size": 1,
-            "max_new_tokens": 2,
-        }
+    cell = str(tmp_path / "cell.json")
+    Path(cell).write_text(
+        json.dumps(
+            {
+                "cell": {
+                    "models": [{"name": "a", "source": str(tiny_dir)}],
+                    "method": "large_model",
+                    "task": "humaneval",
+                    "size": 1,
+                    "max_new_tokens": 2,
+                }
+            }
+        )
     )
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
@@ -263,8 +268,9 @@ def test_a_cell_with_a_bad_value_stops_before_any_model_loads(tiny_dir, tmp_path
         ({"size": 999999}, "the split has only 164"),
         ({"seed": 2**70}, "seed=1180591620717411303424"),
     ]:
-        out = tmp_path / "out.jsonl"
-        assert main(["generate", json.dumps({**base, **change}), str(out)]) == 2
+        out, cell = tmp_path / "out.jsonl", tmp_path / "cell.json"
+        cell.write_text(json.dumps({"cell": {**base, **change}}))
+        assert main(["generate", str(cell), str(out)]) == 2
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and words in lines[0], lines
         assert not out.exists()
@@ -320,13 +326,15 @@ def test_the_wandb_command_fails_in_one_line_so_the_job_is_retried(scored_cell, 
     monkeypatch.setattr(wandb, "init", unreachable)
     before = scored_cell.read_bytes()
     status = tmp_path / "cell.wandb.json"
+    cell_file = tmp_path / "cell-file.json"
+    cell_file.write_text(json.dumps({"cell": {}, "dims": {"id": "c"}}))
     code = main(
         [
             "wandb-log",
             str(scored_cell),
             str(status),
-            "--dims",
-            '{"id": "c"}',
+            "--cell-file",
+            str(cell_file),
             "--mode",
             "offline",
             "--dir",

@@ -182,7 +182,9 @@ def test_dry_run_of_the_default_grid_lists_exactly_its_jobs(tmp_path):
     assert n == 9  # 5 + 4 cells per grid, one gamma each; no gamma for we/cd, sd only in the WE grid
     assert job_counts(run.stdout + run.stderr) == {
         "all": 1,
+        "cell": n,
         "grid": 1,
+        "timing": 1,
         "prepare_model": 3,
         "generate": n,
         "speed": n,
@@ -191,6 +193,13 @@ def test_dry_run_of_the_default_grid_lists_exactly_its_jobs(tmp_path):
         "aggregate": 1,
         "notebook": 1,
     }
+
+
+def test_snakemake_lint_is_clean(tmp_path):
+    run = snakemake(tmp_path, "--lint")
+    out = run.stdout + run.stderr
+    assert run.returncode == 0 and "Lints for" not in out, out[-3000:]
+    assert "Congratulations, your workflow is in a good condition!" in out
 
 
 def test_slurm_dry_run_lists_jobs_with_their_resources(tmp_path):
@@ -369,6 +378,23 @@ def test_a_changed_timing_setting_re_judges_cells_without_generating_again(tiny_
     counts = job_counts(run.stdout + run.stderr)
     assert "generate" not in counts and "score" not in counts
     assert counts["speed"] == len(expand_cells(check_config(config)))
+
+
+@pytest.mark.xdist_group("tiny_dag")
+def test_a_changed_cell_setting_reruns_only_the_cells_it_changes(tiny_run):
+    work, config, _ = tiny_run
+    changed = json.loads(json.dumps(config))
+    changed["grids"][0]["method_args"]["lambda"] = 0.25  # read by we and we_se only
+    (work / "changed-cell.yaml").write_text(yaml.safe_dump(changed))
+    run = snakemake(work, "-n", "--cores", "2", "--configfile", str(work / "changed-cell.yaml"))
+    assert run.returncode == 0, (run.stdout + run.stderr)[-2000:]
+    counts = job_counts(run.stdout + run.stderr)
+    assert counts["cell"] == counts["generate"] == counts["score"] == 2, counts
+    assert "prepare_model" not in counts and "timing" not in counts
+    cells = [f for f in (work / "results" / "cells").rglob("*.json")]
+    assert len(cells) == len(expand_cells(check_config(config)))
+    entry = json.loads((work / "results" / "cells" / "humaneval" / "pair" / "we-T0.json").read_text())
+    assert entry["cell"]["method_args"] == {"lambda": 0.5} and entry["dims"]["id"] == "humaneval/pair/we-T0"
 
 
 @pytest.mark.xdist_group("tiny_dag")

@@ -1,18 +1,6 @@
 # Aggregation: speed-up and quality tables (CSV + Markdown) and plots; then the analysis notebook.
 
 
-rule grid:
-    output:
-        f"{RESULTS}/grid.json",
-    params:
-        grid=json.dumps([c["dims"] for c in CELLS.values()]),
-    localrule: True
-    run:
-        from pipeline.files import write_atomic
-
-        write_atomic(Path(output[0]), json.dumps(json.loads(params.grid), indent=1) + "\n")
-
-
 rule aggregate:
     input:
         grid=f"{RESULTS}/grid.json",
@@ -23,12 +11,16 @@ rule aggregate:
         cells=f"{RESULTS}/tables/cells.csv",
     log:
         f"{RESULTS}/logs/aggregate.log",
+    params:
+        results=lambda w, input: str(Path(input.grid).parent),
     threads: 1
     resources:
         mem_mb=4000,
         runtime=10,
+    conda:
+        env("report")
     shell:
-        "{PY} -m pipeline.cli aggregate {RESULTS:q} > {log:q} 2>&1"
+        '"$PY" -m pipeline.cli aggregate {params.results:q} > {log:q} 2>&1'
 
 
 rule notebook:
@@ -37,6 +29,7 @@ rule notebook:
     output:
         f"{RESULTS}/analysis.ipynb",
     params:
+        results=lambda w, input: str(Path(input[0]).parents[1]),
         notebook=str(ROOT / "notebooks" / "analysis.ipynb"),
     log:
         f"{RESULTS}/logs/notebook.log",
@@ -44,5 +37,8 @@ rule notebook:
     resources:
         mem_mb=4000,
         runtime=10,
+    conda:
+        env("report")
     shell:
-        "{PY} -m pipeline.cli notebook {params.notebook:q} {output:q} --results {RESULTS:q} > {log:q} 2>&1"
+        '"$PY" -m pipeline.cli notebook {params.notebook:q} {output:q}'
+        " --results {params.results:q} > {log:q} 2>&1"

@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 import yaml
-from snakemake.utils import min_version, update_config, validate
+from snakemake.settings.types import DeploymentMethod
+from snakemake.utils import min_version, update_config
 
 min_version("8.0")
 
@@ -33,7 +34,6 @@ try:
         config.clear()
         config.update(_base)
     _checked = check_config(dict(config), load_schema(ROOT / "workflow" / "schemas" / "config.schema.yaml"))
-    validate(config, str(ROOT / "workflow" / "schemas" / "config.schema.yaml"), set_default=True)
     CELLS = expand_cells(_checked)
     check_local(_checked, CELLS)
 except ConfigError as err:
@@ -41,12 +41,20 @@ except ConfigError as err:
     sys.exit(2)
 
 RESULTS = _checked["results"].rstrip("/")
-# the jobs' Python: this interpreter, with the repository importable (also for an uninstalled checkout)
-PY = f'PYTHONPATH="{ROOT}${{PYTHONPATH:+:$PYTHONPATH}}" {shlex.quote(sys.executable)}'
+# How jobs run Python is a matter of deployment, not of what a job computes, so it is set for every
+# shell command here and kept out of the rules' params (moving the checkout or switching to conda
+# environments reruns nothing): with --software-deployment-method conda, the rule's environment
+# (workflow/envs/); else this interpreter. The repository is importable either way.
+_CONDA = DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
+shell.prefix(  # formatted like a rule's shell command: literal braces are doubled
+    "set -euo pipefail; "
+    f"export PYTHONPATH={shlex.quote(str(ROOT))}" + '"${{PYTHONPATH:+:$PYTHONPATH}}"; '
+    f"PY={'python' if _CONDA else shlex.quote(sys.executable)}; "
+)
+ENVS = ROOT / "workflow" / "envs"
+CELL_FILE = f"{RESULTS}/cells/{{cell}}.json"  # one cell's settings and dimensions, the jobs' only source of them
 WANDB = _checked["wandb"]
-# how samples are timed and judged: given to the jobs outside their tracked params, so changing it
-# re-judges finished cells (the speed rule) and never regenerates a sample
-TIMING = json.dumps(_checked["timing"], sort_keys=True)
+TIMING = json.dumps(_checked["timing"], sort_keys=True)  # how samples are timed and judged
 MODELS = models_to_prepare(_checked, CELLS)
 GEN = f"{RESULTS}/generations"
 
@@ -58,6 +66,18 @@ wildcard_constraints:
 
 def cell_dims(wildcards):
     return CELLS[wildcards.cell]["dims"]
+
+
+def write_json(out, data, log):
+    """A small file a local rule writes (a cell file, the grid index, the timing settings), atomically."""
+    from pipeline.files import write_atomic
+
+    write_atomic(Path(out), json.dumps(data, indent=1, sort_keys=True) + "\n")
+    Path(log).write_text(f"wrote {out}\n")
+
+
+def env(name):
+    return str(ENVS / f"{name}.yaml")
 
 
 def final_outputs():

@@ -12,5 +12,7 @@ rule prepare_model:
     resources:
         mem_mb=16000,
         runtime=60,
+    conda:
+        env("decode")
     shell:
-        "{PY} -m pipeline.cli prepare {params.spec:q} {output:q} --threads {threads} > {log:q} 2>&1"
+        '"$PY" -m pipeline.cli prepare {params.spec:q} {output:q} --threads {threads} > {log:q} 2>&1'

@@ -18,6 +18,8 @@ rule score:
     resources:
         mem_mb=4000,
         runtime=30,
+    conda:
+        env("score")
     shell:
-        "{PY} -m pipeline.cli score {input.samples:q} --task {params.task} {params.data_dir} --workers {threads}"
+        '"$PY" -m pipeline.cli score {input.samples:q} --task {params.task} {params.data_dir} --workers {threads}'
         " > {log:q} 2>&1"

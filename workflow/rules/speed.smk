@@ -3,19 +3,32 @@
 # samples without generating any again; the float64 exactness recompute runs here, on a CPU.
 
 
+rule timing:
+    output:
+        f"{RESULTS}/timing.json",
+    params:
+        timing=TIMING,
+    log:
+        f"{RESULTS}/logs/timing.log",
+    localrule: True
+    run:
+        write_json(output[0], json.loads(params.timing), log[0])
+
+
 rule speed:
     input:
         samples=f"{GEN}/{{cell}}.jsonl",
+        cell=CELL_FILE,
+        timing=f"{RESULTS}/timing.json",
     output:
         f"{GEN}/{{cell}}.speed.json",
-    params:
-        cell=lambda w: json.dumps(CELLS[w.cell]["cell"]),
-        timing=TIMING,
     log:
         f"{RESULTS}/logs/speed/{{cell}}.log",
     threads: 1
     resources:
         mem_mb=8000,
         runtime=30,
+    conda:
+        env("decode")
     shell:
-        "{PY} -m pipeline.cli speed {params.cell:q} {input.samples:q} --timing {params.timing:q} > {log:q} 2>&1"
+        '"$PY" -m pipeline.cli speed {input.cell:q} {input.samples:q} --timing-file {input.timing:q} > {log:q} 2>&1'

@@ -7,26 +7,28 @@
 rule wandb_log:
     input:
         samples=f"{GEN}/{{cell}}.jsonl",
+        cell=CELL_FILE,
         speed=f"{GEN}/{{cell}}.speed.json",
         summary=f"{GEN}/{{cell}}.summary.json",
         scores=f"{GEN}/{{cell}}.scores.jsonl",
     output:
         f"{GEN}/{{cell}}.wandb.json",
     params:
-        dims=lambda w: json.dumps(cell_dims(w)),
-        cell=lambda w: json.dumps(CELLS[w.cell]["cell"]),
         experiment=_checked["experiment"],
         project=WANDB["project"],
         entity=f"--entity {shlex.quote(WANDB['entity'])}" if WANDB.get("entity") else "",
         mode=WANDB["mode"],
         timeout=WANDB["init_timeout"],
+        results=lambda w, output: str(Path(output[0]).parents[len(Path(w.cell).parts)]),  # results/
     log:
         f"{RESULTS}/logs/wandb/{{cell}}.log",
     threads: 1
     resources:
         mem_mb=2000,
         runtime=10,
+    conda:
+        env("wandb")
     shell:
-        "{PY} -m pipeline.cli wandb-log {input.samples:q} {output:q} --dims {params.dims:q} --cell {params.cell:q}"
+        '"$PY" -m pipeline.cli wandb-log {input.samples:q} {output:q} --cell-file {input.cell:q}'
         " --experiment {params.experiment:q} --project {params.project:q} {params.entity} --mode {params.mode}"
-        " --dir {RESULTS:q} --init-timeout {params.timeout} > {log:q} 2>&1"
+        " --dir {params.results:q} --init-timeout {params.timeout} > {log:q} 2>&1"

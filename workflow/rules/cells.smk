@@ -1,0 +1,27 @@
+# The grid as files: one cell file per cell (its settings for the jobs, its dimensions for W&B and
+# the tables), and grid.json, the index of the current config's cells. A changed cell rewrites its
+# file, and the cell's jobs rerun from it; the other cells' files stay as they are.
+
+
+rule cell:
+    output:
+        CELL_FILE,
+    params:
+        entry=lambda w: json.dumps(CELLS[w.cell], sort_keys=True),
+    log:
+        f"{RESULTS}/logs/cells/{{cell}}.log",
+    localrule: True
+    run:
+        write_json(output[0], json.loads(params.entry), log[0])
+
+
+rule grid:
+    input:
+        [CELL_FILE.format(cell=c) for c in CELLS],
+    output:
+        f"{RESULTS}/grid.json",
+    log:
+        f"{RESULTS}/logs/grid.log",
+    localrule: True
+    run:
+        write_json(output[0], [json.loads(Path(f).read_text())["dims"] for f in input], log[0])
