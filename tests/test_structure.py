@@ -18,12 +18,24 @@ def modules() -> dict[str, Path]:
     return out
 
 
+def runtime_nodes(tree: ast.AST):
+    """Every node that runs: the bodies of ``if TYPE_CHECKING:`` (annotations only) left out."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for other in node.orelse:
+                yield other
+                yield from runtime_nodes(other)
+            continue
+        yield node
+        yield from runtime_nodes(node)
+
+
 def imports(name: str, file: Path, known: dict[str, Path]) -> set[str]:
-    """The project modules ``name`` imports anywhere in its file (a package's own submodules left out:
-    an ``__init__`` that re-exports them is not a cycle)."""
+    """The project modules ``name`` imports anywhere in its file at run time (a package's own submodules
+    left out: an ``__init__`` that re-exports them is not a cycle)."""
     package = name.split(".") if file.name == "__init__.py" else name.split(".")[:-1]
     found = set()
-    for node in ast.walk(ast.parse(file.read_text())):
+    for node in runtime_nodes(ast.parse(file.read_text())):
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = ".".join(package[: len(package) - node.level + 1] + [node.module or ""])
