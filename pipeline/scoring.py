@@ -16,6 +16,7 @@ from typing import Any
 
 from tasks import TaskError, get_task
 from tasks.humaneval import pass_at_k
+from tasks.sandbox import sandbox_isolation
 
 from .files import write_atomic
 
@@ -60,5 +61,6 @@ def score_file(path: Path, task_name: str, data_dir: str | Path | None = None, w
         for k in (1, 10, 100):
             if k <= n:
                 summary[f"pass@{k}"] = sum(pass_at_k(len(v), int(sum(v)), k) for v in by_id.values()) / len(by_id)
+        summary["isolation"] = sandbox_isolation()  # bubblewrap, or guard-only where it cannot run
     write_atomic(path.with_suffix(".summary.json"), json.dumps(summary, indent=2) + "\n")
     return summary
