@@ -8,6 +8,7 @@ STAMP := $(VENV)/.installed
 .PHONY: install run dry-run bench bench-quick test lint clean
 
 $(STAMP): pyproject.toml constraints.txt
+	sh scripts/install-bubblewrap.sh
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt torch==2.13.0

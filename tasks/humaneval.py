@@ -7,7 +7,7 @@ from collections import defaultdict
 from math import comb
 
 from .base import Example, Task, cut_at_stops, register_task
-from .sandbox import run_python
+from .sandbox import run_tests, sandbox_isolation
 
 FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)(?:```|$)", re.S)
 
@@ -43,6 +43,7 @@ class HumanEval(Task):
         for k in (1, 10, 100):
             if k <= n:
                 summary[f"pass@{k}"] = sum(pass_at_k(len(v), int(sum(v)), k) for v in passed.values()) / len(passed)
+        summary["isolation"] = sandbox_isolation()  # bubblewrap, or guard-only where it cannot run
         return summary
 
     def package_rows(self) -> list[dict]:
@@ -71,17 +72,25 @@ class HumanEval(Task):
             )
         return out
 
-    def program(self, example: Example, output: str) -> str:
-        """The prompt and completion (or a whole function from a chat answer), then the tests."""
+    def solution(self, example: Example, output: str) -> str:
+        """The prompt and completion, or a whole function from a chat answer under the prompt's imports."""
         code = extract_code(cut_at_stops(output, self.stop) if "```" not in output else output)
         entry = example.reference["entry_point"]
         if re.search(rf"^def {re.escape(entry)}\s*\(", code, re.M):
             header = "\n".join(line for line in example.prompt.splitlines() if line.startswith(("import ", "from ")))
-            body = f"{header}\n{code}"
-        else:
-            body = example.prompt + code
-        return f"{body}\n\n{example.reference['test']}\n\ncheck({entry})\n"
+            return f"{header}\n{code}"
+        return example.prompt + code
+
+    def sandbox_run(self, example: Example, output: str) -> dict[str, str]:
+        """What the sandbox runs for ``output``: the completion inside; the prompt's helpers and the tests outside."""
+        entry = example.reference["entry_point"]
+        return {
+            "solution": self.solution(example, output),
+            "tests": f"{example.reference['test']}\n\ncheck({entry})\n",
+            "entry": entry,
+            "setup": example.prompt,
+        }
 
     def score(self, example: Example, output: str) -> dict[str, float]:
-        result = run_python(self.program(example, output), timeout_s=self.timeout_s)
+        result = run_tests(**self.sandbox_run(example, output), timeout_s=self.timeout_s)
         return {"pass@1": float(result.passed)}
