@@ -31,7 +31,7 @@ bench: $(STAMP)
 	$(PY) -m pipeline.bench --json results/bench/bench.json
 
 test: $(STAMP)
-	$(PY) -m pytest -n 2 --dist loadgroup -q
+	$(PY) -m pytest -n 2 --dist loadfile -q
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pipeline tasks tests

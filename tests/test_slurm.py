@@ -1,0 +1,187 @@
+"""The workflow on a real SLURM cluster: one node on this machine (scripts/slurm-local.sh), the tiny DAG
+submitted through snakemake-executor-plugin-slurm with the production profile, every job by sbatch."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.tiny_dag import ROOT, check_tables, job_counts, snakemake, tiny_config
+
+SCRIPT = ROOT / "scripts" / "slurm-local.sh"
+PROFILE = ROOT / "workflow" / "profiles" / "slurm"
+# what a one-node cluster needs on top of the profile: jobs of seconds, so status checks every 2 s
+# (the plugin's first check waits 40 s, and every DAG level would wait as long)
+LOCAL_CLUSTER_ARGS = ["--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks", "2"]
+GENERATION_REQUEST = ["-p gpu", "--gpus=1", "--cpus-per-task=8", "--mem 64000", "-t 240"]
+
+
+def free_ports(n: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def cluster_script(command: str, env: dict, user: str | None = None) -> subprocess.CompletedProcess:
+    cmd = ["bash", str(SCRIPT), command]
+    if user:
+        cmd = ["runuser", "-u", user, "--", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+
+
+def cluster_env(state: Path, ports: list[int]) -> dict:
+    return {
+        **os.environ,
+        "SPECENS_SLURM_DIR": str(state),
+        "SPECENS_SLURMCTLD_PORT": str(ports[0]),
+        "SPECENS_SLURMD_PORT": str(ports[1]),
+        "SLURM_CONF": str(state / "slurm.conf"),
+    }
+
+
+def log_tails(state: Path) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text()[-1500:]}" for p in sorted((state / "log").glob("*.log")))
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster():
+    """A private one-node cluster (own directory, own ports), stopped and removed afterwards."""
+    state = Path(tempfile.mkdtemp(prefix="specens-slurm-"))
+    env = cluster_env(state, free_ports(2))
+    up = cluster_script("up", env)
+    try:
+        if up.returncode == 3:
+            pytest.skip(f"no SLURM cluster here: {up.stderr.strip()}")
+        assert up.returncode == 0, up.stdout + up.stderr + log_tails(state)
+        yield env
+    finally:
+        down = cluster_script("down", env)
+        shutil.rmtree(state, ignore_errors=True)
+        assert down.returncode == 0, down.stdout + down.stderr
+
+
+def sbatch_calls(output: str) -> list[tuple[str, str]]:
+    """(rule, sbatch command line) of each submission in a verbose run's output."""
+    calls = re.findall(r"sbatch call: (sbatch .*)", output)
+    return [(re.search(r"--comment '?rule_([a-z_]+?)(?:_wildcards_|'|\s|$)", c).group(1), c) for c in calls]
+
+
+def slurm_states(output: str, env: dict) -> Counter:
+    """The final SLURM state of each job of a run, as squeue has it (finished jobs stay MinJobAge seconds)."""
+    run_id = re.search(r"SLURM run ID: (\S+)", output).group(1)
+    squeue = ["squeue", "--states=all", "--noheader", "--format=%T", "--name", run_id]
+    return Counter(subprocess.run(squeue, capture_output=True, text=True, env=env, check=True).stdout.split())
+
+
+def check_submissions(output: str, env: dict, expected: dict[str, int], failed: int = 0) -> None:
+    """Each job went through sbatch with its rule's request, and SLURM ran it to its end."""
+    calls = sbatch_calls(output)
+    assert Counter(rule for rule, _ in calls) == expected
+    for rule, call in calls:
+        if rule == "generate":
+            for part in GENERATION_REQUEST:
+                assert part in call, (part, call)
+        else:
+            assert " -p cpu" in call and "--gpus" not in call, call
+    assert len(re.findall(r"has been submitted with SLURM jobid \d+", output)) == len(calls)
+    states = Counter({"COMPLETED": len(calls) - failed, "FAILED": failed})
+    assert slurm_states(output, env) == +states  # + drops a zero count
+
+
+def slurm_config(tiny_dir: Path, draft: Path) -> dict:
+    """The tiny models, two cells (the target alone, and sd with an identical draft): every rule, ten SLURM jobs
+    over two runs. Each job starts Snakemake twice (sbatch, then srun) on top of its own work: the whole tiny
+    DAG would take minutes here."""
+    config = tiny_config(tiny_dir, draft, wandb_mode="disabled")
+    config["models"] = {"tiny": {"source": str(tiny_dir)}, "tiny-copy": {"source": str(draft)}}
+    pair = {"pair": ["tiny", "tiny-copy"]}
+    config["grids"] = [{"name": "pairs", "model_sets": pair, "methods": ["large_model", "sd"]}]
+    config["notebook"] = False
+    return config
+
+
+def test_the_tiny_dag_runs_on_slurm_and_a_failed_job_is_reported_and_resumed(slurm_cluster, tiny_dir, tmp_path):
+    env = slurm_cluster
+    draft = tmp_path / "draft"  # the target's copy, its weights damaged: its preparation fails on the cluster
+    shutil.copytree(tiny_dir, draft)
+    (draft / "model.safetensors").write_bytes(b"not a model")
+    config = slurm_config(tiny_dir, draft)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    args = ["--workflow-profile", str(PROFILE), *LOCAL_CLUSTER_ARGS, "--verbose"]
+    args += ["--configfile", str(tmp_path / "config.yaml")]
+
+    first = snakemake(tmp_path, *args, timeout=400, env=env)
+    out = first.stdout + first.stderr
+    assert first.returncode != 0, out[-3000:]
+    # the failure, with SLURM's word and both logs shown: the rule's and SLURM's
+    assert re.search(r"SLURM-job '\d+' failed, SLURM status is: 'FAILED'", out), out[-3000:]
+    prepare_log = tmp_path / "results" / "logs" / "prepare" / "tiny-copy.log"
+    last_line = prepare_log.read_text().strip().splitlines()[-1]
+    assert "results/logs/prepare/tiny-copy.log" in out and last_line in out, out[-3000:]
+    assert re.search(r"\.snakemake/slurm_logs/rule_prepare_model/tiny-copy/\d+\.log", out)
+    # everything that did not need the broken model ran: the target's cell, judged and scored
+    check_submissions(out, env, {"prepare_model": 2, "generate": 1, "speed": 1, "score": 1}, failed=1)
+    done = sorted((tmp_path / "results" / "generations" / "humaneval" / "tiny").glob("*"))
+    assert len(done) == 5  # .jsonl, .meta.json, .speed.json, .scores.jsonl, .summary.json
+    kept = {p: p.stat().st_mtime_ns for p in done}
+
+    shutil.rmtree(draft)
+    shutil.copytree(tiny_dir, draft)
+    second = snakemake(tmp_path, *args, timeout=400, env=env)
+    out = second.stdout + second.stderr
+    assert second.returncode == 0, out[-4000:]
+    # the rerun resumes: the failed job and what waited on it, nothing of the target's cell again
+    expected = {"prepare_model": 1, "generate": 1, "speed": 1, "score": 1, "aggregate": 1}
+    assert job_counts(out) == {**expected, "all": 1}
+    check_submissions(out, env, expected)
+    assert {p: p.stat().st_mtime_ns for p in done} == kept
+    check_tables(tmp_path / "results", config)
+
+    # up again changes nothing
+    pid = (Path(env["SPECENS_SLURM_DIR"]) / "slurmctld.pid").read_text()
+    again = cluster_script("up", env)
+    assert again.returncode == 0 and "already up" in again.stdout
+    assert (Path(env["SPECENS_SLURM_DIR"]) / "slurmctld.pid").read_text() == pid
+    status = cluster_script("status", env)
+    assert status.returncode == 0 and "slurmd running" in status.stdout and "node localnode: idle" in status.stdout
+
+
+def test_the_cluster_script_says_in_one_line_why_it_cannot_run(tmp_path):
+    """Refusals come before anything is installed or started: no cluster is needed, none is touched."""
+
+    def refused(run: subprocess.CompletedProcess, reason: str) -> None:
+        lines = run.stderr.strip().splitlines()
+        assert run.returncode == 3 and len(lines) == 1 and reason in lines[0], (run.stdout, run.stderr)
+
+    env = cluster_env(tmp_path / "cluster", free_ports(2))
+    if os.geteuid() == 0:
+        refused(cluster_script("up", env, user="nobody"), "needs root")
+    else:
+        refused(cluster_script("up", env), "needs root")
+        return
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        refused(cluster_script("up", {**env, "SPECENS_SLURMCTLD_PORT": str(port)}), f"port {port} is taken")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("not the cluster's")
+    refused(cluster_script("up", {**env, "SPECENS_SLURM_DIR": str(tmp_path / "mine")}), "was not made by this script")
+    assert (tmp_path / "mine" / "notes.txt").exists()
+    down = cluster_script("down", env)
+    assert down.returncode == 0 and "not running" in down.stdout
+    assert not (tmp_path / "cluster").exists()
