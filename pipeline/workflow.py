@@ -179,32 +179,14 @@ def schema_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
 # ---- the grid ----------------------------------------------------------------------------
 
 
-def _family(method: str) -> tuple[str, str]:
-    """(base method, kind): kind is 'plain', 'sd' (speculative decoding) or 'se' (speculative ensemble)."""
-    if method == "sd":
-        return "large_model", "sd"
-    for suffix in ("_sd", "_se"):
-        if method.endswith(suffix):
-            return method.removesuffix(suffix), suffix[1:]
-    return method, "plain"
+def _spec(method: str):
+    from pipeline.decoding.spec import parse_method
+
+    return parse_method(method)
 
 
 def _accepted_args(method: str) -> set[str]:
-    from pipeline.decoding.methods import accepted_args
-
-    return set(accepted_args(method))
-
-
-def _set_size_ok(method: str, n: int, proposer: str = "draft") -> bool:
-    from pipeline.decoding.ensemble import ENSEMBLES
-
-    base, _ = _family(method)
-    if method in ("large_model", "small_model"):
-        return True
-    if method == "sd":
-        return n == 2 or (n == 1 and proposer == "lookup")
-    ens = ENSEMBLES[base]
-    return n >= ens.min_models and (ens.max_models is None or n <= ens.max_models)
+    return set(_spec(method).accepted_args())
 
 
 def _fmt_gamma(g: Any) -> str:
@@ -377,9 +359,10 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
         g = {k: grid.get(k, config[k]) for k in GRID_KEYS}
         for set_name, members in grid["model_sets"].items():
             for method in grid["methods"]:
-                if not _set_size_ok(method, len(members), g["proposer"]):
+                spec = _spec(method)
+                if not spec.fits(len(members), g["proposer"]):
                     continue
-                base, kind = _family(method)
+                base, kind = spec.base, spec.kind
                 if method == "large_model":
                     names, label = members[:1], members[0]
                 elif method == "small_model":
@@ -428,42 +411,28 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _standard(method: str) -> str | None:
     """What a cell's speed is compared with: the standard method it speeds up (itself for an ensemble)."""
-    base, kind = _family(method)
-    if kind != "plain":
-        return base
-    return method if method not in ("large_model", "small_model") else None
+    spec = _spec(method)
+    if spec.speculative:
+        return spec.base
+    return method if spec.ensemble is not None else None
 
 
 def _check_values(config: dict[str, Any], g: dict[str, Any], method: str, names: list[str], where: str) -> None:
-    """The decoder's own checks of a method's arguments against a model set, before any job starts."""
-    from pipeline.decoding.ensemble import ENSEMBLES
+    """The decoder's own check of a method and its arguments against a model set, before any job starts."""
+    spec = _spec(method)
+    args = {k: v for k, v in g["method_args"].items() if k in spec.accepted_args()}
+    if spec.speculative:
+        args.setdefault("proposer", g["proposer"])
+    restricted = [repr(m) for m in names if _restricted_head(config["models"][m])]
+    try:
+        spec.check(len(names), args, restricted)
+    except ValueError as err:
+        raise ConfigError(f"{where}: {err}") from None
 
-    base, kind = _family(method)
-    args = {k: v for k, v in g["method_args"].items() if k in _accepted_args(method)}
-    n = len(names)
-    first = args.get("first_proposer")
-    if first is not None and (not isinstance(first, int) or isinstance(first, bool) or not 0 <= first < n):
-        raise ConfigError(f"{where}: method_args.first_proposer={first!r} for {method!r}: expected 0..{n - 1}")
-    if base not in ENSEMBLES:
-        return
-    ens = ENSEMBLES[base]
-    if ens.check is not None:
-        try:
-            ens.check({**ens.params, **{k: v for k, v in args.items() if k in ens.params}}, n)
-        except ValueError as err:
-            raise ConfigError(f"{where}: method_args for {method!r}: {err}") from None
-    if ens.full_vocab:
-        for m in names:
-            spec = config["models"][m]
-            if (
-                spec.get("distill") is not None
-                and not spec.get("full_head")
-                and spec["distill"].get("head_tokens") != 0
-            ):
-                raise ConfigError(
-                    f"{where}: {method!r} needs full-vocabulary logits, but model {m!r} is a distilled draft with a "
-                    "restricted head; add 'full_head: true' to it (or define a second entry that has it)"
-                )
+
+def _restricted_head(model: dict[str, Any]) -> bool:
+    distill = model.get("distill")
+    return distill is not None and not model.get("full_head") and distill.get("head_tokens") != 0
 
 
 def _gammas(sweep: list[Any], kind: str, n: int, grid: str) -> list[Any]:
@@ -483,7 +452,8 @@ def _gammas(sweep: list[Any], kind: str, n: int, grid: str) -> list[Any]:
 
 
 def _cell(config, g, method, names, label, dataset, dopts, t, gamma) -> tuple[str, dict[str, Any]]:
-    base, kind = _family(method)
+    spec = _spec(method)
+    base, kind = spec.base, spec.kind
     n = len(names)
     if kind == "se" and isinstance(gamma, int) and g["se_large_gamma"] is not None:
         gamma = [g["se_large_gamma"]] + [gamma] * (n - 1)

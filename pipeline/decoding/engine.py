@@ -7,15 +7,19 @@ logits rows it computed for positions not yet committed, so a row is never
 computed twice and a proposer's drafting rows double as its verification rows.
 
 The speculative loop covers every speculative method with one schedule, a
-cyclic list of turns ``(model, gamma)``. On its turn a model feeds every token
-it has not yet seen (one forward), the pending tokens that every target model
-has now seen are verified (``verify.py``), and the model then drafts ``gamma``
-tokens. If after verification every target model already knows the next
-position, the next token is sampled from the target directly (the bonus).
+cyclic list of turns ``(proposer, gamma)`` (``proposers.py``). On its turn a
+proposer is fed every token it has not yet seen (a model: one forward), the
+pending tokens that every target model has now seen are verified
+(``verify.py``), and the proposer then drafts up to ``gamma`` tokens. If after
+verification every target model already knows the next position, the next
+token is sampled from the target directly (the bonus).
 
 * ``sd``:    ``[(draft, g), (target, 0)]``, target ``[target]``
 * ``*_sd``:  ``[(proposer, g), (other, 0), ...]``, target: every model
 * ``*_se``:  ``[(m_1, g_1), (m_2, g_2), ...]`` in rotation, target: every model
+
+Prompt lookup proposes alone (``[(lookup, g), (m, 0), ...]``) or chained
+before each model (``lookup+draft``).
 
 A rejection discards every pending token and restarts the schedule.
 """
@@ -25,16 +29,20 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from .ensemble import single_model
-from .lookup import PromptLookup
+from .proposers import Proposal, Proposer
 from .runner import Runner
-from .sampling import Sampling, probs, sample
+from .sampling import Sampling, sample
 from .stats import GenerationStats, ModelStats
 from .verify import verify_greedy, verify_sampled
+
+if TYPE_CHECKING:
+    from .audit import Audit
 
 
 class Member:
@@ -123,13 +131,12 @@ class Decoder:
     generator: torch.Generator | None
     stats: GenerationStats
     device: torch.device
-    lookup: PromptLookup | None = None  # tried before the model at every drafting step
+    audit: Audit | None = None  # tests: every distribution recomputed from scratch
 
-    def run(self, prompt: list[int], schedule: list[tuple[int | None, int]] | None) -> list[int]:
+    def run(self, prompt: list[int], schedule: list[tuple[Proposer, int]] | None) -> list[int]:
         self.tokens = list(prompt)
         self.prompt_len = self.committed = len(prompt)
-        self.pending_q: list[Tensor | None] = []
-        self.pending_by: list[ModelStats] = []
+        self.pending: list[Proposal] = []  # one per token of tokens[committed:]
         self.done = self.stopper.max_new_tokens <= 0
         if self.done:
             self.stats.stop_reason = "max_new_tokens"
@@ -146,6 +153,8 @@ class Decoder:
     def _target(self, start: int, stop: int) -> Tensor:
         """Target rows for positions [start, stop): probabilities, or argmax tokens if greedy."""
         rows = [self.members[i].span(start, stop) for i in self.targets]
+        if self.audit is not None:
+            self.audit.check(self.tokens, start, stop, rows, self.targets, self.target_fn, self.sampling)
         if self.sampling.greedy:
             if self.target_fn is single_model:  # argmax softmax(l) = argmax l: skip the softmax
                 return rows[0].argmax(dim=-1)
@@ -184,13 +193,11 @@ class Decoder:
             self.tokens.append(self._draw_target())
             self._commit(1)
 
-    def _speculative(self, schedule: list[tuple[int | None, int]]) -> None:
+    def _speculative(self, schedule: list[tuple[Proposer, int]]) -> None:
         turn = 0
         while not self.done:
-            index, gamma = schedule[turn]
-            member = None if index is None else self.members[index]  # None: a lookup-only turn
-            if member is not None:
-                member.catch_up(self.tokens, self.committed)
+            proposer, gamma = schedule[turn]
+            proposer.feed(self.tokens, self.committed)
             if self._verify():
                 turn = 0  # a rejection restarts the schedule
                 continue
@@ -201,33 +208,20 @@ class Decoder:
                 self._commit(1)
                 if self.done:
                     break
-            self._draft(member, gamma)
+            self._draft(proposer, gamma)
             turn = (turn + 1) % len(schedule)
 
-    def _draft(self, member: Member | None, gamma: int) -> None:
-        """Propose up to ``gamma`` tokens: from the lookup where it matches, else from ``member``."""
+    def _draft(self, proposer: Proposer, gamma: int) -> None:
+        """Append up to ``gamma`` proposals (fewer if the proposer runs out or proposes EOS)."""
         budget = self.stopper.max_new_tokens - (len(self.tokens) - self.prompt_len)
         for _ in range(min(gamma, budget)):
-            token = self.lookup.propose(self.tokens) if self.lookup is not None else None
-            if token is not None:
-                q, by = None, self.lookup.stats  # one-hot proposal
-            elif member is not None:
-                member.catch_up(self.tokens, self.committed)  # lazily feeds skipped tokens too
-                row = member.span(len(self.tokens), len(self.tokens) + 1)
-                if self.sampling.greedy:
-                    token, q = int(row[0].argmax()), None
-                else:
-                    q = probs(row, self.sampling)
-                    token = int(sample(q, self.generator)[0])
-                    q = q[0]
-                by = member.stats
-            else:
+            proposal = proposer.draft(self.tokens, self.committed)
+            if proposal is None:
                 break
-            self.tokens.append(token)
-            self.pending_q.append(q)
-            self.pending_by.append(by)
-            by.proposed += 1
-            if token in self.stopper.eos_ids:
+            self.tokens.append(proposal.token)
+            self.pending.append(proposal)
+            proposal.by.stats.proposed += 1
+            if proposal.token in self.stopper.eos_ids:
                 break
 
     def _verify(self) -> bool:
@@ -240,22 +234,24 @@ class Decoder:
             return False
         proposed = torch.tensor(self.tokens[start : start + count], device=self.device)
         target = self._target(start, start + count)
+        pending = self.pending[:count]
+        if self.audit is not None:
+            self.audit.check_proposals(self.tokens, start, pending, self.sampling)
         if self.sampling.greedy:
             accepted, fix = verify_greedy(target, proposed)
         else:
-            accepted, fix = verify_sampled(target, proposed, self.pending_q[:count], self.generator)
+            accepted, fix = verify_sampled(target, proposed, [p.q for p in pending], self.generator)
         self.stats.record_round(count, accepted)
-        for j, by in enumerate(self.pending_by[: min(accepted + 1, count)]):
-            by.verified += 1
-            by.accepted += j < accepted
+        for j, p in enumerate(pending[: accepted + 1]):
+            p.by.stats.verified += 1
+            p.by.stats.accepted += j < accepted
         if fix is None:
-            del self.pending_q[:count], self.pending_by[:count]
+            del self.pending[:count]
             self._commit(count)
             return False
         del self.tokens[start + accepted :]
         self.tokens.append(fix)
-        self.pending_q.clear()
-        self.pending_by.clear()
+        self.pending.clear()
         for m in self.members:
             m.rewind(start + accepted)
         self._commit(accepted + 1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from array import array
 
 from ..errors import ArgumentError
+from .proposers import Proposal
 from .stats import ModelStats
 
 
@@ -23,6 +24,13 @@ class PromptLookup:
             raise ArgumentError(f"lookup n-gram range {min_ngram}..{max_ngram} is empty")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.stats = ModelStats()
+
+    def feed(self, tokens: list[int], committed: int) -> None:
+        """Nothing to feed: a proposal is read off the context."""
+
+    def draft(self, tokens: list[int], committed: int) -> Proposal | None:
+        token = self.propose(tokens)
+        return None if token is None else Proposal(token, None, self)  # one-hot
 
     def propose(self, tokens: list[int]) -> int | None:
         """The token that followed the latest earlier match of the context's tail, or None."""

@@ -1,4 +1,4 @@
-"""Method names, argument checks and the public ``generate`` entry point."""
+"""A method's plan (target models, schedule of proposers), argument checks and the public ``generate``."""
 
 from __future__ import annotations
 
@@ -11,23 +11,20 @@ from typing import Any
 import torch
 
 from ..errors import ArgumentError
+from .audit import Audit
 from .engine import Decoder, Member, Stopper
-from .ensemble import ENSEMBLES, finite, single_model
+from .ensemble import finite, single_model
 from .lookup import PromptLookup
+from .proposers import Chain, ModelProposer, Proposer
 from .runner import HFRunner
 from .sampling import Sampling
+from .spec import DRAFT, PROPOSERS, MethodSpec, accepted_args, is_int, method_names, parse_method
 from .stats import GenerationStats, ModelStats
 
-SINGLE_METHODS = ("large_model", "small_model", "sd")
-PROPOSERS = ("draft", "lookup", "lookup+draft")
+__all__ = ["GenerationResult", "accepted_args", "generate", "method_names", "plan_method", "PROPOSERS"]
+NAMED_PROPOSERS = {"lookup": PromptLookup}  # proposers that are not models, by their name in a proposer kind
 
-
-def method_names() -> list[str]:
-    """Every accepted method name, registered ensembles included."""
-    names = list(SINGLE_METHODS)
-    for name in ENSEMBLES:
-        names += [name, f"{name}_sd", f"{name}_se"]
-    return names
+Turn = tuple[tuple[str | int, ...], int]  # (proposers, chained: names or model indices; gamma)
 
 
 @dataclass
@@ -40,15 +37,11 @@ class GenerationResult:
 
 @dataclass(frozen=True)
 class Plan:
-    """What a method runs: target members, target function, schedule (None: autoregressive).
-
-    A schedule turn ``(None, gamma)`` proposes by prompt lookup alone.
-    """
+    """What a method runs: target members, target function, schedule of turns (None: autoregressive)."""
 
     members: list[int]
     target_fn: Callable
-    schedule: list[tuple[int | None, int]] | None
-    lookup: bool = False
+    schedule: list[Turn] | None
 
 
 def _vocab_size(models: Sequence[torch.nn.Module], vocab_size: int | None) -> int:
@@ -68,20 +61,17 @@ def _vocab_size(models: Sequence[torch.nn.Module], vocab_size: int | None) -> in
     return sizes[0]
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _check_gamma(method: str, gamma: Any, n_models: int) -> list[int]:
+def _check_gamma(spec: MethodSpec, gamma: Any, n_models: int) -> list[int]:
     """Return one gamma per model."""
-    if _is_int(gamma):
+    method = spec.name
+    if is_int(gamma):
         if gamma < 1:
             raise ArgumentError(f"gamma={gamma} for {method!r}: must be an int >= 1")
         return [gamma] * n_models
     if isinstance(gamma, (list, tuple)):
-        if not method.endswith("_se"):
+        if spec.kind != "se":
             raise ArgumentError(f"gamma={list(gamma)} for {method!r}: a list is for *_se methods; give one int >= 1")
-        if len(gamma) != n_models or not all(_is_int(g) and g >= 1 for g in gamma):
+        if len(gamma) != n_models or not all(is_int(g) and g >= 1 for g in gamma):
             raise ArgumentError(f"gamma={list(gamma)} for {method!r}: expected {n_models} ints >= 1, one per model")
         return list(gamma)
     raise ArgumentError(f"gamma={gamma!r} for {method!r}: expected an int >= 1 or a list of ints")
@@ -93,101 +83,74 @@ def cheapest(models: Sequence[torch.nn.Module]) -> int:
     return max(range(len(models)), key=lambda i: (-sizes[i], i))
 
 
-def accepted_args(method: str) -> dict[str, Any]:
-    """The ``method_args`` a method takes, with their defaults (raises ValueError for an unknown method)."""
-    if method not in method_names():
-        raise ArgumentError(f"unknown method {method!r}; accepted: {', '.join(method_names())}")
-    accepted: dict[str, Any] = {}
-    if method not in SINGLE_METHODS:
-        accepted.update(ENSEMBLES[method.removesuffix("_sd").removesuffix("_se")].params)
-    if method == "sd" or method.endswith(("_sd", "_se")):
-        accepted["proposer"] = "draft"
-    if method.endswith(("_sd", "_se")):
-        accepted["first_proposer"] = None
-    return accepted
-
-
 def plan_method(
     method: str, models: Sequence[torch.nn.Module], gamma: Any, method_args: dict[str, Any]
 ) -> tuple[Plan, dict[str, Any]]:
     """Check a method and its arguments against the models; return its plan and resolved args."""
+    spec = parse_method(method)
     n = len(models)
-    args = dict(method_args)
-    accepted = accepted_args(method)
-    base = method if method in SINGLE_METHODS else method.removesuffix("_sd").removesuffix("_se")
-    unknown = sorted(set(args) - set(accepted))
-    if unknown:
-        keys = ", ".join(sorted(accepted)) or "none"
-        raise ArgumentError(f"unknown method_args {unknown} for {method!r}; accepted: {keys}")
-    kind = args.pop("proposer", "draft")
-    if kind not in PROPOSERS:
-        raise ArgumentError(f"proposer={kind!r} for {method!r}: expected one of {', '.join(PROPOSERS)}")
-    lookup, model_drafts = "lookup" in kind, "draft" in kind
-
-    if method in ("large_model", "small_model"):
-        index = 0 if method == "large_model" else n - 1
-        return Plan([index], single_model, None), args
-    if method == "sd":
-        if model_drafts and n != 2:
-            raise ArgumentError(f"'sd' needs 2 models [target, draft], got {n}")
-        g = _check_gamma(method, gamma, n)[-1]
-        drafter = 1 if model_drafts else None
-        return Plan([0], single_model, [(drafter, g), (0, 0)], lookup), {"proposer": kind, "gamma": g}
-
-    ens = ENSEMBLES[base]
-    if n < ens.min_models or (ens.max_models is not None and n > ens.max_models):
-        want = (
-            str(ens.min_models)
-            if ens.max_models == ens.min_models
-            else (f"{ens.min_models}" + (f" to {ens.max_models}" if ens.max_models else " or more"))
-        )
-        raise ArgumentError(f"{method!r} needs {want} models, got {n}")
-    if ens.full_vocab:
-        for i, m in enumerate(models):
-            if getattr(m, "restricted_vocab", False):
-                raise ArgumentError(
-                    f"{method!r} needs full-vocabulary logits, but model {i} has a restricted output head "
-                    "(a distilled draft); use a full-head model here"
-                )
-    first = args.pop("first_proposer", None)
-    params = {**ens.params, **args}
-    if ens.check is not None:
-        params = ens.check(params, n)
-    params = {k: v for k, v in params.items() if k in ens.params and k != "lambda"}
-    target_fn = partial(ens.fn, **params)
+    restricted = [str(i) for i, m in enumerate(models) if getattr(m, "restricted_vocab", False)]
+    args = spec.check(n, method_args, restricted)
+    if spec.ensemble is None:
+        target = [0 if spec.base == "large_model" else n - 1]
+        if not spec.speculative:
+            return Plan(target, single_model, None), args
+        args["gamma"] = _check_gamma(spec, gamma, n)[-1]
+        return Plan(target, single_model, _schedule(args["proposer"], target, [1], [args["gamma"]])), args
+    target_fn = partial(spec.ensemble.fn, **{k: v for k, v in args.items() if k in spec.ensemble.params})
     members = list(range(n))
-    if method == base:
-        return Plan(members, target_fn, None), params
-    if first is None:
-        first = cheapest(models)
-    if not _is_int(first) or not 0 <= first < n:
-        raise ArgumentError(f"first_proposer={first!r} for {method!r}: expected a model index in 0..{n - 1}")
-    gammas = _check_gamma(method, gamma, n)
-    if not model_drafts:  # lookup alone proposes, every model verifies: *_sd and *_se coincide
-        schedule = [(None, gammas[first])] + [(i, 0) for i in members]
-    elif method.endswith("_sd"):
-        schedule = [(first, gammas[first])] + [(i, 0) for i in members if i != first]
-    else:
-        order = members[first:] + members[:first]
-        schedule = [(i, gammas[i]) for i in order]
-    resolved = {**params, "proposer": kind, "first_proposer": first, "gamma": gammas}
-    return Plan(members, target_fn, schedule, lookup), resolved
+    if not spec.speculative:
+        return Plan(members, target_fn, None), args
+    first = args["first_proposer"] = cheapest(models) if args["first_proposer"] is None else args["first_proposer"]
+    gammas = args["gamma"] = _check_gamma(spec, gamma, n)
+    order = members[first:] + members[:first] if spec.kind == "se" else [first]
+    return Plan(members, target_fn, _schedule(args["proposer"], members, order, [gammas[i] for i in order])), args
+
+
+def _schedule(proposer: str, targets: list[int], drafters: list[int], gammas: list[int]) -> list[Turn]:
+    """The turns of a speculative method (see ``engine.py``): ``drafters`` propose in turn, ``gammas``
+    tokens each; the other target models only verify. Without ``draft`` in the proposer kind no model
+    drafts: one turn proposes the first drafter's gamma, then every target model verifies."""
+    parts = proposer.split("+")
+    named = tuple(p for p in parts if p != DRAFT)
+    if DRAFT not in parts:
+        return [(named, gammas[0])] + [((i,), 0) for i in targets]
+    turns: list[Turn] = [((*named, i), g) for i, g in zip(drafters, gammas)]
+    return turns + [((i,), 0) for i in targets if i not in drafters]
+
+
+def _proposers(
+    schedule: list[Turn],
+    members: list[Member],
+    sampling: Sampling,
+    generator: torch.Generator | None,
+    stats: GenerationStats,
+    audit: Audit | None,
+) -> list[tuple[Proposer, int]]:
+    """The schedule's proposers: one instance of each named proposer, its stats recorded by name."""
+    named = {s: NAMED_PROPOSERS[s]() for turn, _ in schedule for s in turn if isinstance(s, str)}
+    stats.proposers.update({name: p.stats for name, p in named.items()})
+
+    def one(s: str | int) -> Proposer:
+        return named[s] if isinstance(s, str) else ModelProposer(s, members[s], sampling, generator, audit)
+
+    return [(one(turn[0]) if len(turn) == 1 else Chain([one(s) for s in turn]), gamma) for turn, gamma in schedule]
 
 
 def check_sampling(temperature: Any, top_k: Any, top_p: Any, max_new_tokens: Any) -> Sampling:
     if not finite(temperature) or temperature < 0:
         raise ArgumentError(f"temperature={temperature!r}: expected a finite number >= 0 (0 is greedy)")
-    if not _is_int(top_k) or top_k < 0:
+    if not is_int(top_k) or top_k < 0:
         raise ArgumentError(f"top_k={top_k!r}: expected an int >= 0 (0 turns it off)")
     if not finite(top_p) or not 0 < top_p <= 1:
         raise ArgumentError(f"top_p={top_p!r}: expected a number in (0, 1] (1 turns it off)")
-    if not _is_int(max_new_tokens) or max_new_tokens < 0:
+    if not is_int(max_new_tokens) or max_new_tokens < 0:
         raise ArgumentError(f"max_new_tokens={max_new_tokens!r}: expected an int >= 0")
     return Sampling(float(temperature), top_k, float(top_p))
 
 
 def check_seed(seed: Any) -> int:
-    if not _is_int(seed) or not 0 <= seed < 2**64:
+    if not is_int(seed) or not 0 <= seed < 2**64:
         raise ArgumentError(f"seed={seed!r}: expected an int in 0..2**64-1")
     return seed
 
@@ -203,7 +166,7 @@ def _prompt_list(prompt_ids: Any, vocab: int) -> list[int]:
         prompt = list(prompt_ids)
     except TypeError:
         raise ArgumentError(f"prompt_ids={prompt_ids!r}: expected a non-empty sequence of token ids") from None
-    if not prompt or not all(_is_int(t) for t in prompt):
+    if not prompt or not all(is_int(t) for t in prompt):
         raise ArgumentError("prompt_ids must be a non-empty sequence of int token ids")
     bad = next((t for t in prompt if not 0 <= t < vocab), None)
     if bad is not None:
@@ -214,10 +177,10 @@ def _prompt_list(prompt_ids: Any, vocab: int) -> list[int]:
 def _eos_set(eos_token_id: Any) -> set[int]:
     if eos_token_id is None:
         return set()
-    if _is_int(eos_token_id):
+    if is_int(eos_token_id):
         return {eos_token_id}
     ids = list(eos_token_id) if isinstance(eos_token_id, (list, tuple, set)) else [None]
-    if not ids or not all(_is_int(i) and i >= 0 for i in ids):
+    if not ids or not all(is_int(i) and i >= 0 for i in ids):
         raise ArgumentError(f"eos_token_id={eos_token_id!r}: expected an int token id, a list of them, or None")
     return set(ids)
 
@@ -238,6 +201,7 @@ def generate(
     stop_strings: Sequence[str] = (),
     tokenizer: Any = None,
     vocab_size: int | None = None,
+    audit: Audit | None = None,
 ) -> GenerationResult:
     """Generate a continuation of ``prompt_ids`` with ``method``.
 
@@ -251,7 +215,8 @@ def generate(
     proposes first; default the one with the fewest parameters). Speculative
     methods take ``proposer``: ``draft`` (models propose), ``lookup``
     (prompt lookup alone) or ``lookup+draft`` (lookup where the context
-    matches, the model elsewhere). Stop strings need a ``tokenizer``.
+    matches, the model elsewhere). Stop strings need a ``tokenizer``. Tests
+    pass an ``audit`` (``audit.py``) to have every distribution recomputed.
     Raises ``ValueError`` on any bad argument before decoding.
     """
     if not isinstance(models, (list, tuple)) or not models:
@@ -267,7 +232,7 @@ def generate(
         raise ArgumentError("stop_strings need a tokenizer to decode the output")
     check_seed(seed)
 
-    used = sorted(set(plan.members) | {i for i, _ in plan.schedule or [] if i is not None})
+    used = sorted(set(plan.members) | {i for turn, _ in plan.schedule or [] for i in turn if is_int(i)})
     device = next(models[used[0]].parameters()).device
     stats = GenerationStats(method=method, prompt_tokens=len(prompt))
     stats.models = [ModelStats() for _ in models]
@@ -277,10 +242,6 @@ def generate(
         generator = torch.Generator(device=device)
         generator.manual_seed(seed)
     decode = (lambda ids: tokenizer.decode(ids)) if tokenizer is not None else None
-    lookup = None
-    if plan.lookup:
-        lookup = PromptLookup()
-        stats.proposers["lookup"] = lookup.stats
     decoder = Decoder(
         members=members,
         targets=plan.members,
@@ -290,8 +251,9 @@ def generate(
         generator=generator,
         stats=stats,
         device=device,
-        lookup=lookup,
+        audit=audit,
     )
+    schedule = plan.schedule and _proposers(plan.schedule, members, sampling, generator, stats, audit)
     events = None
     if device.type == "cuda":  # device time too: CUDA events around the whole decode
         torch.cuda.synchronize(device)
@@ -299,7 +261,7 @@ def generate(
         events[0].record()
     start = time.perf_counter()
     with torch.inference_mode():
-        tokens = decoder.run(prompt, plan.schedule)
+        tokens = decoder.run(prompt, schedule)
     if events is not None:
         events[1].record()
         torch.cuda.synchronize(device)  # the clock is read only once the device is done

@@ -1,0 +1,120 @@
+"""Method names, parsed once: what a method is and what it needs of a model set.
+
+A name is ``large_model``, ``small_model``, ``sd`` or, for each registered
+ensemble ``E``, ``E`` (the standard ensemble), ``E_sd`` (one model proposes,
+every model verifies) or ``E_se`` (every model proposes in turn). The decoder
+and the workflow both read the spec and check a method against a model set
+with :meth:`MethodSpec.check`, so the two never disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ArgumentError
+from .ensemble import ENSEMBLES, Ensemble
+
+SINGLE_METHODS = ("large_model", "small_model")
+PROPOSERS = ("draft", "lookup", "lookup+draft")  # "+" chains proposers: the first that proposes wins
+DRAFT = "draft"  # in a proposer kind: the turn's own model
+
+
+def is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    name: str
+    base: str  # the method it is or speeds up: large_model, small_model or an ensemble's name
+    kind: str  # "plain", "sd" (one proposer, the others verify) or "se" (every model proposes in turn)
+    ensemble: Ensemble | None = None
+
+    @property
+    def speculative(self) -> bool:
+        return self.kind != "plain"
+
+    def accepted_args(self) -> dict[str, Any]:
+        """The ``method_args`` this method takes, with their defaults."""
+        accepted = dict(self.ensemble.params) if self.ensemble else {}
+        if self.speculative:
+            accepted["proposer"] = DRAFT
+            if self.ensemble:
+                accepted["first_proposer"] = None
+        return accepted
+
+    def model_range(self, proposer: str = DRAFT) -> tuple[int, int | None]:
+        """The fewest and most models (None: no limit) a set may hold."""
+        if self.ensemble is not None:
+            return self.ensemble.min_models, self.ensemble.max_models
+        if self.name == "sd":  # [target, draft]; prompt lookup alone needs no draft
+            return (2, 2) if DRAFT in proposer.split("+") else (1, 2)
+        return 1, None
+
+    def fits(self, n: int, proposer: str = DRAFT) -> bool:
+        low, high = self.model_range(proposer)
+        return low <= n and (high is None or n <= high)
+
+    def check(self, n: int, method_args: dict[str, Any], restricted: Sequence[str] = ()) -> dict[str, Any]:
+        """Check this method and its ``method_args`` against a set of ``n`` models; return the resolved args.
+
+        ``restricted`` names the models whose output head covers part of the
+        vocabulary (distilled drafts). Raises ArgumentError, one line.
+        """
+        accepted = self.accepted_args()
+        unknown = sorted(set(method_args) - set(accepted))
+        if unknown:
+            keys = ", ".join(sorted(accepted)) or "none"
+            raise ArgumentError(f"unknown method_args {unknown} for {self.name!r}; accepted: {keys}")
+        resolved = {**accepted, **method_args}
+        proposer = resolved.get("proposer", DRAFT)
+        if proposer not in PROPOSERS:
+            raise ArgumentError(f"proposer={proposer!r} for {self.name!r}: expected one of {', '.join(PROPOSERS)}")
+        if not self.fits(n, proposer):
+            low, high = self.model_range(proposer)
+            want = str(low) if low == high else f"{low} to {high}" if high else f"{low} or more"
+            given = f" with proposer={proposer!r}" if self.model_range(proposer) != self.model_range() else ""
+            raise ArgumentError(f"{self.name!r}{given} needs {want} models, got {n}")
+        if self.ensemble is not None and self.ensemble.full_vocab and restricted:
+            raise ArgumentError(
+                f"{self.name!r} needs full-vocabulary logits, but model {restricted[0]} has a restricted output head "
+                "(a distilled draft); use one with a full head ('full_head: true' in a config)"
+            )
+        first = resolved.get("first_proposer")
+        if first is not None and (not is_int(first) or not 0 <= first < n):
+            raise ArgumentError(f"first_proposer={first!r} for {self.name!r}: expected 0..{n - 1} (a model index)")
+        if self.ensemble is not None and self.ensemble.check is not None:
+            params = {k: resolved.pop(k) for k in self.ensemble.params}
+            try:
+                params = self.ensemble.check(params, n)
+            except ValueError as err:
+                raise ArgumentError(f"method_args for {self.name!r}: {err}") from None
+            resolved = {**{k: v for k, v in params.items() if k in self.ensemble.params}, **resolved}
+        return resolved
+
+
+def method_names() -> list[str]:
+    """Every accepted method name, registered ensembles included."""
+    names = [*SINGLE_METHODS, "sd"]
+    for name in ENSEMBLES:
+        names += [name, f"{name}_sd", f"{name}_se"]
+    return names
+
+
+def parse_method(name: str) -> MethodSpec:
+    """The spec of a method name (raises ArgumentError for an unknown one)."""
+    if name in SINGLE_METHODS:
+        return MethodSpec(name, name, "plain")
+    if name == "sd":
+        return MethodSpec(name, "large_model", "sd")
+    base, _, kind = name.rpartition("_") if name.endswith(("_sd", "_se")) else (name, "", "plain")
+    if base not in ENSEMBLES:
+        raise ArgumentError(f"unknown method {name!r}; accepted: {', '.join(method_names())}")
+    return MethodSpec(name, base, kind, ENSEMBLES[base])
+
+
+def accepted_args(method: str) -> dict[str, Any]:
+    """The ``method_args`` a method takes, with their defaults (raises ValueError for an unknown method)."""
+    return parse_method(method).accepted_args()

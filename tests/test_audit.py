@@ -1,0 +1,98 @@
+"""The distribution audit: every method and proposer over long outputs, and proof that it can fail.
+
+The chi-square test (``test_sampling_lossless.py``) sees the first two tokens
+only. Here every distribution the decoder samples from or verifies against,
+over 110 tokens, is recomputed from scratch in float64 (``decoding/audit.py``)
+for every built-in method, each proposer kind, greedy and sampling.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.decoding import generate
+from pipeline.decoding.audit import Audit, AuditError
+from pipeline.decoding.engine import Member
+from pipeline.decoding.runner import HFRunner
+from pipeline.decoding.spec import PROPOSERS, method_names, parse_method
+
+from .conftest import perturbed, tiny_llama
+
+N = 110
+PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 3, 1, 4, 1]  # repeats: prompt lookup has matches from the start
+SETTINGS = {"greedy": {}, "sampling": {"temperature": 0.9, "top_k": 20, "top_p": 0.95}}
+ARGS = {"we": {"weights": [0.5, 0.3, 0.2]}, "cd": {"alpha": 0.3, "beta": 0.05}}
+SE_GAMMA = [2, 3, 1]
+# the built-in ensembles: ones registered by other tests may round on purpose (ties), beyond any tolerance
+METHODS = [m for m in method_names() if parse_method(m).base in ("large_model", "small_model", *ARGS)]
+CASES = [
+    (method, proposer, setting)
+    for method in METHODS
+    for proposer in (PROPOSERS if parse_method(method).speculative else [None])
+    for setting in SETTINGS
+]
+
+
+@pytest.fixture(scope="module")
+def trio():
+    target = tiny_llama(80, layers=2, hidden=32)
+    return [target, perturbed(target, 0.1, seed=81), tiny_llama(82)]
+
+
+def audited(trio, method, proposer=None, setting="greedy", n=N, seed=0):
+    spec = parse_method(method)
+    models = trio if spec.base == "we" else trio[:2]
+    args = dict(ARGS.get(spec.base, {}))
+    if proposer is not None:
+        args["proposer"] = proposer
+    gamma = SE_GAMMA[: len(models)] if spec.kind == "se" else 3
+    audit = Audit(models)
+    out = generate(models, PROMPT, method, gamma, n, method_args=args, seed=seed, audit=audit, **SETTINGS[setting])
+    return out, audit
+
+
+@pytest.mark.parametrize("method,proposer,setting", CASES, ids=["-".join(map(str, c)) for c in CASES])
+def test_every_distribution_matches_a_recompute_from_scratch(trio, method, proposer, setting):
+    out, audit = audited(trio, method, proposer, setting)
+    assert len(out.token_ids) == N
+    assert audit.checked >= N  # every emitted token was drawn from or verified against an audited target
+    if proposer is not None and "lookup" in proposer:
+        assert out.stats.proposers["lookup"].proposed > 0
+
+
+def test_every_built_in_method_is_audited():
+    assert {parse_method(m).kind for m in METHODS} == {"plain", "sd", "se"}
+    assert {parse_method(m).base for m in METHODS} == {"large_model", "small_model", "we", "cd"}
+
+
+def crop_off_by_one_deep(self, length):
+    """A cache crop that keeps one stale entry when it discards two tokens or more past position 60."""
+    if length < self.length:
+        stale = 1 if length >= 60 and self.length - length > 1 else 0
+        self.cache.crop(length - self.length + stale)  # a negative count removes that many tokens
+        self.length = length
+
+
+def catch_up_feeding_a_token_twice_deep(self, tokens, committed, catch_up=Member.catch_up):
+    """A lazy catch-up that, past position 60, feeds the last token it saw once more before the new ones."""
+    seen = self.runner.length
+    if seen >= 60 and len(tokens) - seen > 1:
+        self.runner.extend(tokens[seen - 1 : seen], 1)
+        self.runner.length = seen
+    catch_up(self, tokens, committed)
+
+
+BUGS = {
+    "crop": (HFRunner, "crop", crop_off_by_one_deep),
+    "catch_up": (Member, "catch_up", catch_up_feeding_a_token_twice_deep),
+}
+
+
+@pytest.mark.parametrize("bug", BUGS)
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_the_audit_catches_an_injected_bug(trio, monkeypatch, bug, setting):
+    early = audited(trio, "sd", "draft", setting, n=40)[0].token_ids
+    monkeypatch.setattr(*BUGS[bug])
+    assert audited(trio, "sd", "draft", setting, n=40)[0].token_ids == early  # it shows only deep into the output
+    with pytest.raises(AuditError, match="differs from a recompute from scratch"):
+        audited(trio, "sd", "draft", setting)
