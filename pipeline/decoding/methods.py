@@ -1,4 +1,4 @@
-"""Method names, argument checks and the public ``generate`` entry point."""
+"""A method's plan (target models, schedule of proposers), argument checks and the public ``generate``."""
 
 from __future__ import annotations
 
@@ -120,7 +120,12 @@ def _schedule(proposer: str, targets: list[int], drafters: list[int], gammas: li
 
 
 def _proposers(
-    schedule: list[Turn], members: list[Member], sampling: Sampling, generator: Any, stats: GenerationStats, audit: Any
+    schedule: list[Turn],
+    members: list[Member],
+    sampling: Sampling,
+    generator: torch.Generator | None,
+    stats: GenerationStats,
+    audit: Audit | None,
 ) -> list[tuple[Proposer, int]]:
     """The schedule's proposers: one instance of each named proposer, its stats recorded by name."""
     named = {s: NAMED_PROPOSERS[s]() for turn, _ in schedule for s in turn if isinstance(s, str)}
