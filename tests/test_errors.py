@@ -117,3 +117,19 @@ def test_empty_prompt_and_empty_model_list(models):
         generate(models[:1], [], "large_model")
     with pytest.raises(ValueError, match="non-empty list"):
         generate([], PROMPT, "large_model")
+
+
+def test_damaged_model_files_get_one_line(tiny_dir, tmp_path, capsys):
+    import json
+    import shutil
+
+    from pipeline.cli import main
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(tiny_dir, damaged)
+    (damaged / "model.safetensors").write_bytes(b"not a model")
+    spec = json.dumps({"name": "damaged", "source": str(damaged)})
+    assert main(["prepare", spec, str(tmp_path / "damaged.json")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and f"model directory {damaged} could not be loaded: SafetensorError" in lines[0], lines
+    assert not (tmp_path / "damaged.json").exists()

@@ -33,8 +33,14 @@ def load(
     path = Path(path)
     if not (path / "config.json").exists():
         raise ModelError(f"model directory {path} not found (or has no config.json)")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    from safetensors import SafetensorError
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, SafetensorError) as err:  # damaged or partial files: one line naming them
+        reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+        raise ModelError(f"model directory {path} could not be loaded: {type(err).__name__}: {reason}") from None
     head_file = path / "head_tokens.json"
     if head_file.exists() and not full_head:  # a distilled draft whose head scores a subset of the vocabulary
         from .restricted import RestrictedHeadLM
