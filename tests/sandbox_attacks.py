@@ -9,7 +9,9 @@ by ``python -m tests.sandbox_report``.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -220,6 +222,19 @@ def _starts(python: str, user: int | None) -> bool:
         return False
 
 
+@functools.cache
+def readable_sandbox() -> Path:
+    """A copy of the sandbox's two files that any uid can read: the checkout may sit under a directory only
+    its owner can traverse (a fresh clone in a 0700 temporary directory)."""
+    copy = Path(tempfile.mkdtemp(prefix="specens-sandbox-src-"))
+    atexit.register(shutil.rmtree, copy, True)
+    for name in (SANDBOX.name, "sandbox_child.py"):
+        shutil.copyfile(SANDBOX.with_name(name), copy / name)
+        (copy / name).chmod(0o644)
+    copy.chmod(0o755)
+    return copy / SANDBOX.name
+
+
 def score(runs: list[dict], user: int | None = None, workers: int = 1) -> dict:
     """Run ``runs`` (``run_tests`` arguments) in a fresh scorer process, as ``user`` when given."""
     python = scorer_python(user)
@@ -227,7 +242,7 @@ def score(runs: list[dict], user: int | None = None, workers: int = 1) -> dict:
         raise RuntimeError(f"no Python interpreter that uid {user} can start")
     env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp" if user is not None else str(Path.home())}
     proc = subprocess.run(
-        [python, "-I", "-c", SCORER, str(SANDBOX)],
+        [python, "-I", "-c", SCORER, str(SANDBOX if user is None else readable_sandbox())],
         input=json.dumps({"runs": runs, "workers": workers}),
         capture_output=True,
         text=True,

@@ -37,10 +37,10 @@ def free_ports(n: int) -> list[int]:
 
 
 def cluster_script(command: str, env: dict, user: str | None = None) -> subprocess.CompletedProcess:
-    cmd = ["bash", str(SCRIPT), command]
-    if user:
-        cmd = ["runuser", "-u", user, "--", *cmd]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    if user:  # the script on stdin: the checkout may sit under a directory only its owner can traverse
+        cmd = ["runuser", "-u", user, "--", "bash", "-s", command]
+        return subprocess.run(cmd, input=SCRIPT.read_text(), capture_output=True, text=True, env=env, timeout=600)
+    return subprocess.run(["bash", str(SCRIPT), command], capture_output=True, text=True, env=env, timeout=600)
 
 
 def cluster_env(state: Path, ports: list[int]) -> dict:
