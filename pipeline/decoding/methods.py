@@ -16,7 +16,7 @@ from .engine import Decoder, Member, Stopper
 from .ensemble import finite, single_model
 from .lookup import PromptLookup
 from .proposers import Chain, ModelProposer, Proposer
-from .runner import HFRunner
+from .runner import make_runner
 from .sampling import Sampling
 from .spec import DRAFT, PROPOSERS, MethodSpec, accepted_args, is_int, method_names, parse_method
 from .stats import GenerationStats, ModelStats
@@ -236,7 +236,8 @@ def generate(
     device = next(models[used[0]].parameters()).device
     stats = GenerationStats(method=method, prompt_tokens=len(prompt))
     stats.models = [ModelStats() for _ in models]
-    members = [Member(HFRunner(m, vocab, stats.models[i])) for i, m in enumerate(models)]
+    max_len = len(prompt) + max_new_tokens + 1  # the most positions a runner is fed
+    members = [Member(make_runner(m, vocab, stats.models[i], max_len, device)) for i, m in enumerate(models)]
     generator = None
     if not sampling.greedy:
         generator = torch.Generator(device=device)

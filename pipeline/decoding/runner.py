@@ -15,7 +15,10 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from ..errors import ArgumentError
 from .stats import ModelStats
+
+ENGINES = ("eager", "compiled")
 
 
 class Runner(Protocol):
@@ -30,12 +33,19 @@ class Runner(Protocol):
 class HFRunner:
     """A Hugging Face transformers causal LM with a cropped ``DynamicCache``."""
 
-    def __init__(self, model: torch.nn.Module, vocab_size: int, stats: ModelStats | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        vocab_size: int,
+        stats: ModelStats | None = None,
+        out_device: torch.device | None = None,
+    ):
         from transformers import DynamicCache
 
         self.model = model
         self.vocab_size = vocab_size
         self.device = next(model.parameters()).device
+        self.out_device = out_device or self.device
         self.cache = DynamicCache()
         self.length = 0
         self.stats = stats if stats is not None else ModelStats()
@@ -48,9 +58,7 @@ class HFRunner:
         kwargs = {"logits_to_keep": keep} if self._keep_arg else {}
         start = time.perf_counter()
         out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, **kwargs)
-        logits = out.logits[0, -keep:, : self.vocab_size]
-        if logits.dtype not in (torch.float32, torch.float64):
-            logits = logits.float()
+        logits = as_rows(out.logits[0, -keep:, : self.vocab_size], self.out_device)
         if self._sync:
             torch.cuda.synchronize(self.device)
         self.stats.forward_time_s += time.perf_counter() - start
@@ -64,3 +72,36 @@ class HFRunner:
         if length < self.length:
             self.cache.crop(length - self.length)  # a negative count removes that many tokens
             self.length = length
+
+
+def as_rows(logits: Tensor, device: torch.device, copy: bool = False) -> Tensor:
+    """Logits rows as the decoder combines them: float32 or float64, on the decoder's device (a model
+    spread over devices, or on another one than its partners, ends on its own last device)."""
+    dtype = logits.dtype if logits.dtype in (torch.float32, torch.float64) else torch.float32
+    return logits.to(device=device, dtype=dtype, copy=copy)
+
+
+def set_engine(model: torch.nn.Module, engine: str, backend: str | None = None) -> torch.nn.Module:
+    """Choose the runner a model decodes with: ``eager`` (``HFRunner``) or ``compiled`` (``StaticRunner``;
+    ``backend``: a ``torch.compile`` backend, default inductor)."""
+    if engine not in ENGINES:
+        raise ArgumentError(f"engine={engine!r}: expected one of {', '.join(ENGINES)}")
+    model.__dict__["_specens_engine"] = (engine, backend)
+    return model
+
+
+def engine_of(model: torch.nn.Module) -> tuple[str, str | None]:
+    """The engine and compile backend chosen for ``model`` (``set_engine``; default eager)."""
+    return model.__dict__.get("_specens_engine", ("eager", None))
+
+
+def make_runner(
+    model: torch.nn.Module, vocab_size: int, stats: ModelStats, max_len: int, out_device: torch.device
+) -> Runner:
+    """The runner of the engine chosen for ``model`` (eager unless ``set_engine`` said otherwise);
+    ``max_len``: the most positions one generation feeds it."""
+    if engine_of(model)[0] == "compiled":
+        from .static import StaticRunner
+
+        return StaticRunner(model, vocab_size, max_len, stats, out_device=out_device)
+    return HFRunner(model, vocab_size, stats, out_device=out_device)
