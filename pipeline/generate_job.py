@@ -29,6 +29,8 @@ from tasks import get_task, render
 
 from .decoding import generate
 from .decoding.methods import accepted_args, check_sampling, check_seed
+from .decoding.runner import engine_of
+from .decoding.static import compile_ahead
 from .errors import UserError
 from .files import read_jsonl, writable_dir, write_atomic
 from .journal import Journal
@@ -191,7 +193,8 @@ def run_cell(
     run(cell.method, cell.method_args, first_ids, [], cell.seed, 8)  # warm-up, not recorded
     if cell.baseline:
         run(cell.baseline, cell.baseline_args, first_ids, [], cell.seed, 8)
-    here = provenance(next(models[0].parameters()).device)
+    compile_ahead(models, [len(p) + cell.max_new_tokens + 1 for p in prompts.values()])
+    here = provenance(next(models[0].parameters()).device, {engine_of(m)[0] for m in models})
     todo = [(i, r) for i, r in enumerate(rendered) if r[0].id not in done]
     if done and progress:
         print(f"resuming {journal}: {len(done)} of {len(rendered)} samples already generated", flush=True)

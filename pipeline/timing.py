@@ -24,6 +24,7 @@ import platform
 import resource
 import socket
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,7 +97,7 @@ class Probe:
         }
 
 
-def provenance(device: Any = None) -> dict[str, Any]:
+def provenance(device: Any = None, engines: Iterable[str] = ("eager",)) -> dict[str, Any]:
     """Where a sample was timed: host, device, threads, engine. Samples timed differently are never pooled."""
     import torch
     import transformers
@@ -109,5 +110,5 @@ def provenance(device: Any = None) -> dict[str, Any]:
         "host": socket.gethostname(),
         "device": f"{dev} ({name})",
         "threads": torch.get_num_threads(),
-        "engine": f"transformers {transformers.__version__} eager, torch {torch.__version__}",
+        "engine": f"transformers {transformers.__version__} {'+'.join(sorted(engines))}, torch {torch.__version__}",
     }

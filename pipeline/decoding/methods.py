@@ -16,9 +16,9 @@ from .engine import Decoder, Member, Stopper
 from .ensemble import finite, single_model
 from .lookup import PromptLookup
 from .proposers import Chain, ModelProposer, Proposer
-from .runner import make_runner
 from .sampling import Sampling
 from .spec import DRAFT, PROPOSERS, MethodSpec, accepted_args, is_int, method_names, parse_method
+from .static import make_runner
 from .stats import GenerationStats, ModelStats
 
 __all__ = ["GenerationResult", "accepted_args", "generate", "method_names", "plan_method", "PROPOSERS"]

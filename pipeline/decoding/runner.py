@@ -93,15 +93,3 @@ def set_engine(model: torch.nn.Module, engine: str, backend: str | None = None) 
 def engine_of(model: torch.nn.Module) -> tuple[str, str | None]:
     """The engine and compile backend chosen for ``model`` (``set_engine``; default eager)."""
     return model.__dict__.get("_specens_engine", ("eager", None))
-
-
-def make_runner(
-    model: torch.nn.Module, vocab_size: int, stats: ModelStats, max_len: int, out_device: torch.device
-) -> Runner:
-    """The runner of the engine chosen for ``model`` (eager unless ``set_engine`` said otherwise);
-    ``max_len``: the most positions one generation feeds it."""
-    if engine_of(model)[0] == "compiled":
-        from .static import StaticRunner
-
-        return StaticRunner(model, vocab_size, max_len, stats, out_device=out_device)
-    return HFRunner(model, vocab_size, stats, out_device=out_device)

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ArgumentError
-from .runner import as_rows, engine_of
+from .runner import HFRunner, Runner, as_rows, engine_of
 from .stats import ModelStats
 
 BUCKETS = (1, 2, 4, 8, 16)
@@ -114,6 +114,14 @@ def lease(model: torch.nn.Module, needed: int, backend: str | None) -> _Graphs:
     return graphs
 
 
+def compile_ahead(models, lengths) -> None:
+    """Compile, before anything is timed, the graphs every generation of up to ``lengths`` positions
+    will use (one cache size each) for the models on the compiled engine."""
+    for model in {id(m): m for m in models if engine_of(m)[0] == "compiled"}.values():
+        for size in sorted({cache_len(n + BUCKETS[-1]) for n in lengths}):
+            lease(model, size, engine_of(model)[1]).busy = False
+
+
 class StaticRunner:
     """A causal LM over a static KV cache, its short forwards compiled (see the module docstring)."""
 
@@ -160,3 +168,13 @@ class StaticRunner:
 
     def crop(self, length: int) -> None:
         self.length = min(self.length, length)
+
+
+def make_runner(
+    model: torch.nn.Module, vocab_size: int, stats: ModelStats, max_len: int, out_device: torch.device
+) -> Runner:
+    """The runner of the engine chosen for ``model`` (eager unless ``set_engine`` said otherwise);
+    ``max_len``: the most positions one generation feeds it."""
+    if engine_of(model)[0] == "compiled":
+        return StaticRunner(model, vocab_size, max_len, stats, out_device=out_device)
+    return HFRunner(model, vocab_size, stats, out_device=out_device)

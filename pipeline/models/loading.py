@@ -20,15 +20,21 @@ def load(
     device: str | torch.device = "cpu",
     full_head: bool = False,
     pack: bool | None = None,
+    engine: str = "eager",
 ):
     """Load a local model directory and its tokenizer for inference.
 
+    ``device`` is a torch device or ``auto`` (layers spread over the GPUs by
+    accelerate's ``device_map="auto"``, for a model larger than one GPU);
     ``full_head`` ignores a distilled draft's restricted head; ``pack`` swaps
     the linear layers for oneDNN-prepacked ones (``cpu_kernels.py``; default:
-    on for float32 on the CPU, where it makes a forward of 1-4 tokens cost
-    about the same).
+    on for float32 on the CPU with the eager engine, where it makes a forward
+    of 1-4 tokens cost about the same); ``engine`` picks the decoder's runner
+    (``eager`` or ``compiled``, ``pipeline/decoding/static.py``).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..decoding.runner import set_engine
 
     path = Path(path)
     if not (path / "config.json").exists():
@@ -36,7 +42,10 @@ def load(
     from safetensors import SafetensorError
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+        if device == "auto":
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map="auto").eval()
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, SafetensorError) as err:  # damaged or partial files: one line naming them
         reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
@@ -47,12 +56,12 @@ def load(
 
         model = RestrictedHeadLM(model, json.loads(head_file.read_text())).eval()
     if pack is None:
-        pack = dtype == torch.float32 and torch.device(device).type == "cpu"
+        pack = dtype == torch.float32 and device != "auto" and torch.device(device).type == "cpu" and engine == "eager"
     if pack:
         from .cpu_kernels import pack_linears
 
         pack_linears(model)
-    return model, tokenizer
+    return set_engine(model, engine), tokenizer
 
 
 def load_bundled(dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", pack: bool | None = None):

@@ -32,7 +32,7 @@ def resolve(spec: ModelSpec, cache: Path | None = None) -> Path:
 
 
 def load_spec(spec: ModelSpec):
-    return load(resolve(spec), spec.resolved_dtype(), spec.resolved_device(), spec.full_head, spec.pack)
+    return load(resolve(spec), spec.resolved_dtype(), spec.resolved_device(), spec.full_head, spec.pack, spec.engine)
 
 
 def load_set(specs: list[ModelSpec]):

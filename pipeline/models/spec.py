@@ -26,17 +26,27 @@ class ModelSpec:
     name: str
     source: str | None = None  # directory, GGUF file, hub id, 'bundled'; None: bundled name or MODEL_PATH/name
     dtype: str | None = None  # default: float32 on CPU, bfloat16 on GPU
-    device: str | None = None  # default: cuda when present, else cpu
+    device: str | None = None  # cpu, cuda, cuda:N or auto (spread over the GPUs); default: cuda when present, else cpu
     distill: dict[str, Any] | None = None  # {teacher: <model name>, layers, head_tokens, steps, seed}
     full_head: bool = False  # a distilled draft with its teacher's full output head (e.g. a CD amateur)
-    pack: bool | None = None  # oneDNN-prepacked linear layers (default: on for float32 on the CPU)
+    pack: bool | None = None  # oneDNN-prepacked linear layers (default: on for float32 on the CPU, eager engine)
+    engine: str = "eager"  # eager (a dynamic cache) or compiled (a static cache, torch.compile'd forwards)
 
     def resolved_device(self) -> str:
-        return self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        kind, _, index = device.partition(":")
+        if device != "auto" and (kind not in ("cpu", "cuda") or (index and not index.isdigit())):
+            raise ModelError(f"device={device!r} for model {self.name!r}: expected cpu, cuda, cuda:N or auto")
+        if device != "cpu" and not torch.cuda.is_available():
+            raise ModelError(f"device={device!r} for model {self.name!r}: this machine has no CUDA device; use cpu")
+        if index and int(index) >= torch.cuda.device_count():
+            count = torch.cuda.device_count()
+            raise ModelError(f"device={device!r} for model {self.name!r}: this machine has cuda:0..cuda:{count - 1}")
+        return device
 
     def resolved_dtype(self) -> torch.dtype:
         if self.dtype is None:
-            return torch.bfloat16 if self.resolved_device().startswith("cuda") else torch.float32
+            return torch.float32 if self.resolved_device() == "cpu" else torch.bfloat16
         if self.dtype not in DTYPES:
             raise ModelError(f"dtype={self.dtype!r} for model {self.name!r}: expected one of {', '.join(DTYPES)}")
         return DTYPES[self.dtype]
