@@ -11,9 +11,11 @@ import torch
 
 from pipeline.decoding import generate
 from pipeline.decoding.audit import Audit
-from pipeline.decoding.runner import set_engine
+from pipeline.decoding.runner import as_rows, engine_of, set_engine
 from pipeline.decoding.static import BUCKETS, StaticRunner, bucket, cache_len
 from pipeline.errors import ArgumentError
+from pipeline.models import ModelError, ModelSpec, cpu_kernels, load_spec
+from pipeline.models.cpu_kernels import PackedLinear
 
 from .conftest import perturbed, tiny_llama
 
@@ -125,3 +127,40 @@ def test_the_cache_refuses_to_overflow(engines):
         runner.crop(10)
         runner.extend([i % 32 for i in range(50)], 1)
         runner.extend([1], 1)
+
+
+def test_device_and_engine_are_checked_in_one_line():
+    with pytest.raises(ModelError, match="device='gpu' for model 'm': expected cpu, cuda, cuda:N or auto"):
+        ModelSpec("m", device="gpu").resolved_device()
+    if not torch.cuda.is_available():
+        with pytest.raises(ModelError, match="device='cuda:1' for model 'm': this machine has no CUDA device"):
+            ModelSpec("m", device="cuda:1").resolved_device()
+    assert ModelSpec("m", device="auto").resolved_device() == "auto"
+
+
+def test_a_model_loads_on_the_compiled_engine_and_spread_by_accelerate(tiny_dir):
+    model, _ = load_spec(ModelSpec("tiny", str(tiny_dir), engine="compiled", device="auto"))
+    assert engine_of(model) == ("compiled", None)
+    assert hasattr(model, "hf_device_map")  # placed by accelerate's device_map="auto"
+    assert not any(isinstance(m, PackedLinear) for m in model.modules())  # inductor packs its own weights
+    eager, _ = load_spec(ModelSpec("tiny", str(tiny_dir)))
+    assert engine_of(eager) == ("eager", None)
+    assert any(isinstance(m, PackedLinear) for m in eager.modules()) == cpu_kernels.available()
+
+
+def test_rows_are_combined_on_the_decoders_device():
+    rows = torch.randn(2, 5, dtype=torch.bfloat16)
+    out = as_rows(rows, torch.device("cpu"))
+    assert out.dtype == torch.float32 and out.device.type == "cpu"
+    assert as_rows(out, torch.device("cpu")) is out  # nothing copied where nothing moves
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_models_on_different_devices_form_one_target():
+    target = tiny_llama(0, layers=2, hidden=32)
+    draft = perturbed(target, 0.08, seed=1)
+    want = generate([target, draft], PROMPTS[3], "we_se", gamma=[1, 3], max_new_tokens=30, temperature=0.0)
+    moved = [copy.deepcopy(target).to("cuda"), draft]
+    got = generate(moved, PROMPTS[3], "we_se", gamma=[1, 3], max_new_tokens=30, temperature=0.0)
+    assert got.token_ids == want.token_ids

@@ -37,7 +37,7 @@ class ModelSpec:
         kind, _, index = device.partition(":")
         if device != "auto" and (kind not in ("cpu", "cuda") or (index and not index.isdigit())):
             raise ModelError(f"device={device!r} for model {self.name!r}: expected cpu, cuda, cuda:N or auto")
-        if device != "cpu" and not torch.cuda.is_available():
+        if device not in ("cpu", "auto") and not torch.cuda.is_available():  # auto: accelerate's map, cpu here
             raise ModelError(f"device={device!r} for model {self.name!r}: this machine has no CUDA device; use cpu")
         if index and int(index) >= torch.cuda.device_count():
             count = torch.cuda.device_count()
