@@ -178,21 +178,13 @@ def _log_run(samples, dims, cell, experiment, project, entity, mode, wandb_dir, 
                 counted = row["timing"]["attempts"][row["timing"]["counted"]]
                 metrics["sample/interfered"] = int(counted["interfered"])
                 metrics["sample/attempts"] = len(row["timing"]["attempts"])
-            if "baseline" in row:
-                b = row["baseline"]["stats"]
-                if b["wall_time_s"] and b["new_tokens"] and tps:
-                    metrics["sample/speedup_side_by_side"] = tps / (b["new_tokens"] / b["wall_time_s"])
+            base = row.get("baseline", {})
+            b = base.get("stats", {})
+            if b.get("wall_time_s") and b.get("new_tokens") and tps:
+                metrics["sample/speedup_side_by_side"] = tps / (b["new_tokens"] / b["wall_time_s"])
             run.log(metrics, step=i)
-            score = {k: v for k, v in scores.get(row["id"], {}).items() if k != "id"}
-            table.add_data(
-                row["id"],
-                row["output"],
-                st["new_tokens"],
-                tps,
-                st.get("tau"),
-                row.get("baseline", {}).get("output"),
-                json.dumps(score),
-            )
+            score = json.dumps({k: v for k, v in scores.get(row["id"], {}).items() if k != "id"})
+            table.add_data(row["id"], row["output"], st["new_tokens"], tps, st.get("tau"), base.get("output"), score)
         run.log({"samples": table}, step=len(rows))
         run.summary.update(cell_metrics(samples))
         run_dir = Path(run.dir).parent
