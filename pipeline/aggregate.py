@@ -49,19 +49,14 @@ COLUMNS = (  # a cell's row of cells.csv, in order, after its dimensions
 ).split()
 
 
-def collect(results: Path) -> pd.DataFrame:
-    """One row per cell of ``grid.json`` whose files exist."""
-    df, _ = _collect(results)
-    return df
-
-
 def _joined(values) -> str | None:
     if not values:
         return None
     return " ".join("-" if v is None else f"{v:.2f}" for v in values)
 
 
-def _collect(results: Path) -> tuple[pd.DataFrame, dict[str, list[dict[str, Any]]]]:
+def collect(results: Path) -> pd.DataFrame:
+    """One row per cell of ``grid.json`` whose files exist."""
     grid = json.loads((results / "grid.json").read_text())
     records, samples, policy = [], {}, Policy()
     for dims in grid:
@@ -100,11 +95,11 @@ def _collect(results: Path) -> tuple[pd.DataFrame, dict[str, list[dict[str, Any]
         records.append(rec)
     df = pd.DataFrame.from_records(records)
     if df.empty:
-        return df, samples
+        return df
     df["gamma"] = df["gamma"].fillna("")
     df["T"] = df["temperature"].map(lambda t: f"{t:g}")
     df.attrs["confidence"] = policy.confidence
-    return _add_ratios(df, samples, policy), samples
+    return _add_ratios(df, samples, policy)
 
 
 def _paired_ratio(

