@@ -40,20 +40,13 @@ class _StrictLoader(yaml.SafeLoader):
         seen: set[Any] = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
+            where = f"line {key_node.start_mark.line + 1} of {key_node.start_mark.name}"
             try:
                 hash(key)
             except TypeError:
-                line = key_node.start_mark.line + 1
-                raise ConfigError(
-                    f"config key {key!r} (line {line} of {key_node.start_mark.name}) is not a plain value; "
-                    "keys are names"
-                ) from None
+                raise ConfigError(f"config key {key!r} ({where}) is not a plain value; keys are names") from None
             if key in seen:
-                line = key_node.start_mark.line + 1
-                raise ConfigError(
-                    f"config key {key!r} is given twice (line {line} of {key_node.start_mark.name}); "
-                    "each key may appear once in a mapping"
-                )
+                raise ConfigError(f"config key {key!r} is given twice ({where}); each key may appear once in a mapping")
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
