@@ -17,6 +17,7 @@ mismatches are recorded as ``unchecked`` with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -60,12 +61,10 @@ def float64_bytes(spec) -> int:
 def available_bytes() -> int | None:
     """Memory this process can still take: the machine's available memory, within its cgroup's limit."""
     found = []
-    try:
+    with contextlib.suppress(OSError, ValueError):
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 found.append(int(line.split()[1]) * 1024)
-    except (OSError, ValueError):
-        pass
     for limit, usage in (
         ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
         ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),

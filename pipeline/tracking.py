@@ -36,11 +36,9 @@ def resolve_mode(mode: str) -> str:
         return mode
     if os.environ.get("WANDB_API_KEY"):
         return "online"
-    try:
+    with contextlib.suppress(OSError, netrc.NetrcParseError):
         if netrc.netrc().authenticators("api.wandb.ai"):
             return "online"
-    except (OSError, netrc.NetrcParseError):
-        pass
     return "offline"
 
 

@@ -9,6 +9,7 @@ under a second.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -88,10 +89,8 @@ def bundled_dir(cache: Path | None = None) -> Path:
 def hub_dir(repo_id: str) -> Path:
     from huggingface_hub import snapshot_download
 
-    try:
+    with contextlib.suppress(Exception):  # not in the local hub cache: fetched below
         return Path(snapshot_download(repo_id, local_files_only=True))
-    except Exception:  # not in the local hub cache
-        pass
     if offline():
         raise ModelError(
             f"hub id {repo_id!r} is not in the local hub cache and the hub is offline; "
