@@ -294,13 +294,8 @@ def check_local(config: dict[str, Any], cells: dict[str, dict[str, Any]]) -> Non
             locate(ModelSpec(**model_entry(config, name)))
         except ModelError as err:
             raise ConfigError(f"config key models.{name}: {err}") from None
-    seen = set()
-    for c in cells.values():
-        cell = c["cell"]
-        key = (cell["task"], json.dumps(cell["size"]))
-        if key in seen:
-            continue
-        seen.add(key)
+    datasets = {(c["cell"]["task"], json.dumps(c["cell"]["size"])): c["cell"] for c in cells.values()}
+    for cell in datasets.values():  # each dataset and size once (the seed is the config's)
         try:
             get_task(cell["task"]).load(cell["size"], data_dir, cell["seed"], hub=False)
         except HubSkipped:
