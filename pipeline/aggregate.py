@@ -102,15 +102,6 @@ def collect(results: Path) -> pd.DataFrame:
     return _add_ratios(df, samples, policy)
 
 
-def _paired_ratio(
-    rows: list[dict[str, Any]], reference: list[dict[str, Any]], policy: Policy
-) -> tuple[float, float | None, float | None] | None:
-    """A cell's speed over another cell's on the prompts both ran (paired by id), with its interval."""
-    ref = {r["id"]: r["stats"] for r in reference}
-    found = paired_speedup([(r["stats"], ref[r["id"]]) for r in rows if r["id"] in ref], policy)
-    return found[:3] if found else None
-
-
 def _add_ratios(df: pd.DataFrame, samples: dict[str, list[dict[str, Any]]], policy: Policy) -> pd.DataFrame:
     """Speed-ups over the standard method (side by side when measured) and over the large model's own cell.
 
@@ -122,14 +113,15 @@ def _add_ratios(df: pd.DataFrame, samples: dict[str, list[dict[str, Any]]], poli
     plain = df[df["kind"] == "plain"].set_index([*key, "model_set", "method"])["id"]
     unstable = df.set_index("id")["unstable"]
 
-    def across(r, ref):
+    def across(r, ref):  # the cell's speed over another cell's on the prompts both ran (paired by id)
         if not isinstance(ref, str):
             return None
-        ratio = _paired_ratio(samples[r["id"]], samples[ref], policy)
-        if ratio is None:
+        other = {x["id"]: x["stats"] for x in samples[ref]}
+        found = paired_speedup([(x["stats"], other[x["id"]]) for x in samples[r["id"]] if x["id"] in other], policy)
+        if found is None:
             return None
-        hw = halfwidth(*ratio)
-        return (*ratio, bool(r["unstable"] or unstable[ref] or (hw is not None and hw > policy.max_halfwidth)))
+        hw = halfwidth(*found[:3])
+        return (*found[:3], bool(r["unstable"] or unstable[ref] or (hw is not None and hw > policy.max_halfwidth)))
 
     def vs_large(r):
         return across(r, large.get((r["dataset"], r["temperature"], r["large_model"])))
@@ -195,12 +187,6 @@ def _md(table: pd.DataFrame, floatfmt: str = ".2f") -> str:
     if table.empty:
         return "_no cells_\n"
     return table.reset_index().to_markdown(index=False, floatfmt=floatfmt) + "\n"
-
-
-def _save(out: Path, name: str, num: pd.DataFrame, md: str) -> list[Path]:
-    write_atomic(out / f"{name}.csv", num.to_csv())
-    write_atomic(out / f"{name}.md", md)
-    return [out / f"{name}.csv", out / f"{name}.md"]
 
 
 def _pyplot():
@@ -368,7 +354,9 @@ def aggregate(results: Path) -> list[Path]:
     )
     tables.append(("flags", "Flags", caption, flagged.set_index("id"), _md(flagged.set_index("id"))))
     for name, title, caption, numbers, markdown in tables:
-        written += _save(out, name, numbers, markdown)
+        write_atomic(out / f"{name}.csv", numbers.to_csv())
+        write_atomic(out / f"{name}.md", markdown)
+        written += [out / f"{name}.csv", out / f"{name}.md"]
         sections += [f"## {title}\n", caption, markdown]
     p = plot_speedup_vs_gamma(df, plots / "speedup_vs_gamma.png")
     q = plot_predicted(df, plots / "predicted_vs_measured.png")
