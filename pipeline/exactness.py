@@ -30,10 +30,8 @@ import torch
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     """The first index where ``a`` and ``b`` differ (a shorter one ending early counts); None if equal."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    return first if first is not None or len(a) == len(b) else min(len(a), len(b))
 
 
 def _plan(method: str, method_args: dict, n: int):

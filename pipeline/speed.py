@@ -34,6 +34,7 @@ import math
 import warnings
 from collections import defaultdict
 from dataclasses import asdict, dataclass, fields
+from itertools import zip_longest
 from typing import Any
 
 import numpy as np
@@ -151,12 +152,8 @@ def fmt(value: float | None, low: float | None = None, high: float | None = None
 
 
 def _sum_lists(lists: list[list[int]]) -> list[int]:
-    out: list[int] = []
-    for values in lists:
-        out += [0] * (len(values) - len(out))
-        for j, v in enumerate(values):
-            out[j] += v
-    return out
+    """Element-wise sums of lists of different lengths (a missing entry counts 0)."""
+    return [sum(column) for column in zip_longest(*lists, fillvalue=0)]
 
 
 def decoding_metrics(stats: list[dict[str, Any]]) -> dict[str, Any]:
