@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from .errors import one_line
+
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     """The first index where ``a`` and ``b`` differ (a shorter one ending early counts); None if equal."""
@@ -127,9 +129,8 @@ def check(
             raise MemoryError(f"a float64 copy needs {need / 2**30:.1f} GiB, {have / 2**30:.1f} GiB available")
         logprobs = target_logprobs(specs, baseline, baseline_args, contexts)
     except Exception as err:  # the check must never cost the cell: say why it was not done
-        reason = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
         logprobs = [None] * len(mismatches)
-        record["unchecked_reason"] = reason
+        record["unchecked_reason"] = one_line(err)
     for (r, pos), lp in zip(mismatches, logprobs):
         a = r["token_ids"][pos] if pos < len(r["token_ids"]) else None
         b = r["baseline"]["token_ids"][pos] if pos < len(r["baseline"]["token_ids"]) else None

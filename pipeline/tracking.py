@@ -25,6 +25,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from .errors import one_line
 from .files import read_jsonl, write_atomic
 
 
@@ -71,11 +72,6 @@ def _drop_run_dirs(wandb_dir: Path, run_id: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _one_line(err: BaseException) -> str:
-    first = (str(err).splitlines() or [""])[0][:200]
-    return f"{type(err).__name__}: {first}".rstrip(": ")
-
-
 def log_cell(
     samples: Path,
     status: Path,
@@ -109,13 +105,13 @@ def log_cell(
     try:
         run_id, run_dir = log(mode)
     except Exception as err:  # W&B must never cost a result: record, keep an offline copy, let the job be retried
-        outcome.update(status="failed", error=_one_line(err))
+        outcome.update(status="failed", error=one_line(err))
         if mode == "online":
             _forget_fallback(failed)
             try:
                 outcome["offline_copy"] = str(log("offline")[1])
             except Exception as offline_err:
-                outcome["offline_error"] = _one_line(offline_err)
+                outcome["offline_error"] = one_line(offline_err)
         write_atomic(failed, json.dumps(outcome, indent=2) + "\n")
         kept = f"; an offline copy is in {outcome['offline_copy']}" if "offline_copy" in outcome else ""
         advice = " (wandb.mode: offline stops trying online)" if mode == "online" else ""

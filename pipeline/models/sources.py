@@ -21,6 +21,7 @@ import torch
 
 from tasks import offline
 
+from ..errors import one_line
 from .cache import cache_dir, cache_lock
 from .spec import BUNDLED, ModelError, ModelSpec, teacher_spec
 
@@ -99,9 +100,8 @@ def hub_dir(repo_id: str) -> Path:
     try:
         return Path(snapshot_download(repo_id))
     except Exception as err:
-        reason = str(err).splitlines()[0][:160]
         raise ModelError(
-            f"could not fetch hub id {repo_id!r} ({type(err).__name__}: {reason}); "
+            f"could not fetch hub id {repo_id!r} ({one_line(err, 160)}); "
             "give a local directory or put it under MODEL_PATH"
         ) from None
 
