@@ -138,10 +138,15 @@ def test_device_and_engine_are_checked_in_one_line():
     assert ModelSpec("m", device="auto").resolved_device() == "auto"
 
 
-def test_a_model_loads_on_the_compiled_engine_and_spread_by_accelerate(tiny_dir):
+def test_a_model_loads_on_the_compiled_engine_and_spread_by_accelerate(tiny_dir, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    calls = []
+    real = AutoModelForCausalLM.from_pretrained
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
     model, _ = load_spec(ModelSpec("tiny", str(tiny_dir), engine="compiled", device="auto"))
     assert engine_of(model) == ("compiled", None)
-    assert hasattr(model, "hf_device_map")  # placed by accelerate's device_map="auto"
+    assert calls[-1]["device_map"] == "auto"  # accelerate places the layers (all on the CPU here)
     assert not any(isinstance(m, PackedLinear) for m in model.modules())  # inductor packs its own weights
     eager, _ = load_spec(ModelSpec("tiny", str(tiny_dir)))
     assert engine_of(eager) == ("eager", None)
