@@ -1,0 +1,301 @@
+"""What a forward costs on this machine, per engine: the numbers a speed-up is made of.
+
+For each model shape (the bundled model, or random-weight Llama shapes of
+about 68M, 1B and 7B parameters: cost does not depend on the weights) and
+each engine, it measures:
+
+* the memory bandwidth (a large device-to-device copy) and the bound it sets:
+  tokens/s <= bandwidth / bytes of weights, since every token reads them all;
+* tokens/s of plain autoregressive decoding at batch size 1 (``generate``,
+  ``large_model``), against that bound;
+* the cost of one forward of k new tokens over a context, k = 1..8, as a
+  ratio to k = 1 (speculative verification runs k = γ+1; the cost model of
+  the speculative-ensemble paper assumes the ratio is 1);
+* with ``--pairs``: ``sd`` against ``large_model`` for a draft whose
+  acceptance is set by construction (it costs what its own shape costs and
+  proposes the target's next greedy token with probability ``a``), beside
+  the speed-up the measured costs predict (Leviathan et al. 2023:
+  E[tokens per round] = (1 - a^(γ+1)) / (1 - a) over a round costing
+  γ·c_draft(1) + c_target(γ+1)), and the decoder's own time per round (wall
+  time outside model forwards).
+
+Engines: ``eager`` (transformers, dynamic cache), ``eager+pack`` (oneDNN
+prepacked linears, CPU), ``compiled`` (static cache, ``torch.compile``:
+CUDA graphs on a GPU, inductor on a CPU), ``compiled+freeze`` (inductor
+with weight freezing, which also prepacks on a CPU).
+
+    python -m pipeline.engine_bench --shapes bundled --dtype float32 bfloat16 \\
+        --engines eager eager+pack compiled compiled+freeze
+    python -m pipeline.engine_bench --device cuda --shapes llama-68m llama-1b llama-7b \\
+        --dtype bfloat16 --engines eager compiled --pairs llama-7b:llama-68m
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .decoding import generate
+from .decoding.runner import set_engine
+from .decoding.static import make_runner
+from .decoding.stats import ModelStats
+
+SHAPES = {  # Llama-shaped: hidden, layers, heads, kv heads, intermediate, vocabulary
+    "tiny": (64, 2, 4, 2, 128, 512),
+    "llama-68m": (768, 2, 12, 12, 3072, 32000),  # the speculative-ensemble paper's draft size
+    "llama-1b": (2048, 22, 32, 4, 5632, 32000),
+    "llama-7b": (4096, 32, 32, 32, 11008, 32000),
+}
+ENGINES = ("eager", "eager+pack", "compiled", "compiled+freeze")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def build(shape: str, dtype: torch.dtype, device: str) -> nn.Module:
+    """The bundled model, or a random-weight Llama of a named shape."""
+    if shape == "bundled":
+        from .models import load_bundled
+
+        return load_bundled(dtype, device, pack=False)[0]
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hidden, layers, heads, kv, inter, vocab = SHAPES[shape]
+    config = LlamaConfig(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        intermediate_size=inter,
+        vocab_size=vocab,
+        max_position_embeddings=4096,
+    )
+    torch.manual_seed(0)
+    with torch.device(device):
+        return LlamaForCausalLM._from_config(config, dtype=dtype).eval()
+
+
+def with_engine(model: nn.Module, engine: str) -> nn.Module:
+    if engine == "eager+pack":
+        from .models import cpu_kernels
+
+        if not cpu_kernels.pack_linears(model):
+            raise SystemExit("error: eager+pack needs float32 or bfloat16 weights on a CPU with oneDNN")
+    return set_engine(model, engine.split("+")[0])
+
+
+def compiling(engine: str):
+    """Where graphs are compiled: inductor's weight freezing on for ``compiled+freeze``."""
+    return torch._inductor.config.patch(freezing=True) if engine == "compiled+freeze" else contextlib.nullcontext()
+
+
+def weight_bytes(model: nn.Module) -> int:
+    seen = {}
+    for p in model.parameters():
+        seen[p.data_ptr()] = p.numel() * p.element_size()  # tied weights are read once
+    return sum(seen.values())
+
+
+def bandwidth(device: torch.device, mib: int = 1024, repeats: int = 10) -> float:
+    """Bytes moved per second by a large copy (read + write), in GB/s."""
+    src = torch.empty(mib << 20, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        dst.copy_(src)
+    sync(device)
+    return 2 * src.numel() * repeats / (time.perf_counter() - start) / 1e9
+
+
+def forward_costs(model: nn.Module, engine: str, ks: list[int], context: int, repeats: int) -> dict[int, float]:
+    """Median ms of one forward of k new tokens after ``context`` tokens, k interleaved."""
+    device = next(model.parameters()).device
+    vocab = model.config.vocab_size
+    ids = [random.Random(1).randrange(vocab) for _ in range(context + max(ks))]
+    times: dict[int, list[float]] = {k: [] for k in ks}
+    with compiling(engine), torch.inference_mode():
+        runner = make_runner(model, vocab, ModelStats(), context + max(ks) + 1, device)
+        runner.extend(ids[:context], 1)
+        for rep in range(repeats + 2):
+            for k in ks:
+                start = time.perf_counter()
+                runner.extend(ids[context : context + k], 1)  # synchronises the device before returning
+                if rep >= 2:  # two warm-up rounds
+                    times[k].append((time.perf_counter() - start) * 1000)
+                runner.crop(context)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def tokens_per_s(model: nn.Module, engine: str, prompt_len: int, new: int) -> float:
+    prompt = [random.Random(2).randrange(model.config.vocab_size) for _ in range(prompt_len)]
+    with compiling(engine):
+        generate([model], prompt, "large_model", max_new_tokens=8)  # warm-up (and compilation)
+        result = generate([model], prompt, "large_model", max_new_tokens=new)
+    return result.stats.new_tokens / result.stats.wall_time_s
+
+
+class OracleDraft(nn.Module):
+    """A draft that costs what ``base`` costs and proposes ``reference[pos]`` (the target's greedy token at
+    that position) with probability ``a``, another token otherwise; the choice is fixed per position."""
+
+    def __init__(self, base: nn.Module, reference: list[int], a: float, seed: int = 0):
+        super().__init__()
+        self.base, self.config, self.reference, self.a, self.seed = base, base.config, reference, a, seed
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.base.get_output_embeddings()
+
+    def forward(self, input_ids, past_key_values=None, position_ids=None, **kwargs):
+        start = past_key_values.get_seq_length() if position_ids is None else position_ids[0, 0]
+        out = self.base(input_ids=input_ids, past_key_values=past_key_values, position_ids=position_ids, **kwargs)
+        out.logits = self._choose(out.logits, start, input_ids.shape[1])
+        return out
+
+    @torch.compiler.disable  # data-dependent Python: outside the compiled graph
+    def _choose(self, rows: torch.Tensor, start, new: int) -> torch.Tensor:
+        logits = torch.full_like(rows, -1e4)
+        first = int(start) + new - rows.shape[1] + 1  # the position the first row predicts
+        for row in range(rows.shape[1]):
+            pos = first + row
+            want = self.reference[pos] if pos < len(self.reference) else 0
+            hit = random.Random(self.seed * 1_000_003 + pos).random() < self.a
+            logits[0, row, want if hit else (want + 1) % rows.shape[-1]] = 0.0
+        return logits
+
+
+def oracle_pair(target: nn.Module, draft: nn.Module, a: float, gamma: int, prompt_len: int, new: int, repeats: int):
+    """``sd`` over ``large_model`` (median of interleaved runs) for an oracle draft of acceptance ``a``."""
+    prompt = [random.Random(3).randrange(target.config.vocab_size) for _ in range(prompt_len)]
+    reference = prompt + generate([target], prompt, "large_model", max_new_tokens=new).token_ids
+    oracle = OracleDraft(draft, reference, a)
+    kw = dict(max_new_tokens=new, gamma=gamma, method_args={"proposer": "draft"})
+    generate([target, oracle], prompt, "sd", **kw)  # warm-up
+    ratios, overhead, accepted = [], [], []
+    for _ in range(repeats):
+        base = generate([target], prompt, "large_model", max_new_tokens=new).stats
+        result = generate([target, oracle], prompt, "sd", **kw)
+        if result.token_ids != reference[prompt_len:]:
+            raise AssertionError("sd with the oracle draft did not emit the target's greedy tokens")
+        sd = result.stats
+        ratios.append(base.wall_time_s / sd.wall_time_s)
+        inside = sum(m.forward_time_s for m in sd.models)
+        overhead.append((sd.wall_time_s - inside) / max(sd.rounds, 1) * 1000)
+        accepted.append(sd.accepted / max(sum(m.proposed for m in sd.models), 1))
+    return statistics.median(ratios), min(ratios), max(ratios), statistics.median(overhead), statistics.mean(accepted)
+
+
+def predicted(a: float, gamma: int, target_cost: dict[int, float], draft_cost: dict[int, float]) -> float:
+    tokens = (1 - a ** (gamma + 1)) / (1 - a) if a < 1 else gamma + 1
+    k = min(target_cost, key=lambda x: abs(x - (gamma + 1)))
+    return tokens * target_cost[1] / (gamma * draft_cost[1] + target_cost[k])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pipeline.engine_bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", nargs="+", default=["bundled"], choices=["bundled", *SHAPES])
+    ap.add_argument("--dtype", nargs="+", default=["float32"], choices=list(DTYPES))
+    ap.add_argument("--engines", nargs="+", default=["eager", "compiled"], choices=ENGINES)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6, 7, 8])
+    ap.add_argument("--context", type=int, default=256, help="tokens already in the cache (default 256)")
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--new-tokens", type=int, default=128, help="tokens per generation for tokens/s (default 128)")
+    ap.add_argument(
+        "--pairs", nargs="*", default=[], help="TARGET:DRAFT shapes for oracle-draft sd (e.g. llama-7b:llama-68m)"
+    )
+    ap.add_argument("--accept", type=float, nargs="+", default=[0.5, 0.8, 0.95])
+    ap.add_argument("--gamma", type=int, nargs="+", default=[3])
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    report: dict[str, Any] = {"device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads()}
+    if device.type == "cuda":
+        report["gpu"] = torch.cuda.get_device_name(device)
+    report["bandwidth_gb_s"] = bw = bandwidth(device)
+    print(f"{report.get('gpu', device)}: copy bandwidth {bw:.0f} GB/s; torch {torch.__version__}", flush=True)
+    rows, costs = [], {}
+    for dtype in args.dtype:
+        for shape in args.shapes:
+            for engine in args.engines:
+                model = with_engine(build(shape, DTYPES[dtype], args.device), engine)
+                gb = weight_bytes(model) / 1e9
+                start = time.perf_counter()
+                cost = forward_costs(model, engine, args.ks, args.context, args.repeats)
+                tps = tokens_per_s(model, engine, args.context, args.new_tokens)
+                costs[shape, dtype, engine] = cost
+                row = {
+                    "shape": shape,
+                    "dtype": dtype,
+                    "engine": engine,
+                    "weights_gb": gb,
+                    "tokens_per_s": tps,
+                    "bound_tokens_per_s": bw / gb,
+                    "ms_per_forward": cost,
+                    "seconds": time.perf_counter() - start,
+                }
+                rows.append(row)
+                ratios = " ".join(f"{cost[k] / cost[1]:.2f}" for k in args.ks)
+                print(
+                    f"{shape:10} {dtype:9} {engine:16} {tps:7.1f} tok/s (bound {bw / gb:7.1f}, "
+                    f"{tps * gb / bw:4.0%})  1 token {cost[1]:7.2f} ms  k={args.ks[0]}..{args.ks[-1]}: {ratios}",
+                    flush=True,
+                )
+                del model
+    report["engines"] = rows
+    report["pairs"] = []
+    for pair in args.pairs:
+        t_shape, d_shape = pair.split(":")
+        for dtype in args.dtype:
+            for engine in args.engines:
+                target = with_engine(build(t_shape, DTYPES[dtype], args.device), engine)
+                draft = with_engine(build(d_shape, DTYPES[dtype], args.device), engine)
+                for a in args.accept:
+                    for gamma in args.gamma:
+                        with compiling(engine):
+                            med, low, high, over, acc = oracle_pair(target, draft, a, gamma, 64, args.new_tokens, 5)
+                        pred = None
+                        if (t_shape, dtype, engine) in costs and (d_shape, dtype, engine) in costs:
+                            pred = predicted(a, gamma, costs[t_shape, dtype, engine], costs[d_shape, dtype, engine])
+                        report["pairs"].append(
+                            {
+                                "pair": pair,
+                                "dtype": dtype,
+                                "engine": engine,
+                                "a": a,
+                                "gamma": gamma,
+                                "speedup": med,
+                                "range": [low, high],
+                                "predicted": pred,
+                                "acceptance": acc,
+                                "overhead_ms_per_round": over,
+                            }
+                        )
+                        ptxt = f"{pred:.2f}x" if pred else "n/a"
+                        print(
+                            f"{pair} {dtype} {engine} a={a} γ={gamma}: sd {med:.2f}x [{low:.2f}, {high:.2f}] "
+                            f"(predicted {ptxt}; acceptance {acc:.2f}; decoder {over:.2f} ms per round)",
+                            flush=True,
+                        )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
