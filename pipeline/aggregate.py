@@ -250,7 +250,7 @@ def _errorbar(ax, x, y, low, high, unstable, label, **kw):
 
 def plot_speedup_vs_gamma(df: pd.DataFrame, path: Path) -> Path | None:
     plt = _pyplot()
-    d = df[df["kind"] != "plain"].dropna(subset=["speedup_vs_standard"])
+    d = df[df["gamma"] != ""].dropna(subset=["speedup_vs_standard"])  # speculative cells (a gamma)
     if d.empty:
         return None
     datasets = sorted(d["dataset"].unique())

@@ -365,7 +365,7 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
                     names, label = members[-1:], members[-1]
                 else:
                     names, label = list(members), set_name
-                gammas = _gammas(g["gamma"], kind, len(names), grid["name"]) if kind != "plain" else [None]
+                gammas = _gammas(g["gamma"], kind, len(names), grid["name"]) if spec.speculative else [None]
                 if not gammas:
                     raise ConfigError(
                         f"config key gamma: {g['gamma']} has no integer for {method!r} (grid {grid['name']!r}); "
@@ -374,6 +374,10 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 _check_values(config, g, method, names, f"grid {grid['name']!r}, set {set_name!r}")
                 for dataset, dopts in g["datasets"].items():
                     for t in g["temperature"]:
+                        try:
+                            spec.check_temperature(float(t))
+                        except ValueError as err:
+                            raise ConfigError(f"grid {grid['name']!r}: {err}") from None
                         for gamma in gammas:
                             cell_id, cell = _cell(config, g, method, names, label, dataset, dopts, t, gamma)
                             dims = {
@@ -388,7 +392,7 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
                                 "kind": kind,
                                 "dataset": dataset,
                                 "temperature": float(t),
-                                "gamma": _fmt_gamma(cell["gamma"]) if kind != "plain" else None,
+                                "gamma": _fmt_gamma(cell["gamma"]) if spec.speculative else None,
                                 "baseline": cell.get("baseline"),
                                 "standard": _standard(method),
                             }
@@ -408,7 +412,7 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def _standard(method: str) -> str | None:
     """What a cell's speed is compared with: the standard method it speeds up (itself for an ensemble)."""
     spec = _spec(method)
-    if spec.speculative:
+    if spec.kind != "plain":
         return spec.base
     return method if spec.ensemble is not None else None
 
@@ -454,7 +458,7 @@ def _cell(config, g, method, names, label, dataset, dopts, t, gamma) -> tuple[st
     if kind == "se" and isinstance(gamma, int) and g["se_large_gamma"] is not None:
         gamma = [g["se_large_gamma"]] + [gamma] * (n - 1)
     args = {k: v for k, v in g["method_args"].items() if k in _accepted_args(method)}
-    if kind != "plain":
+    if spec.speculative:
         args.setdefault("proposer", g["proposer"])
     models = [model_entry(config, m) for m in names]
     cell: dict[str, Any] = {
@@ -476,7 +480,7 @@ def _cell(config, g, method, names, label, dataset, dopts, t, gamma) -> tuple[st
         cell["baseline"] = base
         cell["baseline_args"] = {k: v for k, v in args.items() if k in _accepted_args(base)}
     cell_id = f"{dataset}/{label}/{method}-T{_fmt_t(t)}"
-    if kind != "plain":
+    if spec.speculative:
         cell_id += f"-g{_fmt_gamma(gamma)}"
     return cell_id, cell
 

@@ -21,6 +21,11 @@ token is sampled from the target directly (the bonus).
 Prompt lookup proposes alone (``[(lookup, g), (m, 0), ...]``) or chained
 before each model (``lookup+draft``).
 
+The mixture loop (``*_me``) samples ``r = sum_k w_k p_k`` in two steps: a
+member ``k ~ Categorical(w)``, then the token from ``p_k`` alone. Only member
+``k`` is fed; the others catch up lazily, one forward over every token they
+missed, when next drawn.
+
 A rejection discards every pending token and restarts the schedule.
 """
 
@@ -37,7 +42,7 @@ from torch import Tensor
 from .ensemble import single_model
 from .proposers import Proposal, Proposer
 from .runner import Runner
-from .sampling import Sampling, sample
+from .sampling import Sampling, probs, sample
 from .stats import GenerationStats, ModelStats
 from .verify import verify_greedy, verify_sampled
 
@@ -132,6 +137,7 @@ class Decoder:
     stats: GenerationStats
     device: torch.device
     audit: Audit | None = None  # tests: every distribution recomputed from scratch
+    mixture: Tensor | None = None  # [1, len(targets)]: the weights of a mixture method (one member per position)
 
     def run(self, prompt: list[int], schedule: list[tuple[Proposer, int]] | None) -> list[int]:
         self.tokens = list(prompt)
@@ -142,7 +148,9 @@ class Decoder:
             self.stats.stop_reason = "max_new_tokens"
         self.start = time.perf_counter()
         if not self.done:
-            if schedule is None:
+            if self.mixture is not None:
+                self._mixture()
+            elif schedule is None:
                 self._autoregressive()
             else:
                 self._speculative(schedule)
@@ -191,6 +199,18 @@ class Decoder:
             for i in self.targets:
                 self.members[i].catch_up(self.tokens, self.committed)
             self.tokens.append(self._draw_target())
+            self._commit(1)
+
+    def _mixture(self) -> None:
+        """Per position: draw a member by weight, feed it what it missed, draw the token from its own ``p_k``."""
+        while not self.done:
+            k = self.targets[int(sample(self.mixture, self.generator)[0])]
+            member, pos = self.members[k], self.committed
+            member.catch_up(self.tokens, pos)
+            row = member.span(pos, pos + 1)
+            if self.audit is not None:
+                self.audit.check(self.tokens, pos, pos + 1, [row], [k], single_model, self.sampling)
+            self.tokens.append(int(sample(probs(row, self.sampling), self.generator)[0]))
             self._commit(1)
 
     def _speculative(self, schedule: list[tuple[Proposer, int]]) -> None:

@@ -37,11 +37,13 @@ class GenerationResult:
 
 @dataclass(frozen=True)
 class Plan:
-    """What a method runs: target members, target function, schedule of turns (None: autoregressive)."""
+    """What a method runs: target members, target function, schedule of turns (None: autoregressive),
+    and for a mixture method the members' weights (one member drawn per position)."""
 
     members: list[int]
     target_fn: Callable
     schedule: list[Turn] | None
+    mixture: list[float] | None = None
 
 
 def _vocab_size(models: Sequence[torch.nn.Module], vocab_size: int | None) -> int:
@@ -99,6 +101,8 @@ def plan_method(
         return Plan(target, single_model, _schedule(args["proposer"], target, [1], [args["gamma"]])), args
     target_fn = partial(spec.ensemble.fn, **{k: v for k, v in args.items() if k in spec.ensemble.params})
     members = list(range(n))
+    if spec.kind == "me":
+        return Plan(members, target_fn, None, mixture=args["weights"]), args
     if not spec.speculative:
         return Plan(members, target_fn, None), args
     first = args["first_proposer"] = cheapest(models) if args["first_proposer"] is None else args["first_proposer"]
@@ -212,7 +216,9 @@ def generate(
     a list with one entry per model; ``method_args`` holds the ensemble's
     parameters (``lambda`` or ``weights``; ``alpha``, ``beta``) and, for
     ``*_sd``/``*_se``, ``first_proposer`` (the index of the model that
-    proposes first; default the one with the fewest parameters). Speculative
+    proposes first; default the one with the fewest parameters). ``we_me``
+    draws one member per position (weights as for ``we``) and needs
+    ``temperature > 0``. Speculative
     methods take ``proposer``: ``draft`` (models propose), ``lookup``
     (prompt lookup alone) or ``lookup+draft`` (lookup where the context
     matches, the model elsewhere). Stop strings need a ``tokenizer``. Tests
@@ -226,6 +232,7 @@ def generate(
         raise ArgumentError(f"method_args={method_args!r}: expected a dict of argument names to values")
     plan, resolved = plan_method(method, models, gamma, dict(method_args or {}))
     sampling = check_sampling(temperature, top_k, top_p, max_new_tokens)
+    parse_method(method).check_temperature(sampling.temperature)
     prompt = _prompt_list(prompt_ids, vocab)
     eos = _eos_set(eos_token_id)
     if stop_strings and tokenizer is None:
@@ -252,6 +259,7 @@ def generate(
         stats=stats,
         device=device,
         audit=audit,
+        mixture=None if plan.mixture is None else torch.tensor([plan.mixture], dtype=torch.float64, device=device),
     )
     schedule = plan.schedule and _proposers(plan.schedule, members, sampling, generator, stats, audit)
     events = None

@@ -2,7 +2,9 @@
 
 A name is ``large_model``, ``small_model``, ``sd`` or, for each registered
 ensemble ``E``, ``E`` (the standard ensemble), ``E_sd`` (one model proposes,
-every model verifies) or ``E_se`` (every model proposes in turn). The decoder
+every model verifies) or ``E_se`` (every model proposes in turn); and for a
+mixture ensemble (``we``) ``E_me`` (one member drawn per position, the token
+drawn from it alone; sampling only). The decoder
 and the workflow both read the spec and check a method against a model set
 with :meth:`MethodSpec.check`, so the two never disagree.
 """
@@ -29,12 +31,26 @@ def is_int(x: Any) -> bool:
 class MethodSpec:
     name: str
     base: str  # the method it is or speeds up: large_model, small_model or an ensemble's name
-    kind: str  # "plain", "sd" (one proposer, the others verify) or "se" (every model proposes in turn)
+    kind: str  # "plain", "sd" (one proposer, the others verify), "se" (every model proposes in turn), "me" (mixture)
     ensemble: Ensemble | None = None
 
     @property
     def speculative(self) -> bool:
-        return self.kind != "plain"
+        """Proposes and verifies (takes gamma and a proposer)."""
+        return self.kind in ("sd", "se")
+
+    @property
+    def greedy_ok(self) -> bool:
+        """Defined at temperature 0: a mixture draw has no greedy form (argmax r is no member's argmax)."""
+        return self.kind != "me"
+
+    def check_temperature(self, temperature: float) -> None:
+        """Raise ArgumentError (one line) for a temperature this method cannot sample at."""
+        if temperature == 0 and not self.greedy_ok:
+            raise ArgumentError(
+                f"temperature={temperature!r} for {self.name!r}: a mixture draw needs sampling; expected a "
+                f"temperature > 0 (greedy decoding of this ensemble is {self.base!r})"
+            )
 
     def accepted_args(self) -> dict[str, Any]:
         """The ``method_args`` this method takes, with their defaults."""
@@ -99,7 +115,7 @@ def method_names() -> list[str]:
     """Every accepted method name, registered ensembles included."""
     names = [*SINGLE_METHODS, "sd"]
     for name in ENSEMBLES:
-        names += [name, f"{name}_sd", f"{name}_se"]
+        names += [name, f"{name}_sd", f"{name}_se"] + ([f"{name}_me"] if ENSEMBLES[name].mixture else [])
     return names
 
 
@@ -109,8 +125,8 @@ def parse_method(name: str) -> MethodSpec:
         return MethodSpec(name, name, "plain")
     if name == "sd":
         return MethodSpec(name, "large_model", "sd")
-    base, _, kind = name.rpartition("_") if name.endswith(("_sd", "_se")) else (name, "", "plain")
-    if base not in ENSEMBLES:
+    base, _, kind = name.rpartition("_") if name.endswith(("_sd", "_se", "_me")) else (name, "", "plain")
+    if base not in ENSEMBLES or (kind == "me" and not ENSEMBLES[base].mixture):
         raise ArgumentError(f"unknown method {name!r}; accepted: {', '.join(method_names())}")
     return MethodSpec(name, base, kind, ENSEMBLES[base])
 
