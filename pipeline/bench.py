@@ -37,7 +37,7 @@ from pipeline.decoding import generate
 from pipeline.files import ResultsError
 from pipeline.models import BUNDLED, ModelError, Recipe, cpu_kernels, ensure_draft, load, load_bundled, truncated_copy
 from pipeline.speed import fmt as speed_fmt
-from pipeline.speed import ratio_interval
+from pipeline.speed import predicted_speedup, ratio_interval
 
 FALLBACK_PROMPTS = [
     'def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n',
@@ -80,6 +80,7 @@ class Totals:
     runs: int = 0
     outputs: list = field(default_factory=list)
     per_prompt: list = field(default_factory=list)  # (tokens, wall) of each prompt, in prompt order
+    stats: list = field(default_factory=list)  # the decoder's stats of each prompt, in prompt order
 
 
 def variants(gammas: list[int], proposer: str, hf: bool) -> list[Variant]:
@@ -96,6 +97,7 @@ def variants(gammas: list[int], proposer: str, hf: bool) -> list[Variant]:
     out += [Variant("we T=1", "we", "we", temperature=1.0, method_args=we, baseline=True)]
     out += [Variant("we T=1", f"we_sd g={g}", "we_sd", g, 1.0, {**we, **spec}) for g in gammas]
     out += [Variant("we T=1", f"we_se g=[1,{g}]", "we_se", [1, g], 1.0, {**we, **spec}) for g in gammas]
+    out += [Variant("we T=1", "we_me", "we_me", temperature=1.0, method_args=we)]
     out += [Variant("cd T=0", "cd", "cd", method_args=cd, baseline=True)]
     out += [Variant("cd T=0", f"cd_sd g={g}", "cd_sd", g, 0.0, {**cd, **spec}) for g in gammas]
     out += [Variant("cd T=0", f"cd_se g=[1,{g}]", "cd_se", [1, g], 0.0, {**cd, **spec}) for g in gammas]
@@ -147,6 +149,7 @@ def run_variant(v: Variant, target, draft, ids, max_new, eos, seed) -> tuple[lis
         "verified": verified,
         "accepted": s.accepted,
         "target_calls": s.models[0].forward_calls,
+        "stats": s.to_dict(),
     }
 
 
@@ -171,6 +174,8 @@ def measure(target, draft, tokenizer, prompts, vs: list[Variant], max_new: int) 
             t.accepted += m.get("accepted", 0)
             t.target_calls += m.get("target_calls", 0)
             t.per_prompt.append((len(tokens), m["wall"]))
+            if "stats" in m:
+                t.stats.append(m["stats"])
             t.runs += 1
             t.outputs.append((v, i, tokens))
             bar.update()
@@ -191,6 +196,13 @@ def _speedup(t: Totals, base: Totals) -> tuple[float, float | None, float | None
     return (t.tokens / t.wall) / (base.tokens / base.wall), low, high
 
 
+def _predicted(t: Totals, base: Totals) -> float | None:
+    """The speed-up predicted from ``t``'s counted forwards priced at ``base``'s measured cost per forward."""
+    if t is base or len(t.stats) != len(base.stats):
+        return None
+    return predicted_speedup([{"stats": m, "baseline": {"stats": b}} for m, b in zip(t.stats, base.stats)])
+
+
 def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
     rows = []
     base = {v.group: totals[v.label] for v in vs if v.baseline}
@@ -207,6 +219,7 @@ def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
             "acceptance": t.accepted / t.verified if t.verified else None,
             "tau": t.tokens / t.target_calls if t.target_calls else None,
             "overhead": None if t.forward is None else 1 - t.forward / t.wall,
+            "predicted": _predicted(t, base[v.group]),
             "identical": f"{t.same}/{t.runs}" if v.temperature == 0 else "-",
         }
         if v.method == "hf_assisted":
@@ -221,8 +234,8 @@ def render(rows: list[dict]) -> str:
         return "-" if x is None else format(x, spec)
 
     head = (
-        f"| {'group':8} | {'method':18} | tok/s | {'speed-up [95% interval]':23} | accept |    τ | overhead "
-        "| same as baseline |"
+        f"| {'group':8} | {'method':18} | tok/s | {'speed-up [95% interval]':23} | predicted | accept |    τ "
+        "| overhead | same as baseline |"
     )
     lines = [head, "|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|"]
     for r in rows:
@@ -230,6 +243,7 @@ def render(rows: list[dict]) -> str:
         speedup = speed_fmt(r["speedup"], *r["speedup_ci"])
         lines.append(
             f"| {r['group']:8} | {r['method']:18} | {r['tok_per_s']:5.1f} | {speedup:23} | "
+            f"{fmt(r['predicted'], '8.2f') + 'x' if r['predicted'] else '-':>9} | "
             f"{fmt(r['acceptance'], '6.1%')} | {fmt(r['tau'], '4.2f')} | "
             f"{fmt(r['overhead'], '8.1%')} | {r['identical']}{extra} |"
         )
@@ -283,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-layers", type=int, default=2, help="layers of the distilled or truncated draft")
     ap.add_argument("--proposer", default="lookup+draft", choices=["draft", "lookup", "lookup+draft"])
     ap.add_argument("--quick", action="store_true", help="3 prompts, 32 tokens, gamma 2 only")
+    ap.add_argument("--group", choices=["greedy", "we T=1", "cd T=0"], help="run one group of methods only")
     ap.add_argument("--no-pack", action="store_true", help="keep nn.Linear (MKL) instead of prepacked oneDNN layers")
     ap.add_argument("--json", type=Path, help="also write the table as JSON here")
     ap.add_argument(
@@ -315,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         kernels = "oneDNN prepacked"
     prompts = humaneval_prompts(args.prompts)
     vs = variants(args.gamma, args.proposer, hf=hasattr(draft, "generate"))
+    vs = [v for v in vs if args.group in (None, v.group)]
     print(
         f"target: bundled SmolLM2-135M-Instruct (float32, {torch.get_num_threads()} threads); "
         f"draft: {draft_desc}; proposer: {args.proposer}; linear kernels: {kernels}"
@@ -325,6 +341,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = table(vs, totals)
     print(render(rows))
     print("speed-up: tokens/s over the group's baseline (large_model; we; cd), measured interleaved.")
+    print(
+        "predicted: the speed-up its counted forwards predict, each priced at the baseline's measured cost of a "
+        "forward (the loop free, a forward of k tokens as dear as one)."
+    )
     print(
         "interval: 95% paired bootstrap over prompts (BCa). accept: accepted / verified proposals (lookup and models)."
         " τ: tokens per forward of the target (mean accepted length, the verifier's token included)."
