@@ -98,6 +98,7 @@ def variants(gammas: list[int], proposer: str, hf: bool) -> list[Variant]:
     out += [Variant("we T=1", f"we_sd g={g}", "we_sd", g, 1.0, {**we, **spec}) for g in gammas]
     out += [Variant("we T=1", f"we_se g=[1,{g}]", "we_se", [1, g], 1.0, {**we, **spec}) for g in gammas]
     out += [Variant("we T=1", "we_me", "we_me", temperature=1.0, method_args=we)]
+    out += [Variant("we T=1", f"we_me_sd g={g}", "we_me_sd", g, 1.0, we) for g in gammas]  # the draft drafts
     out += [Variant("cd T=0", "cd", "cd", method_args=cd, baseline=True)]
     out += [Variant("cd T=0", f"cd_sd g={g}", "cd_sd", g, 0.0, {**cd, **spec}) for g in gammas]
     out += [Variant("cd T=0", f"cd_se g=[1,{g}]", "cd_se", [1, g], 0.0, {**cd, **spec}) for g in gammas]

@@ -14,7 +14,7 @@ from pipeline.decoding import generate
 from pipeline.decoding.audit import Audit, AuditError
 from pipeline.decoding.engine import Member
 from pipeline.decoding.runner import HFRunner
-from pipeline.decoding.spec import PROPOSERS, method_names, parse_method
+from pipeline.decoding.spec import method_names, parse_method
 
 from .conftest import perturbed, tiny_llama
 
@@ -28,7 +28,7 @@ METHODS = [m for m in method_names() if parse_method(m).base in ("large_model", 
 CASES = [
     (method, proposer, setting)
     for method in METHODS
-    for proposer in (PROPOSERS if parse_method(method).speculative else [None])
+    for proposer in (parse_method(method).proposer_kinds or [None])
     for setting in SETTINGS
     if setting != "greedy" or parse_method(method).greedy_ok  # a mixture draw has no greedy form
 ]
@@ -62,7 +62,7 @@ def test_every_distribution_matches_a_recompute_from_scratch(trio, method, propo
 
 
 def test_every_built_in_method_is_audited():
-    assert {parse_method(m).kind for m in METHODS} == {"plain", "sd", "se", "me"}
+    assert {parse_method(m).kind for m in METHODS} == {"plain", "sd", "se", "me", "me_sd"}
     assert {parse_method(m).base for m in METHODS} == {"large_model", "small_model", "we", "cd"}
 
 
@@ -92,7 +92,8 @@ BUGS = {
 @pytest.mark.parametrize(
     "method,proposer,bug,setting",
     [("sd", "draft", bug, setting) for bug in BUGS for setting in SETTINGS]
-    + [("we_me", None, "catch_up", "sampling")],  # the mixture's lazy catch-up (it never crops)
+    + [("we_me", None, "catch_up", "sampling")]  # the mixture's lazy catch-up (it never crops)
+    + [("we_me_sd", "draft", bug, "sampling") for bug in BUGS],
 )
 def test_the_audit_catches_an_injected_bug(trio, monkeypatch, method, proposer, bug, setting):
     early = audited(trio, method, proposer, setting, n=40)[0].token_ids

@@ -194,3 +194,12 @@ def test_mixture_stops_at_eos(pair):
     eos = tokens[10]
     out = generate(models, PROMPT, "we_me", eos_token_id=eos, **kw)
     assert out.token_ids == tokens[: tokens.index(eos) + 1] and out.stats.stop_reason == "eos"
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 7])
+def test_speculative_mixture_stops_at_max_new_tokens_mid_round(pair, n):
+    target, _ = pair
+    models = [target, perturbed(target, 0.2, seed=5)]
+    out = generate(models, PROMPT, "we_me_sd", gamma=4, max_new_tokens=n, temperature=1.0, method_args={"lambda": 0.5})
+    assert len(out.token_ids) == n and out.stats.stop_reason == "max_new_tokens"
+    assert out.stats.models[0].proposed == 0  # the other (the cheaper on a tie) drafts

@@ -133,6 +133,43 @@ CASES = [
     ("we_me", [0, 2], "we", {"weights": [0.8, 0.2]}, {"method_args": {"lambda": 0.2}}),
     ("we_me", [0, 1, 2], "we", {"weights": [0.2, 0.3, 0.5]}, {"method_args": {"weights": [0.2, 0.3, 0.5]}}),
     ("we_me", [0, 3], "we", {"weights": [0.4, 0.6]}, {"method_args": {"lambda": 0.6}}),  # a restricted head
+    # ... with runs of a member's positions decoded speculatively, another member drafting
+    ("we_me_sd", [0, 1], "we", {"weights": [0.5, 0.5]}, {"method_args": TWO["we"], "gamma": 2}),
+    (
+        "we_me_sd",
+        [0, 2],
+        "we",
+        {"weights": [0.8, 0.2]},
+        {"method_args": {"lambda": 0.2, "first_proposer": 1}, "gamma": 3},
+    ),
+    (
+        "we_me_sd",
+        [0, 2],
+        "we",
+        {"weights": [0.5, 0.5]},
+        {"method_args": {"lambda": 0.5, "first_proposer": 0}, "gamma": 1},  # the large model drafts
+    ),
+    (
+        "we_me_sd",
+        [0, 2],
+        "we",
+        {"weights": [0.5, 0.5]},
+        {"method_args": {"lambda": 0.5, "first_proposer": 1}, "gamma": 2},
+    ),
+    (
+        "we_me_sd",
+        [0, 1, 2],
+        "we",
+        {"weights": [0.2, 0.3, 0.5]},
+        {"method_args": {"weights": [0.2, 0.3, 0.5], "first_proposer": 1}, "gamma": 2},
+    ),
+    (
+        "we_me_sd",
+        [0, 3],
+        "we",
+        {"weights": [0.4, 0.6]},
+        {"method_args": {"lambda": 0.6, "first_proposer": 1}, "gamma": 2},  # a restricted head drafts
+    ),
     # prompt lookup: one-hot proposals through the same acceptance rule
     ("sd", [0], "single", {}, {"gamma": 2, "method_args": {"proposer": "lookup"}, "prompt": REPEAT}),
     ("sd", [0, 1], "single", {}, {"gamma": 2, "method_args": {"proposer": "lookup+draft"}, "prompt": REPEAT}),
@@ -183,4 +220,23 @@ def test_the_check_sees_the_mixture_weights(models):
     pair = [models[0], models[2]]
     expected = exact_joint("we", pair, setting, {"weights": [0.8, 0.2]})
     counts = empirical_joint(pair, "we_me", setting, method_args={"lambda": 0.5})
+    assert chi_square_pvalue(counts, expected) < ALPHA
+
+
+def test_the_check_sees_a_drafter_position_verified_as_another_members(models, monkeypatch):
+    """``we_me_sd`` with the drafter's own positions verified against the verifying member's ``p_k`` (so
+    drawn from ``p_k`` instead of the drafter's own) must fail the check."""
+    from pipeline.decoding.engine import Decoder
+    from pipeline.decoding.sampling import probs
+
+    def verified_as_the_member(self, k):
+        start, count = self.committed, len(self.tokens) - self.committed
+        self.members[k].catch_up(self.tokens, start)
+        return self._settle(start, count, probs(self.members[k].span(start, start + count), self.sampling))
+
+    monkeypatch.setattr(Decoder, "_verify_mixture", verified_as_the_member)
+    setting = SETTINGS[0]
+    pair = [models[0], models[2]]
+    expected = exact_joint("we", pair, setting, {"weights": [0.5, 0.5]})
+    counts = empirical_joint(pair, "we_me_sd", setting, method_args={"lambda": 0.5, "first_proposer": 1}, gamma=2)
     assert chi_square_pvalue(counts, expected) < ALPHA

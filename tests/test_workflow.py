@@ -133,6 +133,13 @@ def test_mixture_cells_take_no_gamma_run_we_beside_them_and_refuse_greedy():
     assert cell["method_args"] == {"lambda": 0.5} and cell["baseline"] == "we"
     assert dims["standard"] == "we" and dims["gamma"] is None and dims["kind"] == "me"
     assert cell_from_dict(cell).method == "we_me"
+    # the speculative form takes gamma, and only models as proposers
+    config["grids"][0]["methods"].append("we_me_sd")
+    with pytest.raises(ConfigError, match=r"proposer='lookup\+draft' for 'we_me_sd': expected one of draft$"):
+        expand_cells(check_config({**config, "proposer": "lookup+draft"}))
+    cells = expand_cells(check_config({**config, "proposer": "draft"}))
+    assert {"humaneval/pair/we_me_sd-T1-g2", "humaneval/pair/we_me_sd-T1-g3"} < set(cells)
+    assert cells["humaneval/pair/we_me_sd-T1-g3"]["cell"]["baseline"] == "we"
     config["grids"][0]["temperature"] = [0.0, 1.0]
     with pytest.raises(ConfigError, match=r"^grid 'g': temperature=0.0 for 'we_me': .*temperature > 0"):
         expand_cells(check_config(config))
@@ -180,7 +187,7 @@ def test_bad_config_stops_snakemake_with_one_line(tmp_path):
     lines = [line for line in (run.stdout + run.stderr).splitlines() if line.strip()]
     assert lines == [
         "error: config key grids[0].methods[1]: 'speculative' is not a method; accepted: "
-        "large_model, small_model, sd, we, we_sd, we_se, we_me, cd, cd_sd, cd_se"
+        "large_model, small_model, sd, we, we_sd, we_se, we_me, we_me_sd, cd, cd_sd, cd_se"
     ]
     assert not (tmp_path / "results").exists()
 

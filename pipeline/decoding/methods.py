@@ -107,6 +107,9 @@ def plan_method(
         return Plan(members, target_fn, None), args
     first = args["first_proposer"] = cheapest(models) if args["first_proposer"] is None else args["first_proposer"]
     gammas = args["gamma"] = _check_gamma(spec, gamma, n)
+    if spec.kind == "me_sd":
+        args["gamma"] = gammas[first]
+        return Plan(members, target_fn, [((first,), gammas[first])], mixture=args["weights"]), args
     order = members[first:] + members[:first] if spec.kind == "se" else [first]
     return Plan(members, target_fn, _schedule(args["proposer"], members, order, [gammas[i] for i in order])), args
 
@@ -218,7 +221,8 @@ def generate(
     ``*_sd``/``*_se``, ``first_proposer`` (the index of the model that
     proposes first; default the one with the fewest parameters). ``we_me``
     draws one member per position (weights as for ``we``) and needs
-    ``temperature > 0``. Speculative
+    ``temperature > 0``; ``we_me_sd`` too, its ``first_proposer`` drafting
+    ``gamma`` tokens for runs of the other members. Speculative
     methods take ``proposer``: ``draft`` (models propose), ``lookup``
     (prompt lookup alone) or ``lookup+draft`` (lookup where the context
     matches, the model elsewhere). Stop strings need a ``tokenizer``. Tests

@@ -4,7 +4,9 @@ A name is ``large_model``, ``small_model``, ``sd`` or, for each registered
 ensemble ``E``, ``E`` (the standard ensemble), ``E_sd`` (one model proposes,
 every model verifies) or ``E_se`` (every model proposes in turn); and for a
 mixture ensemble (``we``) ``E_me`` (one member drawn per position, the token
-drawn from it alone; sampling only). The decoder
+drawn from it alone; sampling only) and ``E_me_sd`` (the same, with runs of
+positions drawn for an expensive member decoded speculatively, the cheapest
+member drafting). The decoder
 and the workflow both read the spec and check a method against a model set
 with :meth:`MethodSpec.check`, so the two never disagree.
 """
@@ -31,18 +33,26 @@ def is_int(x: Any) -> bool:
 class MethodSpec:
     name: str
     base: str  # the method it is or speeds up: large_model, small_model or an ensemble's name
-    kind: str  # "plain", "sd" (one proposer, the others verify), "se" (every model proposes in turn), "me" (mixture)
+    kind: str  # "plain", "sd" (one proposer, the others verify), "se" (every model proposes in turn),
+    # "me" (a mixture draw: one member per position) or "me_sd" (the same, speculative)
     ensemble: Ensemble | None = None
 
     @property
     def speculative(self) -> bool:
         """Proposes and verifies (takes gamma and a proposer)."""
-        return self.kind in ("sd", "se")
+        return self.kind in ("sd", "se", "me_sd")
 
     @property
     def greedy_ok(self) -> bool:
         """Defined at temperature 0: a mixture draw has no greedy form (argmax r is no member's argmax)."""
-        return self.kind != "me"
+        return self.kind not in ("me", "me_sd")
+
+    @property
+    def proposer_kinds(self) -> tuple[str, ...]:
+        """The ``proposer`` values it takes: a mixture's drafter must sample its own positions, so a model."""
+        if not self.speculative:
+            return ()
+        return (DRAFT,) if self.kind == "me_sd" else PROPOSERS
 
     def check_temperature(self, temperature: float) -> None:
         """Raise ArgumentError (one line) for a temperature this method cannot sample at."""
@@ -86,8 +96,9 @@ class MethodSpec:
             raise ArgumentError(f"unknown method_args {unknown} for {self.name!r}; accepted: {keys}")
         resolved = {**accepted, **method_args}
         proposer = resolved.get("proposer", DRAFT)
-        if proposer not in PROPOSERS:
-            raise ArgumentError(f"proposer={proposer!r} for {self.name!r}: expected one of {', '.join(PROPOSERS)}")
+        if self.speculative and proposer not in self.proposer_kinds:
+            kinds = ", ".join(self.proposer_kinds)
+            raise ArgumentError(f"proposer={proposer!r} for {self.name!r}: expected one of {kinds}")
         if not self.fits(n, proposer):
             low, high = self.model_range(proposer)
             want = str(low) if low == high else f"{low} to {high}" if high else f"{low} or more"
@@ -115,7 +126,9 @@ def method_names() -> list[str]:
     """Every accepted method name, registered ensembles included."""
     names = [*SINGLE_METHODS, "sd"]
     for name in ENSEMBLES:
-        names += [name, f"{name}_sd", f"{name}_se"] + ([f"{name}_me"] if ENSEMBLES[name].mixture else [])
+        names += [name, f"{name}_sd", f"{name}_se"]
+        if ENSEMBLES[name].mixture:
+            names += [f"{name}_me", f"{name}_me_sd"]
     return names
 
 
@@ -125,8 +138,11 @@ def parse_method(name: str) -> MethodSpec:
         return MethodSpec(name, name, "plain")
     if name == "sd":
         return MethodSpec(name, "large_model", "sd")
-    base, _, kind = name.rpartition("_") if name.endswith(("_sd", "_se", "_me")) else (name, "", "plain")
-    if base not in ENSEMBLES or (kind == "me" and not ENSEMBLES[base].mixture):
+    if name.endswith("_me_sd"):
+        base, kind = name.removesuffix("_me_sd"), "me_sd"
+    else:
+        base, _, kind = name.rpartition("_") if name.endswith(("_sd", "_se", "_me")) else (name, "", "plain")
+    if base not in ENSEMBLES or (kind.startswith("me") and not ENSEMBLES[base].mixture):
         raise ArgumentError(f"unknown method {name!r}; accepted: {', '.join(method_names())}")
     return MethodSpec(name, base, kind, ENSEMBLES[base])
 
