@@ -221,6 +221,7 @@ def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
             "tau": t.tokens / t.target_calls if t.target_calls else None,
             "overhead": None if t.forward is None else 1 - t.forward / t.wall,
             "predicted": _predicted(t, base[v.group]),
+            "per_prompt": t.per_prompt,  # (tokens, wall s) per prompt: any two rows' ratio with its interval
             "identical": f"{t.same}/{t.runs}" if v.temperature == 0 else "-",
         }
         if v.method == "hf_assisted":
