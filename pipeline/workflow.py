@@ -417,7 +417,7 @@ def _check_values(config: dict[str, Any], g: dict[str, Any], method: str, names:
     """The decoder's own check of a method and its arguments against a model set, before any job starts."""
     spec = _spec(method)
     args = {k: v for k, v in g["method_args"].items() if k in spec.accepted_args()}
-    if spec.speculative:
+    if "proposer" in spec.accepted_args():
         args.setdefault("proposer", g["proposer"])
     restricted = [repr(m) for m in names if _restricted_head(config["models"][m])]
     try:
@@ -454,7 +454,7 @@ def _cell(config, g, method, names, label, dataset, dopts, t, gamma) -> tuple[st
     if kind == "se" and isinstance(gamma, int) and g["se_large_gamma"] is not None:
         gamma = [g["se_large_gamma"]] + [gamma] * (n - 1)
     args = {k: v for k, v in g["method_args"].items() if k in _accepted_args(method)}
-    if kind != "plain":
+    if "proposer" in _accepted_args(method):  # not the peers (transformers' own methods)
         args.setdefault("proposer", g["proposer"])
     models = [model_entry(config, m) for m in names]
     cell: dict[str, Any] = {
