@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from pipeline.decoding import generate
+from pipeline.decoding.spec import parse_method
 from pipeline.files import ResultsError
 from pipeline.models import BUNDLED, ModelError, Recipe, cpu_kernels, ensure_draft, load, load_bundled, truncated_copy
 from pipeline.speed import fmt as speed_fmt
@@ -61,7 +62,7 @@ def humaneval_prompts(n: int) -> list[str]:
 class Variant:
     group: str  # which baseline it is compared with
     label: str
-    method: str  # a decoder method, or "hf_assisted"
+    method: str  # a decoder method (transformers' own ``hf_*`` included)
     gamma: Any = 1
     temperature: float = 0.0
     method_args: dict = field(default_factory=dict)
@@ -82,7 +83,8 @@ class Totals:
     per_prompt: list = field(default_factory=list)  # (tokens, wall) of each prompt, in prompt order
 
 
-def variants(gammas: list[int], proposer: str, hf: bool) -> list[Variant]:
+def variants(gammas: list[int], proposer: str, peers: bool) -> list[Variant]:
+    """Every method of the table; ``peers``: transformers' own methods too (``hf_*``, a full-head draft)."""
     we = {"lambda": 0.5}
     cd = {"alpha": 0.1}
     spec = {"proposer": proposer}
@@ -91,43 +93,23 @@ def variants(gammas: list[int], proposer: str, hf: bool) -> list[Variant]:
         Variant("greedy", "small_model", "small_model"),
     ]
     out += [Variant("greedy", f"sd g={g}", "sd", g, method_args=spec) for g in gammas]
-    if hf:
+    if peers:
         out += [Variant("greedy", f"hf_assisted g={g}", "hf_assisted", g) for g in gammas]
+        out += [Variant("greedy", f"hf_prompt_lookup g={g}", "hf_prompt_lookup", g) for g in gammas]
     out += [Variant("we T=1", "we", "we", temperature=1.0, method_args=we, baseline=True)]
     out += [Variant("we T=1", f"we_sd g={g}", "we_sd", g, 1.0, {**we, **spec}) for g in gammas]
     out += [Variant("we T=1", f"we_se g=[1,{g}]", "we_se", [1, g], 1.0, {**we, **spec}) for g in gammas]
+    if peers:
+        out += [Variant("we T=1", f"hf_assisted_ensemble g={g}", "hf_assisted_ensemble", g, 1.0, we) for g in gammas]
     out += [Variant("cd T=0", "cd", "cd", method_args=cd, baseline=True)]
     out += [Variant("cd T=0", f"cd_sd g={g}", "cd_sd", g, 0.0, {**cd, **spec}) for g in gammas]
     out += [Variant("cd T=0", f"cd_se g=[1,{g}]", "cd_se", [1, g], 0.0, {**cd, **spec}) for g in gammas]
     return out
 
 
-def run_hf_assisted(target, draft, ids: list[int], gamma: int, max_new: int, eos: int | None):
-    """transformers' own assisted generation with a fixed draft length (no dynamic schedule)."""
-    draft.generation_config.num_assistant_tokens = gamma
-    draft.generation_config.num_assistant_tokens_schedule = "constant"
-    draft.generation_config.assistant_confidence_threshold = 0.0
-    inputs = torch.tensor([ids])
-    start = time.perf_counter()
-    with torch.inference_mode():
-        out = target.generate(
-            inputs,
-            attention_mask=torch.ones_like(inputs),
-            assistant_model=draft,
-            do_sample=False,
-            max_new_tokens=max_new,
-            eos_token_id=eos,
-            pad_token_id=eos,
-        )
-    return out[0, len(ids) :].tolist(), time.perf_counter() - start
-
-
 def run_variant(v: Variant, target, draft, ids, max_new, eos, seed) -> tuple[list[int], dict]:
     if v.group.startswith("cd") and getattr(draft, "restricted_vocab", False):
         draft = draft.base  # CD needs the amateur's full-vocabulary logits
-    if v.method == "hf_assisted":
-        tokens, wall = run_hf_assisted(target, draft, ids, v.gamma, max_new, eos)
-        return tokens, {"wall": wall, "forward": None}
     r = generate(
         [target, draft],
         ids,
@@ -145,7 +127,7 @@ def run_variant(v: Variant, target, draft, ids, max_new, eos, seed) -> tuple[lis
         "wall": s.wall_time_s,
         "forward": s.forward_time_s,
         "verified": verified,
-        "accepted": s.accepted,
+        "accepted": s.accepted or 0,  # None for transformers' methods: not counted
         "target_calls": s.models[0].forward_calls,
     }
 
@@ -209,8 +191,9 @@ def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
             "overhead": None if t.forward is None else 1 - t.forward / t.wall,
             "identical": f"{t.same}/{t.runs}" if v.temperature == 0 else "-",
         }
-        if v.method == "hf_assisted":
-            ours, ours_low, ours_high = _speedup(totals[f"sd g={v.gamma}"], t)
+        counterpart = parse_method(v.method).ours
+        if counterpart is not None:  # a peer: our method doing the same job, same gamma, over it
+            ours, ours_low, ours_high = _speedup(totals[f"{counterpart} g={v.gamma}"], t)
             row["ours_vs_hf"], row["ours_vs_hf_ci"] = ours, [ours_low, ours_high]
         rows.append(row)
     return rows
@@ -281,6 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gamma", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--draft", default="distilled", help="distilled (default), truncated, or a model directory")
     ap.add_argument("--draft-layers", type=int, default=2, help="layers of the distilled or truncated draft")
+    ap.add_argument(
+        "--full-head",
+        action="store_true",
+        help="load a distilled draft with its teacher's full head: transformers' own methods (hf_*) then run too",
+    )
     ap.add_argument("--proposer", default="lookup+draft", choices=["draft", "lookup", "lookup+draft"])
     ap.add_argument("--quick", action="store_true", help="3 prompts, 32 tokens, gamma 2 only")
     ap.add_argument("--no-pack", action="store_true", help="keep nn.Linear (MKL) instead of prepacked oneDNN layers")
@@ -301,10 +289,11 @@ def main(argv: list[str] | None = None) -> int:
             draft_desc = f"first {args.draft_layers} layers of the target, untrained"
         elif args.draft == "distilled":
             path = ensure_draft(BUNDLED, Recipe(layers=args.draft_layers))
-            draft = load(path, pack=False)[0]
-            draft_desc = f"{path.name} (distilled)"
+            draft = load(path, full_head=args.full_head, pack=False)[0]
+            draft_desc = f"{path.name} (distilled{', full head' if args.full_head else ''})"
         else:
-            draft, draft_desc = load(args.draft, pack=False)[0], args.draft
+            draft = load(args.draft, full_head=args.full_head, pack=False)[0]
+            draft_desc = args.draft + (" (full head)" if args.full_head else "")
     except ModelError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -314,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
         cpu_kernels.pack_linears(draft)
         kernels = "oneDNN prepacked"
     prompts = humaneval_prompts(args.prompts)
-    vs = variants(args.gamma, args.proposer, hf=hasattr(draft, "generate"))
+    peers = not getattr(draft, "restricted_vocab", False)  # transformers cannot take a restricted head
+    vs = variants(args.gamma, args.proposer, peers)
     print(
         f"target: bundled SmolLM2-135M-Instruct (float32, {torch.get_num_threads()} threads); "
         f"draft: {draft_desc}; proposer: {args.proposer}; linear kernels: {kernels}"
@@ -330,6 +320,13 @@ def main(argv: list[str] | None = None) -> int:
         " τ: tokens per forward of the target (mean accepted length, the verifier's token included)."
         " overhead: 1 - time inside model forwards / wall time."
     )
+    if not peers:
+        print("transformers' own methods (hf_*) left out: the draft has a restricted head (run with --full-head)")
+    else:
+        print(
+            "hf_*: transformers' own generate with the same draft and gamma; (ours ...): our sd (we_sd for "
+            "hf_assisted_ensemble) at the same gamma over it, measured interleaved."
+        )
     print(f"bench took {time.perf_counter() - start:.0f} s")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

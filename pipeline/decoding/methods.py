@@ -235,7 +235,8 @@ def generate(
     if stop_strings and tokenizer is None:
         raise ArgumentError("stop_strings need a tokenizer to decode the output")
     check_seed(seed)
-    stopper = Stopper(max_new_tokens, eos, stop_strings, (lambda ids: tokenizer.decode(ids)) if tokenizer is not None else None)
+    decode = (lambda ids: tokenizer.decode(ids)) if tokenizer is not None else None
+    stopper = Stopper(max_new_tokens, eos, stop_strings, decode)
     spec = parse_method(method)
     if spec.kind == "peer":
         tokens, stats = run_peer(spec, models, prompt, resolved, sampling, stopper, seed, stop_strings, tokenizer)

@@ -24,11 +24,12 @@ from .ensemble import ENSEMBLES, Ensemble
 SINGLE_METHODS = ("large_model", "small_model")
 PROPOSERS = ("draft", "lookup", "lookup+draft")  # "+" chains proposers: the first that proposes wins
 DRAFT = "draft"  # in a proposer kind: the turn's own model
-# transformers' own methods: name -> (the method it speeds up, what proposes: the set's draft or prompt lookup)
+# transformers' own methods: name -> (the method it speeds up, what proposes: the set's draft or prompt
+# lookup, our method it is measured against)
 PEERS = {
-    "hf_assisted": ("large_model", DRAFT),
-    "hf_prompt_lookup": ("large_model", "lookup"),
-    "hf_assisted_ensemble": ("we", DRAFT),
+    "hf_assisted": ("large_model", DRAFT, "sd"),
+    "hf_prompt_lookup": ("large_model", "lookup", "sd"),
+    "hf_assisted_ensemble": ("we", DRAFT, "we_sd"),
 }
 
 
@@ -70,6 +71,11 @@ class MethodSpec:
     def peer_proposer(self) -> str | None:
         """What proposes for a peer method: ``draft`` (the set's second model) or ``lookup``."""
         return PEERS[self.name][1] if self.kind == "peer" else None
+
+    @property
+    def ours(self) -> str | None:
+        """For a peer method: our method that does the same job (``sd`` for transformers' assisted generation)."""
+        return PEERS[self.name][2] if self.kind == "peer" else None
 
     def fits(self, n: int, proposer: str = DRAFT) -> bool:
         low, high = self.model_range(proposer)
