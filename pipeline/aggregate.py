@@ -38,7 +38,7 @@ from typing import Any
 import pandas as pd
 
 from .files import ResultsError, atomic_path, read_jsonl, write_atomic
-from .speed import Policy, fmt, halfwidth, ratio_interval
+from .speed import Policy, fmt, halfwidth, ratio_interval, relative_speedup
 
 ROW = ["model_set", "method", "T"]
 
@@ -110,6 +110,7 @@ def _collect(results: Path) -> tuple[pd.DataFrame, dict[str, list[dict[str, Any]
     df["gamma"] = df["gamma"].fillna("")
     df["T"] = df["temperature"].map(lambda t: f"{t:g}")
     df.attrs["confidence"] = policy.confidence
+    df.attrs["policy"] = policy
     return _add_ratios(df, samples, policy), samples
 
 
@@ -302,6 +303,38 @@ def plot_predicted(df: pd.DataFrame, path: Path) -> Path | None:
     return _savefig(fig, path)
 
 
+def _peers(df: pd.DataFrame, samples: dict[str, list[dict[str, Any]]]) -> pd.DataFrame:
+    """Ours over transformers' own methods (``hf_*``): each speculative cell of ours against each peer cell of
+    the same model set, dataset and T, as the ratio of their side-by-side speed-ups (``relative_speedup``)."""
+    from .decoding.spec import PEERS
+
+    peers = df[df["method"].isin(list(PEERS))]
+    ours = df[df["kind"].isin(["sd", "se"])]
+    out, key = [], ["model_set", "dataset", "temperature"]
+    for _, p in peers.iterrows():
+        same = ours[(ours[key] == p[key]).all(axis=1)]
+        for _, o in same.iterrows():
+            ratio = relative_speedup(samples[o["id"]], samples[p["id"]], df.attrs.get("policy", Policy()))
+            if ratio is None:
+                continue
+            unstable = bool(o["unstable"] or p["unstable"])
+            out.append(
+                {
+                    "model_set": o["model_set"],
+                    "T": o["T"],
+                    "dataset": o["dataset"],
+                    "ours": f"{o['method']} (γ={o['gamma']})",
+                    "peer": f"{p['method']} (γ={p['gamma']})",
+                    "ours_over_peer": fmt(*ratio, unstable=unstable),
+                }
+            )
+    if not out:
+        return pd.DataFrame()
+    return pd.DataFrame(out).pivot_table(
+        index=["model_set", "T", "dataset", "ours"], columns="peer", values="ours_over_peer", aggfunc="first"
+    )
+
+
 def _categories(df: pd.DataFrame) -> pd.DataFrame:
     """Spec-Bench per category: speed-up with its interval (tokens/s where there is no baseline), and τ."""
     cats = sorted({c.split(":")[1] for c in df.columns if c.startswith("cat:")})
@@ -328,7 +361,7 @@ def _categories(df: pd.DataFrame) -> pd.DataFrame:
 def aggregate(results: Path) -> list[Path]:
     """Write every table and plot for ``results``; returns the paths written."""
     results = Path(results)
-    df = collect(results)
+    df, samples = _collect(results)
     out, plots = results / "tables", results / "plots"
     written: list[Path] = []
     if df.empty:
@@ -351,7 +384,21 @@ def aggregate(results: Path) -> list[Path]:
         f"measured side by side in the same job; best over the gamma sweep (the best of several noisy estimates "
         f"leans high: read the interval); {conf} interval in brackets.\n"
     )
+    if df["kind"].eq("peer").any():
+        caption += (
+            "`hf_*`: transformers' own `generate` (assisted generation, prompt lookup, `assistant_ensemble_weight`) "
+            "with the model set's draft and the same gamma; transformers cannot take a restricted head, so they "
+            "run on a set with a full-head draft, and the table's other rows of that set use the same draft.\n"
+        )
     tables.append(("speedup_vs_standard", "Speed-up over the standard method", caption, num, _md(txt)))
+    versus = _peers(df, samples)
+    if not versus.empty:
+        caption = (
+            "Ours over transformers' own methods: each cell's side-by-side speed-up over its standard method "
+            f"divided by the peer's, prompts paired ({conf} paired-bootstrap interval); `hf_assisted_ensemble` "
+            "is not the weighted ensemble's distribution (README: Peers).\n"
+        )
+        tables.append(("ours_vs_peers", "Ours over transformers' methods", caption, versus, _md(versus)))
     num, txt = _best(df, "speedup_vs_large")
     caption = "Tokens/s over the large model's own cell (another job; prompts paired by id).\n"
     tables.append(("speedup_vs_large", "Speed-up over the large model alone", caption, num, _md(txt)))
