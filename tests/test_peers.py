@@ -121,6 +121,20 @@ def test_peers_stop_where_ours_stop(trio):
     assert got.stats.stop_reason == "eos"
 
 
+def test_peers_stop_at_stop_strings_as_ours(tiny_dir, smol_tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
+    prompt = smol_tokenizer("def add(a, b):").input_ids
+    kw = {"max_new_tokens": 16, "tokenizer": smol_tokenizer}
+    free = generate([model, model], prompt, "large_model", **kw).token_ids
+    stop = smol_tokenizer.decode(free[5:7])
+    want = generate([model, model], prompt, "large_model", stop_strings=[stop], **kw)
+    got = generate([model, model], prompt, "hf_assisted", gamma=4, stop_strings=[stop], **kw)
+    assert want.stats.stop_reason == got.stats.stop_reason == "stop_string"
+    assert got.token_ids == want.token_ids and len(got.token_ids) <= 7
+
+
 def test_peer_checks(trio):
     target, draft, _ = trio
     with pytest.raises(ArgumentError, match="strictly between 0 and 1"):

@@ -239,7 +239,7 @@ def generate(
     stopper = Stopper(max_new_tokens, eos, stop_strings, decode)
     spec = parse_method(method)
     if spec.kind == "peer":
-        tokens, stats = run_peer(spec, models, prompt, resolved, sampling, stopper, seed, stop_strings, tokenizer)
+        tokens, stats = run_peer(spec, models, prompt, resolved, sampling, stopper, seed)
         text = tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else None
         return GenerationResult(tokens, stats, text, resolved)
 

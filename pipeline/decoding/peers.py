@@ -11,10 +11,11 @@ output is not the weighted ensemble's distribution (``tests/test_peers.py``
 measures the gap).
 
 Each call is seeded (``torch.manual_seed``: transformers samples with the
-global generator) and takes the same temperature, top-k, top-p, EOS ids and
-stop strings as ours. Its output is cut where our own stop rule
-(``engine.Stopper``) stops, so both sides count the same tokens: a block
-transformers accepts past a stop string is not counted. What is recorded is
+global generator) and takes the same temperature, top-k, top-p and EOS ids as
+ours; our stop rule (``engine.Stopper``, stop strings included) is its
+stopping criterion, checked after each block, and its output is cut where that
+rule stops, so both sides count the same tokens: tokens transformers accepts
+past a stop string are not counted. What is recorded is
 what can be counted honestly from outside: wall time, and each model's
 forward calls, forwarded tokens and time inside its forwards (forward hooks).
 Proposals, verifications and acceptances are not counted (left at 0, so no
@@ -62,6 +63,25 @@ class _Counter:
             h.remove()
 
 
+def _stop_criterion():
+    from transformers import StoppingCriteria
+
+    class OurStop(StoppingCriteria):
+        """Our stop rule (``engine.Stopper``) as transformers' stopping criterion, checked after each block."""
+
+        def __init__(self, stopper: Stopper, prompt_len: int):
+            self.stopper, self.prompt_len, self.checked = stopper, prompt_len, prompt_len
+
+        def __call__(self, input_ids, scores, **kwargs):
+            tokens = input_ids[0].tolist()
+            ends = range(self.checked + 1, len(tokens) + 1)
+            stop = any(self.stopper.reason(tokens, self.prompt_len, end) for end in ends)
+            self.checked = len(tokens)
+            return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
+
+    return OurStop
+
+
 def generation_config(
     spec: MethodSpec, args: dict[str, Any], sampling: Sampling, max_new_tokens: int, eos: set[int]
 ) -> Any:
@@ -69,12 +89,11 @@ def generation_config(
     from transformers import GenerationConfig
 
     eos_ids = sorted(eos)
+    warp = {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p}  # top_k 0: off
     config = GenerationConfig(
         max_new_tokens=max_new_tokens,
         do_sample=not sampling.greedy,
-        temperature=sampling.temperature if not sampling.greedy else 1.0,
-        top_k=sampling.top_k,  # 0 turns it off, as ours
-        top_p=sampling.top_p,
+        **({} if sampling.greedy else warp),  # greedy: never warped, as ours
         eos_token_id=eos_ids,
         pad_token_id=eos_ids[0] if eos_ids else 0,
     )
@@ -102,8 +121,6 @@ def run_peer(
     sampling: Sampling,
     stopper: Stopper,
     seed: int,
-    stop_strings: Sequence[str] = (),
-    tokenizer: Any = None,
 ) -> tuple[list[int], GenerationStats]:
     """Run a peer method on ``prompt``; return its new tokens (cut by ``stopper``) and its stats."""
     target = models[0]
@@ -115,8 +132,10 @@ def run_peer(
     kwargs: dict[str, Any] = {}
     if spec.peer_proposer == DRAFT:
         kwargs["assistant_model"] = _assistant(models[1], args["gamma"])
-    if stop_strings:
-        kwargs.update(stop_strings=list(stop_strings), tokenizer=tokenizer)
+    if stopper.stop_strings:  # our rule after each block (transformers' own stop strings fail in the assistant)
+        from transformers import StoppingCriteriaList
+
+        kwargs["stopping_criteria"] = StoppingCriteriaList([_stop_criterion()(stopper, len(prompt))])
     ids = torch.tensor([prompt], dtype=torch.long, device=device)
     counters = [_Counter(models[i], stats.models[i]) for i in used]
     try:
