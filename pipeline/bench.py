@@ -7,15 +7,19 @@ The draft is the distilled 2-layer student of the bundled model (distilled
 on first use, a few minutes, then cached), proposing after prompt lookup
 (``--proposer lookup+draft``); ``--draft truncated`` uses an untrained
 truncated copy instead, ``--draft DIR`` any model directory. CD needs the
-amateur's full-vocabulary logits, so a draft with a restricted head serves CD
-with its teacher's full head.
+amateur's full-vocabulary logits and transformers' own methods (``hf_*``,
+``decoding/peers.py``) cannot take a restricted head, so a draft with a
+restricted head serves them with its teacher's full head; ``--full-head``
+gives every method that full-head draft.
 
 All methods run over the same prompts, one prompt at a time, in a rotating
 order, after a warm-up, so slow drifts of a shared machine hit them alike.
 Speed is total new tokens over total wall time per method; ratios compare
 methods measured side by side, each with its 95% paired-bootstrap interval
 over prompts (``speed.py``). Greedy methods are also checked token for token
-against their baseline (and transformers' assisted generation against ours).
+against their baseline. Each of transformers' methods is compared with ours
+at the same gamma (``sd``; ``we_sd`` for ``hf_assisted_ensemble``), and our
+fastest method with theirs, each over its group's baseline.
 Each run is recorded with its commit, machine and settings under
 ``benchmarks/`` (``--record``), so a figure quoted anywhere names its run.
 """
@@ -34,11 +38,11 @@ from typing import Any
 import torch
 
 from pipeline.decoding import generate
-from pipeline.decoding.spec import parse_method
+from pipeline.decoding.spec import PEERS, parse_method
 from pipeline.files import ResultsError
 from pipeline.models import BUNDLED, ModelError, Recipe, cpu_kernels, ensure_draft, load, load_bundled, truncated_copy
 from pipeline.speed import fmt as speed_fmt
-from pipeline.speed import ratio_interval
+from pipeline.speed import ratio_interval, speedup_ratio
 
 FALLBACK_PROMPTS = [
     'def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n',
@@ -83,8 +87,8 @@ class Totals:
     per_prompt: list = field(default_factory=list)  # (tokens, wall) of each prompt, in prompt order
 
 
-def variants(gammas: list[int], proposer: str, peers: bool) -> list[Variant]:
-    """Every method of the table; ``peers``: transformers' own methods too (``hf_*``, a full-head draft)."""
+def variants(gammas: list[int], proposer: str, peers: bool = True) -> list[Variant]:
+    """Every method of the table; ``peers``: transformers' own methods too (``hf_*``)."""
     we = {"lambda": 0.5}
     cd = {"alpha": 0.1}
     spec = {"proposer": proposer}
@@ -108,8 +112,8 @@ def variants(gammas: list[int], proposer: str, peers: bool) -> list[Variant]:
 
 
 def run_variant(v: Variant, target, draft, ids, max_new, eos, seed) -> tuple[list[int], dict]:
-    if v.group.startswith("cd") and getattr(draft, "restricted_vocab", False):
-        draft = draft.base  # CD needs the amateur's full-vocabulary logits
+    if (v.group.startswith("cd") or v.method in PEERS) and getattr(draft, "restricted_vocab", False):
+        draft = draft.base  # CD needs the amateur's full-vocabulary logits; transformers cannot take a restricted head
     r = generate(
         [target, draft],
         ids,
@@ -197,6 +201,26 @@ def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
             row["ours_vs_hf"], row["ours_vs_hf_ci"] = ours, [ours_low, ours_high]
         rows.append(row)
     return rows
+
+
+def best_against_best(vs: list[Variant], totals: dict[str, Totals]) -> dict | None:
+    """Our fastest speculative variant against transformers' fastest, each as its speed-up over its group's
+    baseline (so ``we_se`` over ``we`` meets ``hf_assisted`` over ``large_model``), with a paired interval."""
+    base = {v.group: totals[v.label] for v in vs if v.baseline}
+
+    def speedup(v: Variant) -> float:
+        return _speedup(totals[v.label], base[v.group])[0]
+
+    spec = [v for v in vs if not v.baseline and parse_method(v.method).speculative]
+    ours = [v for v in spec if v.method not in PEERS and not v.group.startswith("cd")]  # no peer does CD
+    peers = [v for v in spec if v.method in PEERS]
+    if not ours or not peers:
+        return None
+    a, b = max(ours, key=speedup), max(peers, key=speedup)
+    ratio = speedup_ratio(
+        totals[a.label].per_prompt, base[a.group].per_prompt, totals[b.label].per_prompt, base[b.group].per_prompt
+    )
+    return {"ours": a.label, "peer": b.label, "ratio": ratio[0], "ratio_ci": list(ratio[1:])}
 
 
 def render(rows: list[dict]) -> str:
@@ -303,8 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu_kernels.pack_linears(draft)
         kernels = "oneDNN prepacked"
     prompts = humaneval_prompts(args.prompts)
-    peers = not getattr(draft, "restricted_vocab", False)  # transformers cannot take a restricted head
-    vs = variants(args.gamma, args.proposer, peers)
+    vs = variants(args.gamma, args.proposer)
     print(
         f"target: bundled SmolLM2-135M-Instruct (float32, {torch.get_num_threads()} threads); "
         f"draft: {draft_desc}; proposer: {args.proposer}; linear kernels: {kernels}"
@@ -320,12 +343,20 @@ def main(argv: list[str] | None = None) -> int:
         " τ: tokens per forward of the target (mean accepted length, the verifier's token included)."
         " overhead: 1 - time inside model forwards / wall time."
     )
-    if not peers:
-        print("transformers' own methods (hf_*) left out: the draft has a restricted head (run with --full-head)")
-    else:
+    print(
+        "hf_*: transformers' own generate with the same gamma; (ours ...): our sd (we_sd for hf_assisted_ensemble)"
+        " at the same gamma over it, measured interleaved."
+    )
+    if getattr(draft, "restricted_vocab", False):
         print(
-            "hf_*: transformers' own generate with the same draft and gamma; (ours ...): our sd (we_sd for "
-            "hf_assisted_ensemble) at the same gamma over it, measured interleaved."
+            "the draft has a restricted head, which transformers cannot take: hf_* (and cd) run it with its "
+            "teacher's full head, ours with the restricted one (--full-head gives both sides the same draft)"
+        )
+    best = best_against_best(vs, totals)
+    if best:
+        print(
+            f"best against best: ours {best['ours']} over the best peer {best['peer']}, each over its group's "
+            f"baseline: {speed_fmt(best['ratio'], *best['ratio_ci'])}"
         )
     print(f"bench took {time.perf_counter() - start:.0f} s")
     if args.json:
@@ -333,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(rows, indent=2))
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     settings.update(draft=draft_desc, kernels=kernels, threads=torch.get_num_threads(), prompts_text=prompts)
+    settings["best_against_best"] = best
     try:
         print(f"recorded in {record(args.record, rows, settings)}")
     except ResultsError as err:

@@ -128,14 +128,31 @@ def relative_speedup(
     """
     b = {r["id"]: r for r in rows_b if "baseline" in r}
     pairs = [(r, b[r["id"]]) for r in rows_a if "baseline" in r and r["id"] in b]
-    if not pairs:
+
+    def series(rows: list[dict[str, Any]]) -> list[tuple[int, float]]:
+        return [(r["stats"]["new_tokens"], r["stats"]["wall_time_s"]) for r in rows]
+
+    return speedup_ratio(
+        series([a for a, _ in pairs]),
+        series([a["baseline"] for a, _ in pairs]),
+        series([x for _, x in pairs]),
+        series([x["baseline"] for _, x in pairs]),
+        policy,
+    )
+
+
+def speedup_ratio(
+    a: list[tuple[int, float]],
+    a_base: list[tuple[int, float]],
+    b: list[tuple[int, float]],
+    b_base: list[tuple[int, float]],
+    policy: Policy = Policy(),
+) -> tuple[float, float | None, float | None] | None:
+    """(a over a_base) over (b over b_base): four per-prompt series of (tokens, wall), paired by position,
+    with its paired-bootstrap interval. None without prompts or with a zero total."""
+    if not a:
         return None
-    data = []  # a's tokens and wall, its standard's, then b's and its standard's
-    for which in (0, 1):
-        for part in ("stats", "baseline"):
-            rows = [p[which] if part == "stats" else p[which]["baseline"] for p in pairs]
-            data.append([r["stats"]["new_tokens"] for r in rows])
-            data.append([r["stats"]["wall_time_s"] for r in rows])
+    data = [list(x) for series in (a, a_base, b, b_base) for x in zip(*series)]
     if not all(sum(x) for x in data):
         return None
     estimate = float(_ratio_of_ratios(*[np.asarray(x, dtype=float) for x in data]))
