@@ -152,3 +152,18 @@ def test_peer_checks(trio):
         generate([target, draft], [1, 2], "hf_prompt_lookup", max_new_tokens=2)  # the draft is not used
     finally:
         del draft.restricted_vocab
+
+
+def test_ours_over_a_peer_is_the_ratio_of_side_by_side_speedups():
+    from pipeline.speed import relative_speedup
+
+    def row(i: int, wall: float, base_wall: float) -> dict:
+        stats = {"new_tokens": 10, "wall_time_s": wall}
+        return {"id": str(i), "stats": stats, "baseline": {"stats": {"new_tokens": 10, "wall_time_s": base_wall}}}
+
+    # the peer's job ran on a machine twice as slow (its standard too): the drift cancels
+    ours = [row(i, 1.0 + 0.01 * i, 2.0) for i in range(6)]
+    peer = [row(i, 4.0 + 0.04 * i, 4.0) for i in range(6)]
+    estimate, low, high = relative_speedup(ours, peer)
+    assert low <= estimate <= high and estimate == pytest.approx(2.0)  # 1.95x over 0.98x
+    assert relative_speedup(ours, [{k: v for k, v in r.items() if k != "baseline"} for r in peer]) is None
