@@ -159,8 +159,8 @@ def test_peer_cells_run_beside_their_standard_method_on_a_full_head_pair():
     assert assisted["baseline"] == "large_model" and assisted["method_args"] == {}  # no proposer: theirs
     ours = cells["humaneval/smol+l1/sd-T1-g3"]["cell"]  # ours beside them: the same full-head draft and gamma
     assert ours["models"] == assisted["models"] and ours["gamma"] == assisted["gamma"] == 3
-    restricted = with_change("grids.2.model_sets", {"smol+l2": ["smollm2-135m-instruct", "smollm2-draft-l2"]})
-    with pytest.raises(ConfigError, match=r"set 'smol\+l2': 'hf_assisted' runs transformers' generate, which cannot "):
+    restricted = with_change("grids.2.model_sets", {"l2": ["smollm2-135m-instruct", "smollm2-draft-l2"]})
+    with pytest.raises(ConfigError, match=r"set 'l2': 'hf_assisted' runs transformers' generate, which cannot take"):
         expand_cells(check_config(restricted))
 
 

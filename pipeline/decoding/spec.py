@@ -103,8 +103,8 @@ class MethodSpec:
             raise ArgumentError(f"{self.name!r}{given} needs {want} models, got {n}")
         if self.peer_proposer == DRAFT and restricted:
             raise ArgumentError(
-                f"{self.name!r} runs transformers' generate, which cannot take model {restricted[0]}'s restricted "
-                "output head (a distilled draft); use a draft with a full head ('full_head: true' in a config)"
+                f"{self.name!r} runs transformers' generate, which cannot take the restricted output head of model "
+                f"{restricted[0]} (a distilled draft); use a draft with a full head ('full_head: true' in a config)"
             )
         if self.ensemble is not None and self.ensemble.full_vocab and restricted:
             raise ArgumentError(
