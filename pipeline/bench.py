@@ -196,7 +196,7 @@ def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
             "identical": f"{t.same}/{t.runs}" if v.temperature == 0 else "-",
         }
         counterpart = parse_method(v.method).ours
-        if counterpart is not None:  # a peer: our method doing the same job, same gamma, over it
+        if f"{counterpart} g={v.gamma}" in totals:  # a peer: our method doing the same job, same gamma, over it
             ours, ours_low, ours_high = _speedup(totals[f"{counterpart} g={v.gamma}"], t)
             row["ours_vs_hf"], row["ours_vs_hf_ci"] = ours, [ours_low, ours_high]
         rows.append(row)
@@ -295,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--proposer", default="lookup+draft", choices=["draft", "lookup", "lookup+draft"])
     ap.add_argument("--quick", action="store_true", help="3 prompts, 32 tokens, gamma 2 only")
+    ap.add_argument(
+        "--methods", nargs="+", metavar="METHOD", help="only these methods (and the baselines of their groups)"
+    )
     ap.add_argument("--no-pack", action="store_true", help="keep nn.Linear (MKL) instead of prepacked oneDNN layers")
     ap.add_argument("--json", type=Path, help="also write the table as JSON here")
     ap.add_argument(
@@ -328,6 +331,10 @@ def main(argv: list[str] | None = None) -> int:
         kernels = "oneDNN prepacked"
     prompts = humaneval_prompts(args.prompts)
     vs = variants(args.gamma, args.proposer)
+    if args.methods:
+        vs = [v for v in vs if v.method in args.methods]
+        groups = {v.group for v in vs}
+        vs = [v for v in variants(args.gamma, args.proposer) if v in vs or v.baseline and v.group in groups]
     print(
         f"target: bundled SmolLM2-135M-Instruct (float32, {torch.get_num_threads()} threads); "
         f"draft: {draft_desc}; proposer: {args.proposer}; linear kernels: {kernels}"
