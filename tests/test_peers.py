@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from pipeline.decoding import generate
+from pipeline.decoding.audit import Audit
 from pipeline.errors import ArgumentError
 
 from .conftest import tiny_llama
@@ -145,6 +146,8 @@ def test_peer_checks(trio):
         generate([target], [1, 2], "hf_assisted")
     with pytest.raises(ArgumentError, match="list is for"):
         generate([target, draft], [1, 2], "hf_assisted", gamma=[1, 2])
+    with pytest.raises(ArgumentError, match="an audit checks our decoder only"):
+        generate([target, draft], [1, 2], "hf_assisted", audit=Audit([target, draft]))
     draft.restricted_vocab = True
     try:
         with pytest.raises(ArgumentError, match="restricted"):

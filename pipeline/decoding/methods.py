@@ -239,6 +239,8 @@ def generate(
     stopper = Stopper(max_new_tokens, eos, stop_strings, decode)
     spec = parse_method(method)
     if spec.kind == "peer":
+        if audit is not None:
+            raise ArgumentError(f"{method!r} runs transformers' generate: an audit checks our decoder only")
         tokens, stats = run_peer(spec, models, prompt, resolved, sampling, stopper, seed)
         text = tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else None
         return GenerationResult(tokens, stats, text, resolved)
