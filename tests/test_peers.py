@@ -120,6 +120,7 @@ def test_peers_stop_where_ours_stop(trio):
     got = generate([target, draft], [1, 2, 3, 4], "hf_assisted", gamma=3, max_new_tokens=24, eos_token_id=eos)
     assert got.token_ids == want.token_ids == ours[: ours.index(eos) + 1]
     assert got.stats.stop_reason == "eos"
+    assert generate([target, draft], [1, 2], "hf_assisted", max_new_tokens=0).token_ids == []
 
 
 def test_peers_stop_at_stop_strings_as_ours(tiny_dir, smol_tokenizer):

@@ -128,6 +128,9 @@ def run_peer(
     stats = GenerationStats(method=spec.name, prompt_tokens=len(prompt), rounds=None, accepted=None)
     stats.models = [ModelStats() for _ in models]
     used = [0, 1] if spec.peer_proposer == DRAFT else [0]
+    if stopper.max_new_tokens == 0:  # transformers refuses to generate nothing; ours returns at once
+        stats.stop_reason = "max_new_tokens"
+        return [], stats
     config = generation_config(spec, args, sampling, stopper.max_new_tokens, stopper.eos_ids)
     kwargs: dict[str, Any] = {}
     if spec.peer_proposer == DRAFT:
