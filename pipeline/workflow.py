@@ -342,7 +342,7 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
                         "per-model lists apply to *_se methods only"
                     )
                 args = {k: v for k, v in g["method_args"].items() if k in spec.accepted_args()}
-                if spec.speculative:
+                if "proposer" in spec.accepted_args():  # not the peers (transformers' own methods)
                     args.setdefault("proposer", g["proposer"])
                 restricted = [repr(m) for m in names if _restricted_head(config["models"][m])]
                 try:  # the decoder's own check of the method and its arguments, before any job starts
