@@ -342,7 +342,7 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
                         "per-model lists apply to *_se methods only"
                     )
                 args = {k: v for k, v in g["method_args"].items() if k in spec.accepted_args()}
-                if spec.speculative:
+                if "proposer" in spec.accepted_args():  # not the peers (transformers' own methods)
                     args.setdefault("proposer", g["proposer"])
                 restricted = [repr(m) for m in names if _restricted_head(config["models"][m])]
                 try:  # the decoder's own check of the method and its arguments, before any job starts
@@ -351,6 +351,10 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
                     raise ConfigError(f"grid {grid['name']!r}, set {set_name!r}: {err}") from None
                 for dataset, dopts in g["datasets"].items():
                     for t in g["temperature"]:
+                        try:
+                            spec.check_temperature(float(t))
+                        except ValueError as err:
+                            raise ConfigError(f"grid {grid['name']!r}: {err}") from None
                         for gamma in gammas:
                             cell_id, cell = _cell(config, g, spec, args, names, label, dataset, dopts, t, gamma)
                             dims = {
@@ -383,7 +387,7 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _standard(spec) -> str | None:
     """What a cell's speed is compared with: the standard method it speeds up (itself for an ensemble)."""
-    if spec.speculative:
+    if spec.kind != "plain":
         return spec.base
     return spec.name if spec.ensemble is not None else None
 
@@ -428,10 +432,10 @@ def _cell(config, g, spec, args, names, label, dataset, dopts, t, gamma) -> tupl
         "seed": config["seed"],
     }
     cell_id = f"{dataset}/{label}/{spec.name}-T{float(t):g}"
+    if spec.kind != "plain" and config["side_by_side"]:  # it speeds up its base: run the base beside it
+        cell["baseline"] = spec.base
+        cell["baseline_args"] = {k: v for k, v in args.items() if k in _accepted_args(spec.base)}
     if spec.speculative:
-        if config["side_by_side"]:
-            cell["baseline"] = spec.base
-            cell["baseline_args"] = {k: v for k, v in args.items() if k in _accepted_args(spec.base)}
         cell_id += f"-g{_fmt_gamma(gamma)}"
     return cell_id, cell
 

@@ -54,7 +54,7 @@ def test_benchmark_runs_prints_every_method_and_records_the_run(capsys, tmp_path
     args = ["--prompts", "2", "--max-new-tokens", "4", "--gamma", "1", "--draft", "truncated", "--proposer", "draft"]
     assert bench.main([*args, "--record", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    for label in ("large_model", "sd g=1", "hf_assisted g=1", "we_se g=[1,1]", "cd_se g=[1,1]", "ours"):
+    for label in ("large_model", "sd g=1", "hf_assisted g=1", "we_se g=[1,1]", "we_me", "cd_se g=[1,1]", "ours"):
         assert label in out
     (record,) = tmp_path.glob("*.json")
     data = json.loads(record.read_text())
@@ -63,3 +63,4 @@ def test_benchmark_runs_prints_every_method_and_records_the_run(capsys, tmp_path
     rows = {r["method"]: r for r in data["rows"]}
     assert rows["large_model"]["speedup"] == 1.0 and rows["sd g=1"]["tau"] >= 1.0
     assert len(rows["sd g=1"]["speedup_ci"]) == 2
+    assert rows["we_me"]["predicted"] > 0 and rows["we"]["predicted"] is None  # a baseline predicts nothing

@@ -15,6 +15,7 @@ from .audit import Audit
 from .engine import Decoder, Member, Stopper
 from .ensemble import finite, single_model
 from .lookup import PromptLookup
+from .peers import run_peer
 from .proposers import Chain, ModelProposer, Proposer
 from .sampling import Sampling
 from .spec import DRAFT, PROPOSERS, MethodSpec, accepted_args, is_int, method_names, parse_method
@@ -37,11 +38,13 @@ class GenerationResult:
 
 @dataclass(frozen=True)
 class Plan:
-    """What a method runs: target members, target function, schedule of turns (None: autoregressive)."""
+    """What a method runs: target members, target function, schedule of turns (None: autoregressive),
+    and for a mixture method the members' weights (one member drawn per position)."""
 
     members: list[int]
     target_fn: Callable
     schedule: list[Turn] | None
+    mixture: list[float] | None = None
 
 
 def _vocab_size(models: Sequence[torch.nn.Module], vocab_size: int | None) -> int:
@@ -91,6 +94,9 @@ def plan_method(
     n = len(models)
     restricted = [str(i) for i, m in enumerate(models) if getattr(m, "restricted_vocab", False)]
     args = spec.check(n, method_args, restricted)
+    if spec.kind == "peer":  # transformers' own generate (peers.py): no plan of ours
+        args["gamma"] = _check_gamma(spec, gamma, n)[-1]
+        return Plan([0], single_model, None), args
     if spec.ensemble is None:
         target = [0 if spec.base == "large_model" else n - 1]
         if not spec.speculative:
@@ -99,10 +105,15 @@ def plan_method(
         return Plan(target, single_model, _schedule(args["proposer"], target, [1], [args["gamma"]])), args
     target_fn = partial(spec.ensemble.fn, **{k: v for k, v in args.items() if k in spec.ensemble.params})
     members = list(range(n))
+    if spec.kind == "me":
+        return Plan(members, target_fn, None, mixture=args["weights"]), args
     if not spec.speculative:
         return Plan(members, target_fn, None), args
     first = args["first_proposer"] = cheapest(models) if args["first_proposer"] is None else args["first_proposer"]
     gammas = args["gamma"] = _check_gamma(spec, gamma, n)
+    if spec.kind == "me_sd":
+        args["gamma"] = gammas[first]
+        return Plan(members, target_fn, [((first,), gammas[first])], mixture=args["weights"]), args
     order = members[first:] + members[:first] if spec.kind == "se" else [first]
     return Plan(members, target_fn, _schedule(args["proposer"], members, order, [gammas[i] for i in order])), args
 
@@ -212,7 +223,10 @@ def generate(
     a list with one entry per model; ``method_args`` holds the ensemble's
     parameters (``lambda`` or ``weights``; ``alpha``, ``beta``) and, for
     ``*_sd``/``*_se``, ``first_proposer`` (the index of the model that
-    proposes first; default the one with the fewest parameters). Speculative
+    proposes first; default the one with the fewest parameters). ``we_me``
+    draws one member per position (weights as for ``we``) and needs
+    ``temperature > 0``; ``we_me_sd`` too, its ``first_proposer`` drafting
+    ``gamma`` tokens for runs of the other members. Speculative
     methods take ``proposer``: ``draft`` (models propose), ``lookup``
     (prompt lookup alone) or ``lookup+draft`` (lookup where the context
     matches, the model elsewhere). Stop strings need a ``tokenizer``. Tests
@@ -226,11 +240,21 @@ def generate(
         raise ArgumentError(f"method_args={method_args!r}: expected a dict of argument names to values")
     plan, resolved = plan_method(method, models, gamma, dict(method_args or {}))
     sampling = check_sampling(temperature, top_k, top_p, max_new_tokens)
+    parse_method(method).check_temperature(sampling.temperature)
     prompt = _prompt_list(prompt_ids, vocab)
     eos = _eos_set(eos_token_id)
     if stop_strings and tokenizer is None:
         raise ArgumentError("stop_strings need a tokenizer to decode the output")
     check_seed(seed)
+    decode = (lambda ids: tokenizer.decode(ids)) if tokenizer is not None else None
+    stopper = Stopper(max_new_tokens, eos, stop_strings, decode)
+    spec = parse_method(method)
+    if spec.kind == "peer":
+        if audit is not None:
+            raise ArgumentError(f"{method!r} runs transformers' generate: an audit checks our decoder only")
+        tokens, stats = run_peer(spec, models, prompt, resolved, sampling, stopper, seed)
+        text = tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else None
+        return GenerationResult(tokens, stats, text, resolved)
 
     used = sorted(set(plan.members) | {i for turn, _ in plan.schedule or [] for i in turn if is_int(i)})
     device = next(models[used[0]].parameters()).device
@@ -242,17 +266,17 @@ def generate(
     if not sampling.greedy:
         generator = torch.Generator(device=device)
         generator.manual_seed(seed)
-    decode = (lambda ids: tokenizer.decode(ids)) if tokenizer is not None else None
     decoder = Decoder(
         members=members,
         targets=plan.members,
         target_fn=plan.target_fn,
         sampling=sampling,
-        stopper=Stopper(max_new_tokens, eos, stop_strings, decode),
+        stopper=stopper,
         generator=generator,
         stats=stats,
         device=device,
         audit=audit,
+        mixture=None if plan.mixture is None else torch.tensor([plan.mixture], dtype=torch.float64, device=device),
     )
     schedule = plan.schedule and _proposers(plan.schedule, members, sampling, generator, stats, audit)
     events = None

@@ -2,7 +2,16 @@
 
 A name is ``large_model``, ``small_model``, ``sd`` or, for each registered
 ensemble ``E``, ``E`` (the standard ensemble), ``E_sd`` (one model proposes,
-every model verifies) or ``E_se`` (every model proposes in turn). The decoder
+every model verifies) or ``E_se`` (every model proposes in turn); and for a
+mixture ensemble (``we``) ``E_me`` (one member drawn per position, the token
+drawn from it alone; sampling only) and ``E_me_sd`` (the same, with runs of
+positions drawn for an expensive member decoded speculatively, the cheapest
+member drafting). The peers are transformers' own
+speculative methods, run as grid methods beside ours (``peers.py``):
+``hf_assisted`` (assisted generation with the set's draft), ``hf_prompt_lookup``
+(prompt lookup) and ``hf_assisted_ensemble`` (assisted generation verified
+against ``w p + (1 - w) q``, ``assistant_ensemble_weight``; compared with
+``we`` at ``lambda = 1 - w``). The decoder
 and the workflow both read the spec and check a method against a model set
 with :meth:`MethodSpec.check`, so the two never disagree.
 """
@@ -19,6 +28,13 @@ from .ensemble import ENSEMBLES, Ensemble
 SINGLE_METHODS = ("large_model", "small_model")
 PROPOSERS = ("draft", "lookup", "lookup+draft")  # "+" chains proposers: the first that proposes wins
 DRAFT = "draft"  # in a proposer kind: the turn's own model
+# transformers' own methods: name -> (the method it speeds up, what proposes: the set's draft or prompt
+# lookup, our method it is measured against)
+PEERS = {
+    "hf_assisted": ("large_model", DRAFT, "sd"),
+    "hf_prompt_lookup": ("large_model", "lookup", "sd"),
+    "hf_assisted_ensemble": ("we", DRAFT, "we_sd"),
+}
 
 
 def is_int(x: Any) -> bool:
@@ -29,17 +45,39 @@ def is_int(x: Any) -> bool:
 class MethodSpec:
     name: str
     base: str  # the method it is or speeds up: large_model, small_model or an ensemble's name
-    kind: str  # "plain", "sd" (one proposer, the others verify) or "se" (every model proposes in turn)
+    kind: str  # "plain", "sd" (one proposer, the others verify), "se" (every model proposes in turn), "peer",
+    # "me" (a mixture draw: one member per position) or "me_sd" (the same, speculative)
     ensemble: Ensemble | None = None
 
     @property
     def speculative(self) -> bool:
-        return self.kind != "plain"
+        """Proposes and verifies: takes gamma (and, but for the peers, a proposer)."""
+        return self.kind not in ("plain", "me")
+
+    @property
+    def greedy_ok(self) -> bool:
+        """Defined at temperature 0: a mixture draw has no greedy form (argmax r is no member's argmax)."""
+        return self.kind not in ("me", "me_sd")
+
+    @property
+    def proposer_kinds(self) -> tuple[str, ...]:
+        """The ``proposer`` values it takes: a mixture's drafter must sample its own positions, so a model."""
+        if self.kind not in ("sd", "se", "me_sd"):
+            return ()
+        return (DRAFT,) if self.kind == "me_sd" else PROPOSERS
+
+    def check_temperature(self, temperature: float) -> None:
+        """Raise ArgumentError (one line) for a temperature this method cannot sample at."""
+        if temperature == 0 and not self.greedy_ok:
+            raise ArgumentError(
+                f"temperature={temperature!r} for {self.name!r}: a mixture draw needs sampling; expected a "
+                f"temperature > 0 (greedy decoding of this ensemble is {self.base!r})"
+            )
 
     def accepted_args(self) -> dict[str, Any]:
         """The ``method_args`` this method takes, with their defaults."""
         accepted = dict(self.ensemble.params) if self.ensemble else {}
-        if self.speculative:
+        if self.proposer_kinds:
             accepted["proposer"] = DRAFT
             if self.ensemble:
                 accepted["first_proposer"] = None
@@ -47,11 +85,23 @@ class MethodSpec:
 
     def model_range(self, proposer: str = DRAFT) -> tuple[int, int | None]:
         """The fewest and most models (None: no limit) a set may hold."""
+        if self.kind == "peer":  # [target, draft]; prompt lookup runs the first model alone
+            return (2, 2) if self.peer_proposer == DRAFT else (1, 2)
         if self.ensemble is not None:
             return self.ensemble.min_models, self.ensemble.max_models
         if self.name == "sd":  # [target, draft]; prompt lookup alone needs no draft
             return (2, 2) if DRAFT in proposer.split("+") else (1, 2)
         return 1, None
+
+    @property
+    def peer_proposer(self) -> str | None:
+        """What proposes for a peer method: ``draft`` (the set's second model) or ``lookup``."""
+        return PEERS[self.name][1] if self.kind == "peer" else None
+
+    @property
+    def ours(self) -> str | None:
+        """For a peer method: our method that does the same job (``sd`` for transformers' assisted generation)."""
+        return PEERS[self.name][2] if self.kind == "peer" else None
 
     def fits(self, n: int, proposer: str = DRAFT) -> bool:
         low, high = self.model_range(proposer)
@@ -70,13 +120,19 @@ class MethodSpec:
             raise ArgumentError(f"unknown method_args {unknown} for {self.name!r}; accepted: {keys}")
         resolved = {**accepted, **method_args}
         proposer = resolved.get("proposer", DRAFT)
-        if proposer not in PROPOSERS:
-            raise ArgumentError(f"proposer={proposer!r} for {self.name!r}: expected one of {', '.join(PROPOSERS)}")
+        if self.proposer_kinds and proposer not in self.proposer_kinds:
+            kinds = ", ".join(self.proposer_kinds)
+            raise ArgumentError(f"proposer={proposer!r} for {self.name!r}: expected one of {kinds}")
         if not self.fits(n, proposer):
             low, high = self.model_range(proposer)
             want = str(low) if low == high else f"{low} to {high}" if high else f"{low} or more"
             given = f" with proposer={proposer!r}" if self.model_range(proposer) != self.model_range() else ""
             raise ArgumentError(f"{self.name!r}{given} needs {want} models, got {n}")
+        if self.peer_proposer == DRAFT and restricted:
+            raise ArgumentError(
+                f"{self.name!r} runs transformers' generate, which cannot take the restricted output head of model "
+                f"{restricted[0]} (a distilled draft); use a draft with a full head ('full_head: true' in a config)"
+            )
         if self.ensemble is not None and self.ensemble.full_vocab and restricted:
             raise ArgumentError(
                 f"{self.name!r} needs full-vocabulary logits, but model {restricted[0]} has a restricted output head "
@@ -92,6 +148,11 @@ class MethodSpec:
             except ValueError as err:
                 raise ArgumentError(f"method_args for {self.name!r}: {err}") from None
             resolved = {**{k: v for k, v in params.items() if k in self.ensemble.params}, **resolved}
+        if self.kind == "peer" and self.ensemble is not None and not 0.0 < resolved["weights"][0] < 1.0:
+            raise ArgumentError(
+                f"weights={resolved['weights']} for {self.name!r}: transformers' assistant_ensemble_weight "
+                "(the first weight, 1 - lambda) must lie strictly between 0 and 1"
+            )
         return resolved
 
 
@@ -100,7 +161,9 @@ def method_names() -> list[str]:
     names = [*SINGLE_METHODS, "sd"]
     for name in ENSEMBLES:
         names += [name, f"{name}_sd", f"{name}_se"]
-    return names
+        if ENSEMBLES[name].mixture:
+            names += [f"{name}_me", f"{name}_me_sd"]
+    return names + list(PEERS)
 
 
 def parse_method(name: str) -> MethodSpec:
@@ -109,8 +172,14 @@ def parse_method(name: str) -> MethodSpec:
         return MethodSpec(name, name, "plain")
     if name == "sd":
         return MethodSpec(name, "large_model", "sd")
-    base, _, kind = name.rpartition("_") if name.endswith(("_sd", "_se")) else (name, "", "plain")
-    if base not in ENSEMBLES:
+    if name in PEERS:
+        base = PEERS[name][0]
+        return MethodSpec(name, base, "peer", ENSEMBLES.get(base))
+    if name.endswith("_me_sd"):
+        base, kind = name.removesuffix("_me_sd"), "me_sd"
+    else:
+        base, _, kind = name.rpartition("_") if name.endswith(("_sd", "_se", "_me")) else (name, "", "plain")
+    if base not in ENSEMBLES or (kind.startswith("me") and not ENSEMBLES[base].mixture):
         raise ArgumentError(f"unknown method {name!r}; accepted: {', '.join(method_names())}")
     return MethodSpec(name, base, kind, ENSEMBLES[base])
 
