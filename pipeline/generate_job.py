@@ -28,7 +28,7 @@ import torch
 from tasks import get_task, render
 
 from .decoding import generate
-from .decoding.methods import accepted_args, check_sampling, check_seed
+from .decoding.methods import accepted_args, check_gamma_schedule, check_sampling, check_seed
 from .errors import UserError
 from .files import read_jsonl, writable_dir, write_atomic
 from .journal import Journal
@@ -43,6 +43,7 @@ class Cell:
     method: str
     task: str
     gamma: Any = 1
+    gamma_schedule: str = "fixed"
     method_args: dict[str, Any] = field(default_factory=dict)
     size: str | int = "tiny"
     data_dir: str | None = None
@@ -61,6 +62,7 @@ class Cell:
             if method is not None:
                 accepted_args(method)
         check_sampling(self.temperature, self.top_k, self.top_p, self.max_new_tokens)
+        check_gamma_schedule(self.gamma_schedule)
         check_seed(self.seed)
         self.policy = Policy.from_dict(self.timing)
 
@@ -174,6 +176,7 @@ def run_cell(
             prompt_ids,
             method,
             gamma=cell.gamma,
+            gamma_schedule=cell.gamma_schedule,  # methods that do not speculate ignore it
             max_new_tokens=max_new,
             temperature=cell.temperature,
             top_k=cell.top_k,

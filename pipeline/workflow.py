@@ -23,7 +23,16 @@ import yaml
 from .errors import UserError
 
 SCHEMA = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "config.schema.yaml"
-GRID_KEYS = ("datasets", "gamma", "temperature", "max_new_tokens", "method_args", "proposer", "se_large_gamma")
+GRID_KEYS = (
+    "datasets",
+    "gamma",
+    "gamma_schedule",
+    "temperature",
+    "max_new_tokens",
+    "method_args",
+    "proposer",
+    "se_large_gamma",
+)
 
 
 class ConfigError(UserError):
@@ -188,8 +197,10 @@ def _accepted_args(method: str) -> set[str]:
     return set(_spec(method).accepted_args())
 
 
-def _fmt_gamma(g: Any) -> str:
-    return "-".join(map(str, g)) if isinstance(g, list) else str(g)
+def _fmt_gamma(g: Any, schedule: str = "fixed") -> str:
+    """A gamma as cell ids and tables show it; a dynamic schedule's starting gamma is marked ``dyn``."""
+    text = "-".join(map(str, g)) if isinstance(g, list) else str(g)
+    return text + "dyn" if schedule == "dynamic" else text
 
 
 def _fmt_t(t: float) -> str:
@@ -358,14 +369,14 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 spec = _spec(method)
                 if not spec.fits(len(members), g["proposer"]):
                     continue
-                base, kind = spec.base, spec.kind
+                base, kind, speculative = spec.base, spec.kind, spec.speculative
                 if method == "large_model":
                     names, label = members[:1], members[0]
                 elif method == "small_model":
                     names, label = members[-1:], members[-1]
                 else:
                     names, label = list(members), set_name
-                gammas = _gammas(g["gamma"], kind, len(names), grid["name"]) if kind != "plain" else [None]
+                gammas = _gammas(g["gamma"], kind, len(names), grid["name"]) if speculative else [None]
                 if not gammas:
                     raise ConfigError(
                         f"config key gamma: {g['gamma']} has no integer for {method!r} (grid {grid['name']!r}); "
@@ -374,8 +385,9 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 _check_values(config, g, method, names, f"grid {grid['name']!r}, set {set_name!r}")
                 for dataset, dopts in g["datasets"].items():
                     for t in g["temperature"]:
-                        for gamma in gammas:
-                            cell_id, cell = _cell(config, g, method, names, label, dataset, dopts, t, gamma)
+                        schedules = g["gamma_schedule"] if speculative else ["fixed"]
+                        for gamma, schedule in [(gm, sc) for gm in gammas for sc in schedules]:
+                            cell_id, cell = _cell(config, g, method, names, label, dataset, dopts, t, gamma, schedule)
                             dims = {
                                 "id": cell_id,
                                 "experiment": config["experiment"],
@@ -388,7 +400,8 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
                                 "kind": kind,
                                 "dataset": dataset,
                                 "temperature": float(t),
-                                "gamma": _fmt_gamma(cell["gamma"]) if kind != "plain" else None,
+                                "gamma": _fmt_gamma(cell["gamma"], schedule) if speculative else None,
+                                "gamma_schedule": schedule if speculative else None,
                                 "baseline": cell.get("baseline"),
                                 "standard": _standard(method),
                             }
@@ -408,7 +421,7 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def _standard(method: str) -> str | None:
     """What a cell's speed is compared with: the standard method it speeds up (itself for an ensemble)."""
     spec = _spec(method)
-    if spec.speculative:
+    if spec.kind != "plain":  # speculative or parallel: the standard method of its base
         return spec.base
     return method if spec.ensemble is not None else None
 
@@ -447,14 +460,14 @@ def _gammas(sweep: list[Any], kind: str, n: int, grid: str) -> list[Any]:
     return out
 
 
-def _cell(config, g, method, names, label, dataset, dopts, t, gamma) -> tuple[str, dict[str, Any]]:
+def _cell(config, g, method, names, label, dataset, dopts, t, gamma, schedule) -> tuple[str, dict[str, Any]]:
     spec = _spec(method)
-    base, kind = spec.base, spec.kind
+    base, kind, speculative = spec.base, spec.kind, spec.speculative
     n = len(names)
     if kind == "se" and isinstance(gamma, int) and g["se_large_gamma"] is not None:
         gamma = [g["se_large_gamma"]] + [gamma] * (n - 1)
     args = {k: v for k, v in g["method_args"].items() if k in _accepted_args(method)}
-    if kind != "plain":
+    if speculative:
         args.setdefault("proposer", g["proposer"])
     models = [model_entry(config, m) for m in names]
     cell: dict[str, Any] = {
@@ -472,12 +485,14 @@ def _cell(config, g, method, names, label, dataset, dopts, t, gamma) -> tuple[st
         "top_p": config["top_p"],
         "seed": config["seed"],
     }
-    if kind != "plain" and config["side_by_side"]:
+    if schedule != "fixed":  # fixed cells keep the form they had before schedules existed
+        cell["gamma_schedule"] = schedule
+    if kind != "plain" and config["side_by_side"]:  # speculative or parallel: its standard method beside it
         cell["baseline"] = base
         cell["baseline_args"] = {k: v for k, v in args.items() if k in _accepted_args(base)}
     cell_id = f"{dataset}/{label}/{method}-T{_fmt_t(t)}"
-    if kind != "plain":
-        cell_id += f"-g{_fmt_gamma(gamma)}"
+    if speculative:
+        cell_id += f"-g{_fmt_gamma(gamma, schedule)}"
     return cell_id, cell
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -12,9 +13,10 @@ import torch
 
 from ..errors import ArgumentError
 from .audit import Audit
-from .engine import Decoder, Member, Stopper
+from .engine import Decoder, DynamicGamma, Member, Stopper
 from .ensemble import finite, single_model
 from .lookup import PromptLookup
+from .parallel import ConcurrentForwards
 from .proposers import Chain, ModelProposer, Proposer
 from .runner import HFRunner
 from .sampling import Sampling
@@ -23,6 +25,7 @@ from .stats import GenerationStats, ModelStats
 
 __all__ = ["GenerationResult", "accepted_args", "generate", "method_names", "plan_method", "PROPOSERS"]
 NAMED_PROPOSERS = {"lookup": PromptLookup}  # proposers that are not models, by their name in a proposer kind
+GAMMA_SCHEDULES = {"fixed": None, "dynamic": DynamicGamma()}  # how a turn's gamma changes between rounds
 
 Turn = tuple[tuple[str | int, ...], int]  # (proposers, chained: names or model indices; gamma)
 
@@ -42,6 +45,7 @@ class Plan:
     members: list[int]
     target_fn: Callable
     schedule: list[Turn] | None
+    concurrent: bool = False  # the autoregressive loop runs the members' forwards concurrently
 
 
 def _vocab_size(models: Sequence[torch.nn.Module], vocab_size: int | None) -> int:
@@ -100,7 +104,7 @@ def plan_method(
     target_fn = partial(spec.ensemble.fn, **{k: v for k, v in args.items() if k in spec.ensemble.params})
     members = list(range(n))
     if not spec.speculative:
-        return Plan(members, target_fn, None), args
+        return Plan(members, target_fn, None, concurrent=spec.kind == "parallel"), args
     first = args["first_proposer"] = cheapest(models) if args["first_proposer"] is None else args["first_proposer"]
     gammas = args["gamma"] = _check_gamma(spec, gamma, n)
     order = members[first:] + members[:first] if spec.kind == "se" else [first]
@@ -135,6 +139,12 @@ def _proposers(
         return named[s] if isinstance(s, str) else ModelProposer(s, members[s], sampling, generator, audit)
 
     return [(one(turn[0]) if len(turn) == 1 else Chain([one(s) for s in turn]), gamma) for turn, gamma in schedule]
+
+
+def check_gamma_schedule(gamma_schedule: Any) -> DynamicGamma | None:
+    if not isinstance(gamma_schedule, str) or gamma_schedule not in GAMMA_SCHEDULES:
+        raise ArgumentError(f"gamma_schedule={gamma_schedule!r}: expected one of {', '.join(GAMMA_SCHEDULES)}")
+    return GAMMA_SCHEDULES[gamma_schedule]
 
 
 def check_sampling(temperature: Any, top_k: Any, top_p: Any, max_new_tokens: Any) -> Sampling:
@@ -174,6 +184,20 @@ def _prompt_list(prompt_ids: Any, vocab: int) -> list[int]:
     return prompt
 
 
+@contextmanager
+def _concurrent(decoder: Decoder, plan: Plan) -> Iterator[None]:
+    """For ``E_p`` methods: the decoder's concurrent forwards, their threads alive while it runs."""
+    if not plan.concurrent:
+        yield
+        return
+    with ConcurrentForwards([decoder.members[i] for i in plan.members]) as concurrent:
+        decoder.concurrent = concurrent
+        try:
+            yield
+        finally:
+            decoder.concurrent = None
+
+
 def _eos_set(eos_token_id: Any) -> set[int]:
     if eos_token_id is None:
         return set()
@@ -202,6 +226,7 @@ def generate(
     tokenizer: Any = None,
     vocab_size: int | None = None,
     audit: Audit | None = None,
+    gamma_schedule: str = "fixed",
 ) -> GenerationResult:
     """Generate a continuation of ``prompt_ids`` with ``method``.
 
@@ -209,7 +234,9 @@ def generate(
     ``[target, draft]`` for ``sd``; ``[expert, amateur]`` for ``cd*``; the
     weight order for ``we*``. ``large_model`` runs ``models[0]``,
     ``small_model`` runs ``models[-1]``. ``gamma`` is an int, or for ``*_se``
-    a list with one entry per model; ``method_args`` holds the ensemble's
+    a list with one entry per model; ``gamma_schedule="dynamic"`` lets each
+    proposer's gamma move between rounds from there (``engine.DynamicGamma``;
+    speculative methods only, others ignore it); ``method_args`` holds the ensemble's
     parameters (``lambda`` or ``weights``; ``alpha``, ``beta``) and, for
     ``*_sd``/``*_se``, ``first_proposer`` (the index of the model that
     proposes first; default the one with the fewest parameters). Speculative
@@ -226,6 +253,9 @@ def generate(
         raise ArgumentError(f"method_args={method_args!r}: expected a dict of argument names to values")
     plan, resolved = plan_method(method, models, gamma, dict(method_args or {}))
     sampling = check_sampling(temperature, top_k, top_p, max_new_tokens)
+    dynamic = check_gamma_schedule(gamma_schedule)
+    if plan.schedule is not None:
+        resolved["gamma_schedule"] = gamma_schedule
     prompt = _prompt_list(prompt_ids, vocab)
     eos = _eos_set(eos_token_id)
     if stop_strings and tokenizer is None:
@@ -252,6 +282,7 @@ def generate(
         stats=stats,
         device=device,
         audit=audit,
+        dynamic=dynamic,
     )
     schedule = plan.schedule and _proposers(plan.schedule, members, sampling, generator, stats, audit)
     events = None
@@ -260,7 +291,7 @@ def generate(
         events = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
         events[0].record()
     start = time.perf_counter()
-    with torch.inference_mode():
+    with torch.inference_mode(), _concurrent(decoder, plan):
         tokens = decoder.run(prompt, schedule)
     if events is not None:
         events[1].record()

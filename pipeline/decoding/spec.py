@@ -1,7 +1,8 @@
 """Method names, parsed once: what a method is and what it needs of a model set.
 
 A name is ``large_model``, ``small_model``, ``sd`` or, for each registered
-ensemble ``E``, ``E`` (the standard ensemble), ``E_sd`` (one model proposes,
+ensemble ``E``, ``E`` (the standard ensemble), ``E_p`` (the standard ensemble
+with the members' forwards run concurrently), ``E_sd`` (one model proposes,
 every model verifies) or ``E_se`` (every model proposes in turn). The decoder
 and the workflow both read the spec and check a method against a model set
 with :meth:`MethodSpec.check`, so the two never disagree.
@@ -19,6 +20,8 @@ from .ensemble import ENSEMBLES, Ensemble
 SINGLE_METHODS = ("large_model", "small_model")
 PROPOSERS = ("draft", "lookup", "lookup+draft")  # "+" chains proposers: the first that proposes wins
 DRAFT = "draft"  # in a proposer kind: the turn's own model
+SPECULATIVE_KINDS = ("sd", "se")
+SUFFIXES = {"_sd": "sd", "_se": "se", "_p": "parallel"}  # an ensemble's name + suffix: a method of that kind
 
 
 def is_int(x: Any) -> bool:
@@ -29,12 +32,14 @@ def is_int(x: Any) -> bool:
 class MethodSpec:
     name: str
     base: str  # the method it is or speeds up: large_model, small_model or an ensemble's name
-    kind: str  # "plain", "sd" (one proposer, the others verify) or "se" (every model proposes in turn)
+    # "plain", "parallel" (plain, the members' forwards run concurrently), "sd" (one proposer, the others
+    # verify) or "se" (every model proposes in turn)
+    kind: str
     ensemble: Ensemble | None = None
 
     @property
     def speculative(self) -> bool:
-        return self.kind != "plain"
+        return self.kind in SPECULATIVE_KINDS
 
     def accepted_args(self) -> dict[str, Any]:
         """The ``method_args`` this method takes, with their defaults."""
@@ -99,7 +104,7 @@ def method_names() -> list[str]:
     """Every accepted method name, registered ensembles included."""
     names = [*SINGLE_METHODS, "sd"]
     for name in ENSEMBLES:
-        names += [name, f"{name}_sd", f"{name}_se"]
+        names += [name, f"{name}_p", f"{name}_sd", f"{name}_se"]
     return names
 
 
@@ -109,7 +114,7 @@ def parse_method(name: str) -> MethodSpec:
         return MethodSpec(name, name, "plain")
     if name == "sd":
         return MethodSpec(name, "large_model", "sd")
-    base, _, kind = name.rpartition("_") if name.endswith(("_sd", "_se")) else (name, "", "plain")
+    base, kind = next(((name[: -len(s)], k) for s, k in SUFFIXES.items() if name.endswith(s)), (name, "plain"))
     if base not in ENSEMBLES:
         raise ArgumentError(f"unknown method {name!r}; accepted: {', '.join(method_names())}")
     return MethodSpec(name, base, kind, ENSEMBLES[base])
