@@ -112,9 +112,10 @@ def test_parallel_ensemble_equals_standard_ensemble(trio, method):
         for prompt in PROMPTS:
             for n in LENGTHS:
                 args = ENSEMBLE_ARGS[base]
-                assert run(models, prompt, method, n, method_args=args).token_ids == run(
-                    models, prompt, base, n, method_args=args
-                ).token_ids, (prompt, n)
+                assert (
+                    run(models, prompt, method, n, method_args=args).token_ids
+                    == run(models, prompt, base, n, method_args=args).token_ids
+                ), (prompt, n)
 
 
 @pytest.mark.parametrize("method", ["sd", "we_sd", "we_se", "cd_sd", "cd_se", "gac_sd", "gac_se"])

@@ -38,9 +38,7 @@ class ConcurrentForwards:
         self.members = members
         self.budget = torch.get_num_threads()
         self.threads_per_member = max(1, self.budget // len(members))
-        self.streams = [
-            torch.cuda.Stream(_device(m)) if _device(m).type == "cuda" else None for m in members
-        ]
+        self.streams = [torch.cuda.Stream(_device(m)) if _device(m).type == "cuda" else None for m in members]
         self.pool: ThreadPoolExecutor | None = None
 
     def __enter__(self) -> ConcurrentForwards:
