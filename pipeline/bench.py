@@ -66,6 +66,7 @@ class Variant:
     temperature: float = 0.0
     method_args: dict = field(default_factory=dict)
     baseline: bool = False
+    gamma_schedule: str = "fixed"
 
 
 @dataclass
@@ -82,24 +83,55 @@ class Totals:
     per_prompt: list = field(default_factory=list)  # (tokens, wall) of each prompt, in prompt order
 
 
-def variants(gammas: list[int], proposer: str, hf: bool) -> list[Variant]:
+def variants(
+    gammas: list[int],
+    proposer: str,
+    hf: bool,
+    dynamic: list[int] = (),
+    parallel: bool = False,
+    sd_temperature: float = 0.0,
+) -> list[Variant]:
+    """The methods measured. ``dynamic``: starting gammas of dynamic-gamma variants; ``parallel``: we_p, cd_p."""
     we = {"lambda": 0.5}
     cd = {"alpha": 0.1}
     spec = {"proposer": proposer}
+    dyn = "dynamic"
+    t = sd_temperature
+    first = "greedy" if t == 0 else f"sd T={t:g}"  # large_model, small_model, sd (transformers' at T = 0 only)
     out = [
-        Variant("greedy", "large_model", "large_model", baseline=True),
-        Variant("greedy", "small_model", "small_model"),
+        Variant(first, "large_model", "large_model", temperature=t, baseline=True),
+        Variant(first, "small_model", "small_model", temperature=t),
     ]
-    out += [Variant("greedy", f"sd g={g}", "sd", g, method_args=spec) for g in gammas]
-    if hf:
-        out += [Variant("greedy", f"hf_assisted g={g}", "hf_assisted", g) for g in gammas]
+    out += [Variant(first, f"sd g={g}", "sd", g, t, spec) for g in gammas]
+    out += [Variant(first, f"sd dyn g={g}", "sd", g, t, spec, gamma_schedule=dyn) for g in dynamic]
+    if hf and t == 0:
+        out += [Variant(first, f"hf_assisted g={g}", "hf_assisted", g) for g in gammas]
     out += [Variant("we T=1", "we", "we", temperature=1.0, method_args=we, baseline=True)]
     out += [Variant("we T=1", f"we_sd g={g}", "we_sd", g, 1.0, {**we, **spec}) for g in gammas]
     out += [Variant("we T=1", f"we_se g=[1,{g}]", "we_se", [1, g], 1.0, {**we, **spec}) for g in gammas]
+    out += [Variant("we T=1", f"we_sd dyn g={g}", "we_sd", g, 1.0, {**we, **spec}, gamma_schedule=dyn) for g in dynamic]
+    out += [
+        Variant("we T=1", f"we_se dyn g=[1,{g}]", "we_se", [1, g], 1.0, {**we, **spec}, gamma_schedule=dyn)
+        for g in dynamic
+    ]
+    if parallel:
+        out += [Variant("we T=1", "we_p", "we_p", temperature=1.0, method_args=we)]
     out += [Variant("cd T=0", "cd", "cd", method_args=cd, baseline=True)]
     out += [Variant("cd T=0", f"cd_sd g={g}", "cd_sd", g, 0.0, {**cd, **spec}) for g in gammas]
     out += [Variant("cd T=0", f"cd_se g=[1,{g}]", "cd_se", [1, g], 0.0, {**cd, **spec}) for g in gammas]
+    out += [Variant("cd T=0", f"cd_sd dyn g={g}", "cd_sd", g, 0.0, {**cd, **spec}, gamma_schedule=dyn) for g in dynamic]
+    out += [
+        Variant("cd T=0", f"cd_se dyn g=[1,{g}]", "cd_se", [1, g], 0.0, {**cd, **spec}, gamma_schedule=dyn)
+        for g in dynamic
+    ]
+    if parallel:
+        out += [Variant("cd T=0", "cd_p", "cd_p", method_args=cd)]
     return out
+
+
+def keep_groups(vs: list[Variant], groups: list[str] | None) -> list[Variant]:
+    """The variants of the named groups (``sd``: large_model, small_model, sd; ``we``; ``cd``), or all of them."""
+    return vs if not groups else [v for v in vs if ("sd" if v.group == "greedy" else v.group.split()[0]) in groups]
 
 
 def run_hf_assisted(target, draft, ids: list[int], gamma: int, max_new: int, eos: int | None):
@@ -138,6 +170,7 @@ def run_variant(v: Variant, target, draft, ids, max_new, eos, seed) -> tuple[lis
         method_args=v.method_args,
         seed=seed,
         eos_token_id=eos,
+        gamma_schedule=v.gamma_schedule,
     )
     s = r.stats
     verified = sum(m.verified for m in s.models) + sum(p.verified for p in s.proposers.values())
@@ -282,6 +315,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft", default="distilled", help="distilled (default), truncated, or a model directory")
     ap.add_argument("--draft-layers", type=int, default=2, help="layers of the distilled or truncated draft")
     ap.add_argument("--proposer", default="lookup+draft", choices=["draft", "lookup", "lookup+draft"])
+    ap.add_argument(
+        "--dynamic",
+        type=int,
+        nargs="*",
+        default=[1],
+        help="starting gammas of dynamic-gamma variants (default 1; none: leave them out)",
+    )
+    ap.add_argument("--parallel", action="store_true", help="also the parallel ensembles we_p and cd_p")
+    ap.add_argument(
+        "--sd-temperature", type=float, default=0.0, help="temperature of large_model, small_model and sd (default 0)"
+    )
+    ap.add_argument("--groups", nargs="+", choices=["sd", "we", "cd"], help="only these groups (default: all three)")
     ap.add_argument("--quick", action="store_true", help="3 prompts, 32 tokens, gamma 2 only")
     ap.add_argument("--no-pack", action="store_true", help="keep nn.Linear (MKL) instead of prepacked oneDNN layers")
     ap.add_argument("--json", type=Path, help="also write the table as JSON here")
@@ -314,7 +359,17 @@ def main(argv: list[str] | None = None) -> int:
         cpu_kernels.pack_linears(draft)
         kernels = "oneDNN prepacked"
     prompts = humaneval_prompts(args.prompts)
-    vs = variants(args.gamma, args.proposer, hf=hasattr(draft, "generate"))
+    vs = keep_groups(
+        variants(
+            args.gamma,
+            args.proposer,
+            hf=hasattr(draft, "generate"),
+            dynamic=args.dynamic,
+            parallel=args.parallel,
+            sd_temperature=args.sd_temperature,
+        ),
+        args.groups,
+    )
     print(
         f"target: bundled SmolLM2-135M-Instruct (float32, {torch.get_num_threads()} threads); "
         f"draft: {draft_desc}; proposer: {args.proposer}; linear kernels: {kernels}"

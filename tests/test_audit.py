@@ -43,13 +43,15 @@ def trio():
     return [target, perturbed(target, 0.1, seed=81), tiny_llama(82)]
 
 
-def audited(trio, method, proposer=None, setting="greedy", n=N, seed=0, **kw):
+def audited(trio, method, proposer=None, setting="greedy", n=N, seed=0, start=None, **kw):
     spec = parse_method(method)
     models = trio if spec.base == "we" else trio[:2]
     args = dict(ARGS.get(spec.base, {}))
     if proposer is not None:
         args["proposer"] = proposer
     gamma = SE_GAMMA[: len(models)] if spec.kind == "se" else 3
+    if start is not None:  # one starting gamma for every proposer
+        gamma = [start] * len(models) if spec.kind == "se" else start
     audit = Audit(models)
     out = generate(
         models, PROMPT, method, gamma, n, method_args=args, seed=seed, audit=audit, **SETTINGS[setting], **kw
@@ -74,9 +76,9 @@ def test_every_built_in_method_is_audited():
 @pytest.mark.parametrize("method", ["sd", "we_sd", "we_se", "cd_se", "gac_se"])
 @pytest.mark.parametrize("setting", SETTINGS)
 def test_dynamic_gamma_every_distribution_matches_a_recompute(trio, method, setting):
-    out, audit = audited(trio, method, "draft", setting, gamma_schedule="dynamic")
+    out, audit = audited(trio, method, "draft", setting, start=1, gamma_schedule="dynamic")
     assert len(out.token_ids) == N and audit.checked >= N
-    assert len(out.stats.position_verified) > 3, "some round should draft more than the starting gamma"
+    assert len(out.stats.position_verified) > 1, "some round should draft more than the starting gamma"
 
 
 def crop_off_by_one_deep(self, length):
