@@ -224,6 +224,17 @@ def _speedup(t: Totals, base: Totals) -> tuple[float, float | None, float | None
     return (t.tokens / t.wall) / (base.tokens / base.wall), low, high
 
 
+def best_fixed(v: Variant, vs: list[Variant], totals: dict[str, Totals]) -> Variant | None:
+    """For a dynamic-gamma variant: the fixed-gamma variant of its method and group with the most tokens/s.
+
+    Picked after the fact, so the comparison leans towards the fixed gamma (the best of several noisy estimates).
+    """
+    if v.gamma_schedule == "fixed":
+        return None
+    fixed = [w for w in vs if (w.group, w.method, w.gamma_schedule) == (v.group, v.method, "fixed")]
+    return max(fixed, key=lambda w: totals[w.label].tokens / totals[w.label].wall, default=None)
+
+
 def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
     rows = []
     base = {v.group: totals[v.label] for v in vs if v.baseline}
@@ -245,6 +256,11 @@ def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
         if v.method == "hf_assisted":
             ours, ours_low, ours_high = _speedup(totals[f"sd g={v.gamma}"], t)
             row["ours_vs_hf"], row["ours_vs_hf_ci"] = ours, [ours_low, ours_high]
+        best = best_fixed(v, vs, totals)
+        if best is not None:  # a dynamic gamma against the fastest fixed gamma of its method, same prompts
+            ratio, low, high = _speedup(t, totals[best.label])
+            row["vs_best_fixed"] = {"fixed": best.label, "ratio": ratio, "ci": [low, high]}
+        row["per_prompt"] = t.per_prompt  # (tokens, wall seconds), in prompt order
         rows.append(row)
     return rows
 
@@ -260,6 +276,9 @@ def render(rows: list[dict]) -> str:
     lines = [head, "|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|"]
     for r in rows:
         extra = f" (ours {speed_fmt(r['ours_vs_hf'], *r['ours_vs_hf_ci'])})" if "ours_vs_hf" in r else ""
+        if "vs_best_fixed" in r:
+            b = r["vs_best_fixed"]
+            extra += f" (over {b['fixed']}: {speed_fmt(b['ratio'], *b['ci'])})"
         speedup = speed_fmt(r["speedup"], *r["speedup_ci"])
         lines.append(
             f"| {r['group']:8} | {r['method']:18} | {r['tok_per_s']:5.1f} | {speedup:23} | "
@@ -384,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         "interval: 95% paired bootstrap over prompts (BCa). accept: accepted / verified proposals (lookup and models)."
         " τ: tokens per forward of the target (mean accepted length, the verifier's token included)."
         " overhead: 1 - time inside model forwards / wall time."
+        " dyn: dynamic gamma from that start; (over ...): its speed over the fastest fixed gamma of its method."
     )
     print(f"bench took {time.perf_counter() - start:.0f} s")
     if args.json:
