@@ -190,3 +190,24 @@ def test_the_readme_example_is_the_registered_code():
     example = next(b for b in blocks if '@register_ensemble("gac"' in b)
     source = (ROOT / "pipeline" / "decoding" / "ensemble.py").read_text()
     assert example.strip() in source
+
+
+def test_the_largest_models_turn_keeps_its_gamma(pair, monkeypatch):
+    """Its drafts cost one of its own forwards a token: a dynamic schedule leaves its gamma alone."""
+    from pipeline.decoding import engine
+    from pipeline.decoding.methods import fixed_turns, plan_method
+
+    big, small = pair[0], tiny_llama(33)
+    plan, _ = plan_method("we_se", [big, small], [1, 2], {})
+    assert [turn for turn, _ in plan.schedule] == [(1,), (0,)] and fixed_turns(plan.schedule, [big, small]) == {1}
+    drafts = []
+    draft = engine.Decoder._draft
+
+    def recording(self, proposer, gamma, turn):
+        drafts.append((turn, gamma))
+        draft(self, proposer, gamma, turn)
+
+    monkeypatch.setattr(engine.Decoder, "_draft", recording)
+    generate([big, pair[1]], PROMPT, "we_se", gamma=[1, 1], max_new_tokens=60, gamma_schedule="dynamic")
+    assert {g for turn, g in drafts if turn == 1} == {1}  # model 0, the larger (earlier on a tie), proposes second
+    assert max(g for turn, g in drafts if turn == 0) > 1

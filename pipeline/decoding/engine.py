@@ -25,7 +25,8 @@ A rejection discards every pending token and restarts the schedule.
 
 With a dynamic gamma (``DynamicGamma``) each turn's gamma changes between
 rounds by what verification found: more after a turn whose proposals were all
-accepted, fewer after one whose proposal was rejected. The rule reads only
+accepted, fewer after one whose proposal was rejected (turns named in
+``fixed_turns``, the largest model's, keep theirs). The rule reads only
 verified outcomes and the acceptance rule is untouched, so every method stays
 exact. The ``E_p`` methods run the autoregressive loop with the members'
 forwards issued concurrently (``parallel.py``).
@@ -158,6 +159,7 @@ class Decoder:
     audit: Audit | None = None  # tests: every distribution recomputed from scratch
     concurrent: ConcurrentForwards | None = None  # E_p: the autoregressive loop's forwards run concurrently
     dynamic: DynamicGamma | None = None  # None: every turn keeps its gamma
+    fixed_turns: frozenset[int] = frozenset()  # turns that keep their gamma under a dynamic schedule
 
     def run(self, prompt: list[int], schedule: list[tuple[Proposer, int]] | None) -> list[int]:
         self.tokens = list(prompt)
@@ -296,6 +298,8 @@ class Decoder:
         rejected = verified[accepted].turn if accepted < len(verified) else None
         later = {p.turn for p in unverified}  # turns whose round is not fully verified yet
         for turn in dict.fromkeys(p.turn for p in verified):
+            if turn in self.fixed_turns:
+                continue
             if turn == rejected:
                 self.gammas[turn] = self.dynamic.next(self.gammas[turn], False)
             elif turn not in later:

@@ -81,10 +81,32 @@ def _check_gamma(spec: MethodSpec, gamma: Any, n_models: int) -> list[int]:
     raise ArgumentError(f"gamma={gamma!r} for {method!r}: expected an int >= 1 or a list of ints")
 
 
+def _sizes(models: Sequence[torch.nn.Module]) -> list[int]:
+    return [sum(p.numel() for p in m.parameters()) for m in models]
+
+
 def cheapest(models: Sequence[torch.nn.Module]) -> int:
     """Index of the model with the fewest parameters (the later one on a tie)."""
-    sizes = [sum(p.numel() for p in m.parameters()) for m in models]
+    sizes = _sizes(models)
     return max(range(len(models)), key=lambda i: (-sizes[i], i))
+
+
+def largest(models: Sequence[torch.nn.Module]) -> int:
+    """Index of the model with the most parameters (the earlier one on a tie)."""
+    sizes = _sizes(models)
+    return max(range(len(models)), key=lambda i: (sizes[i], -i))
+
+
+def fixed_turns(schedule: list[Turn] | None, models: Sequence[torch.nn.Module]) -> frozenset[int]:
+    """Turns that keep their gamma under a dynamic schedule: the largest model's (in a set of two or more).
+
+    Each token the largest model drafts costs one of its own forwards, so a longer draft from it saves
+    no forward of the largest model and wastes every one after a rejection.
+    """
+    if not schedule or len(models) < 2:
+        return frozenset()
+    keep = largest(models)
+    return frozenset(k for k, (turn, _) in enumerate(schedule) if keep in turn)
 
 
 def plan_method(
@@ -235,8 +257,9 @@ def generate(
     weight order for ``we*``. ``large_model`` runs ``models[0]``,
     ``small_model`` runs ``models[-1]``. ``gamma`` is an int, or for ``*_se``
     a list with one entry per model; ``gamma_schedule="dynamic"`` lets each
-    proposer's gamma move between rounds from there (``engine.DynamicGamma``;
-    speculative methods only, others ignore it); ``method_args`` holds the ensemble's
+    proposer's gamma move between rounds from there (``engine.DynamicGamma``),
+    the largest model's excepted (``fixed_turns``); speculative methods only,
+    others ignore it; ``method_args`` holds the ensemble's
     parameters (``lambda`` or ``weights``; ``alpha``, ``beta``) and, for
     ``*_sd``/``*_se``, ``first_proposer`` (the index of the model that
     proposes first; default the one with the fewest parameters). Speculative
@@ -283,6 +306,7 @@ def generate(
         device=device,
         audit=audit,
         dynamic=dynamic,
+        fixed_turns=fixed_turns(plan.schedule, models) if dynamic else frozenset(),
     )
     schedule = plan.schedule and _proposers(plan.schedule, members, sampling, generator, stats, audit)
     events = None
