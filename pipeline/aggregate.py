@@ -38,15 +38,15 @@ from typing import Any
 import pandas as pd
 
 from .files import ResultsError, atomic_path, read_jsonl, write_atomic
-from .speed import Policy, fmt, halfwidth, ratio_interval
+from .speed import Policy, fmt, halfwidth, paired_speedup
 
 ROW = ["model_set", "method", "T"]
-
-
-def collect(results: Path) -> pd.DataFrame:
-    """One row per cell of ``grid.json`` whose files exist."""
-    df, _ = _collect(results)
-    return df
+CELL = [*ROW, "gamma", "dataset"]  # one cell of a table
+COLUMNS = (  # a cell's row of cells.csv, in order, after its dimensions
+    "samples new_tokens tokens_per_s baseline_tokens_per_s speedup_side_by_side speedup_ci_low speedup_ci_high tau "
+    "tau_by_model acceptance_rate draft_acceptance_rate position_acceptance predicted_speedup exact_match "
+    "mismatches_numerics mismatches_bug mismatches_unchecked pairs_interfered pairs_remeasured overhead unstable flags"
+).split()
 
 
 def _joined(values) -> str | None:
@@ -55,7 +55,8 @@ def _joined(values) -> str | None:
     return " ".join("-" if v is None else f"{v:.2f}" for v in values)
 
 
-def _collect(results: Path) -> tuple[pd.DataFrame, dict[str, list[dict[str, Any]]]]:
+def collect(results: Path) -> pd.DataFrame:
+    """One row per cell of ``grid.json`` whose files exist."""
     grid = json.loads((results / "grid.json").read_text())
     records, samples, policy = [], {}, Policy()
     for dims in grid:
@@ -68,30 +69,18 @@ def _collect(results: Path) -> tuple[pd.DataFrame, dict[str, list[dict[str, Any]
         rec = {k: v for k, v in dims.items() if k != "models"}
         rec["models"] = " + ".join(dims["models"])
         exact = speed.get("exactness") or {}
-        rec.update(
-            samples=speed["samples"],
-            new_tokens=speed["new_tokens"],
-            tokens_per_s=speed["tokens_per_s"],
-            baseline_tokens_per_s=speed.get("baseline_tokens_per_s"),
-            speedup_side_by_side=speed.get("speedup_side_by_side"),
-            speedup_ci_low=speed.get("speedup_ci_low"),
-            speedup_ci_high=speed.get("speedup_ci_high"),
-            tau=speed.get("tau"),
-            tau_by_model=_joined(speed.get("tau_by_model")),
-            acceptance_rate=speed.get("acceptance_rate"),
-            draft_acceptance_rate=speed.get("draft_acceptance_rate"),
-            position_acceptance=_joined(speed.get("position_acceptance")),
-            predicted_speedup=speed.get("predicted_speedup"),
-            exact_match=exact.get("rate"),
-            mismatches_numerics=exact.get("numerics", 0 if exact else None),
-            mismatches_bug=exact.get("bugs", 0 if exact else None),
-            mismatches_unchecked=exact.get("unchecked", 0 if exact else None),
-            pairs_interfered=speed.get("pairs_interfered"),
-            pairs_remeasured=speed.get("pairs_remeasured"),
-            overhead=speed["overhead"],
-            unstable=bool(speed.get("unstable")),
-            flags="; ".join(speed.get("flags", [])),
-        )
+        unset = 0 if exact else None
+        derived = {
+            "tau_by_model": _joined(speed.get("tau_by_model")),
+            "position_acceptance": _joined(speed.get("position_acceptance")),
+            "exact_match": exact.get("rate"),
+            "mismatches_numerics": exact.get("numerics", unset),
+            "mismatches_bug": exact.get("bugs", unset),
+            "mismatches_unchecked": exact.get("unchecked", unset),
+            "unstable": bool(speed.get("unstable")),
+            "flags": "; ".join(speed.get("flags", [])),
+        }
+        rec.update({k: derived[k] if k in derived else speed.get(k) for k in COLUMNS})
         for category, c in (speed.get("by_category") or {}).items():
             rec[f"cat:{category}"] = c.get("speedup_side_by_side")
             rec[f"cat:{category}:tps"] = c["tokens_per_s"]
@@ -106,30 +95,11 @@ def _collect(results: Path) -> tuple[pd.DataFrame, dict[str, list[dict[str, Any]
         records.append(rec)
     df = pd.DataFrame.from_records(records)
     if df.empty:
-        return df, samples
+        return df
     df["gamma"] = df["gamma"].fillna("")
     df["T"] = df["temperature"].map(lambda t: f"{t:g}")
     df.attrs["confidence"] = policy.confidence
-    return _add_ratios(df, samples, policy), samples
-
-
-def _paired_ratio(
-    rows: list[dict[str, Any]], reference: list[dict[str, Any]], policy: Policy
-) -> tuple[float, float | None, float | None] | None:
-    """A cell's speed over another cell's on the prompts both ran (paired by id), with its interval."""
-    ref = {r["id"]: r["stats"] for r in reference}
-    pairs = [(r["stats"], ref[r["id"]]) for r in rows if r["id"] in ref]
-    if not pairs:
-        return None
-    tm = [m["new_tokens"] for m, _ in pairs]
-    wm = [m["wall_time_s"] for m, _ in pairs]
-    tb = [b["new_tokens"] for _, b in pairs]
-    wb = [b["wall_time_s"] for _, b in pairs]
-    if not sum(wm) or not sum(tb):
-        return None
-    estimate = (sum(tm) / sum(wm)) / (sum(tb) / sum(wb))
-    low, high, _ = ratio_interval(tm, wm, tb, wb, policy)
-    return estimate, low, high
+    return _add_ratios(df, samples, policy)
 
 
 def _add_ratios(df: pd.DataFrame, samples: dict[str, list[dict[str, Any]]], policy: Policy) -> pd.DataFrame:
@@ -143,14 +113,15 @@ def _add_ratios(df: pd.DataFrame, samples: dict[str, list[dict[str, Any]]], poli
     plain = df[df["kind"] == "plain"].set_index([*key, "model_set", "method"])["id"]
     unstable = df.set_index("id")["unstable"]
 
-    def across(r, ref):
+    def across(r, ref):  # the cell's speed over another cell's on the prompts both ran (paired by id)
         if not isinstance(ref, str):
             return None
-        ratio = _paired_ratio(samples[r["id"]], samples[ref], policy)
-        if ratio is None:
+        other = {x["id"]: x["stats"] for x in samples[ref]}
+        found = paired_speedup([(x["stats"], other[x["id"]]) for x in samples[r["id"]] if x["id"] in other], policy)
+        if found is None:
             return None
-        hw = halfwidth(*ratio)
-        return (*ratio, bool(r["unstable"] or unstable[ref] or (hw is not None and hw > policy.max_halfwidth)))
+        hw = halfwidth(*found[:3])
+        return (*found[:3], bool(r["unstable"] or unstable[ref] or (hw is not None and hw > policy.max_halfwidth)))
 
     def vs_large(r):
         return across(r, large.get((r["dataset"], r["temperature"], r["large_model"])))
@@ -196,7 +167,7 @@ def _best(df: pd.DataFrame, value: str) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def _cell_table(df: pd.DataFrame, values: list[str]) -> pd.DataFrame:
     """Rows: model set x method x T x gamma; columns: dataset (x value)."""
-    d = df[[*ROW, "gamma", "dataset", *values]].dropna(subset=values, how="all")
+    d = df[[*CELL, *values]].dropna(subset=values, how="all")
     if d.empty:
         return pd.DataFrame()
     t = d.pivot_table(index=[*ROW, "gamma"], columns="dataset", values=values, aggfunc="first")
@@ -207,16 +178,15 @@ def _cell_table(df: pd.DataFrame, values: list[str]) -> pd.DataFrame:
     return t
 
 
+def _by_cell(df: pd.DataFrame, columns: str) -> pd.DataFrame:
+    """The given columns (names separated by spaces) of each cell, indexed by the cell."""
+    return df[[*CELL, *columns.split()]].set_index(CELL)
+
+
 def _md(table: pd.DataFrame, floatfmt: str = ".2f") -> str:
     if table.empty:
         return "_no cells_\n"
     return table.reset_index().to_markdown(index=False, floatfmt=floatfmt) + "\n"
-
-
-def _save(out: Path, name: str, num: pd.DataFrame, md: str) -> list[Path]:
-    write_atomic(out / f"{name}.csv", num.to_csv())
-    write_atomic(out / f"{name}.md", md)
-    return [out / f"{name}.csv", out / f"{name}.md"]
 
 
 def _pyplot():
@@ -237,8 +207,11 @@ def _savefig(fig, path: Path) -> Path:
     return path
 
 
-def _errorbar(ax, x, y, low, high, unstable, label, **kw):
-    """Points with their intervals; unstable cells hollow."""
+def _errorbar(ax, x, rows: pd.DataFrame, columns: str, label, **kw):
+    """Points with their intervals (``columns``: the value's, the low end's and the high end's); unstable cells
+    hollow."""
+    y, low, high = (rows[c] for c in columns.split())
+    unstable = rows["unstable"]
     yerr = [(y - low).fillna(0).clip(lower=0), (high - y).fillna(0).clip(lower=0)]
     line = ax.errorbar(x, y, yerr=yerr, marker="o", capsize=3, label=label, **kw)
     color = line[0].get_color()
@@ -260,15 +233,8 @@ def plot_speedup_vs_gamma(df: pd.DataFrame, path: Path) -> Path | None:
         sub = d[d["dataset"] == ds].assign(g=lambda x: x["gamma"].map(lambda v: int(str(v).split("-")[-1])))
         for (ms, method, t), g in sub.groupby(ROW):
             g = g.sort_values("g")
-            _errorbar(
-                ax,
-                g["g"],
-                g["speedup_vs_standard"],
-                g["speedup_vs_standard_low"],
-                g["speedup_vs_standard_high"],
-                g["unstable"],
-                f"{method} ({ms}, T={t})",
-            )
+            columns = "speedup_vs_standard speedup_vs_standard_low speedup_vs_standard_high"
+            _errorbar(ax, g["g"], g, columns, f"{method} ({ms}, T={t})")
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_xticks(sorted(sub["g"].unique()))
         ax.set_title(ds)
@@ -285,16 +251,8 @@ def plot_predicted(df: pd.DataFrame, path: Path) -> Path | None:
         return None
     fig, ax = plt.subplots(figsize=(5, 5))
     for method, g in d.groupby("method"):
-        _errorbar(
-            ax,
-            g["predicted_speedup"],
-            g["speedup_side_by_side"],
-            g["speedup_ci_low"],
-            g["speedup_ci_high"],
-            g["unstable"],
-            method,
-            linestyle="none",
-        )
+        columns = "speedup_side_by_side speedup_ci_low speedup_ci_high"
+        _errorbar(ax, g["predicted_speedup"], g, columns, method, linestyle="none")
     hi = max(d["predicted_speedup"].max(), d["speedup_ci_high"].fillna(0).max(), d["speedup_side_by_side"].max())
     ax.plot([0, hi * 1.1], [0, hi * 1.1], color="grey", lw=0.8, ls="--")
     ax.set_xlabel("predicted speed-up (counted forwards x measured cost)")
@@ -309,7 +267,7 @@ def _categories(df: pd.DataFrame) -> pd.DataFrame:
     if not cats:
         return pd.DataFrame()
     d = df.dropna(subset=[f"cat:{c}:tps" for c in cats], how="all")
-    out = d[[*ROW, "gamma", "dataset"]].copy()
+    out = d[CELL].copy()
 
     def text(speedup, low, high, tps, tau) -> str:
         if pd.notna(speedup):
@@ -323,7 +281,7 @@ def _categories(df: pd.DataFrame) -> pd.DataFrame:
     for c in cats:
         columns = [d[f"cat:{c}{k}"] for k in ("", ":low", ":high", ":tps", ":tau")]
         out[c] = [text(*values) for values in zip(*columns)]
-    return out.set_index([*ROW, "gamma", "dataset"])
+    return out.set_index(CELL)
 
 
 def aggregate(results: Path) -> list[Path]:
@@ -359,18 +317,8 @@ def aggregate(results: Path) -> list[Path]:
     qcols = [c for c in df.columns if c.startswith("q:")]
     quality = _cell_table(df, qcols) if qcols else pd.DataFrame()
     tables.append(("quality", "Quality", "", quality, _md(quality, ".3f")))
-    acc = df[df["kind"] != "plain"][
-        [
-            *ROW,
-            "gamma",
-            "dataset",
-            "tau",
-            "tau_by_model",
-            "acceptance_rate",
-            "draft_acceptance_rate",
-            "position_acceptance",
-        ]
-    ].set_index([*ROW, "gamma", "dataset"])
+    columns = "tau tau_by_model acceptance_rate draft_acceptance_rate position_acceptance"
+    acc = _by_cell(df[df["kind"] != "plain"], columns)
     caption = (
         "τ: mean accepted length, tokens emitted per forward of the large model (the verifier's own token "
         "included; autoregressive decoding = 1.00); τ by model: the same per model of the set, in order. "
@@ -378,18 +326,8 @@ def aggregate(results: Path) -> list[Path]:
         "per position: the acceptance rate of the 1st, 2nd, ... token of a verified block.\n"
     )
     tables.append(("acceptance", "Mean accepted length and acceptance", caption, acc, _md(acc)))
-    exact = df.dropna(subset=["exact_match"])[
-        [
-            *ROW,
-            "gamma",
-            "dataset",
-            "samples",
-            "exact_match",
-            "mismatches_numerics",
-            "mismatches_bug",
-            "mismatches_unchecked",
-        ]
-    ].set_index([*ROW, "gamma", "dataset"])
+    columns = "samples exact_match mismatches_numerics mismatches_bug mismatches_unchecked"
+    exact = _by_cell(df.dropna(subset=["exact_match"]), columns)
     caption = (
         "T=0 cells: the share of samples whose tokens equal the baseline's (Spec-Bench's equality check); each "
         "mismatch attributed to numerics (a near-tie in a float64 recompute at the first divergent token) or a "
@@ -397,9 +335,8 @@ def aggregate(results: Path) -> list[Path]:
         "on a CPU every sample is expected to match.\n"
     )
     tables.append(("exactness", "Exactness at T=0", caption, exact, _md(exact)))
-    pvm = df.dropna(subset=["predicted_speedup"])[
-        [*ROW, "gamma", "dataset", "acceptance_rate", "speedup_side_by_side", "predicted_speedup", "overhead"]
-    ].set_index([*ROW, "gamma", "dataset"])
+    columns = "acceptance_rate speedup_side_by_side predicted_speedup overhead"
+    pvm = _by_cell(df.dropna(subset=["predicted_speedup"]), columns)
     caption = (
         "Predicted: the method's forwards priced at each model's measured cost of one forward (a forward of k "
         "tokens assumed as cheap as one, the loop free); measured: side by side. Overhead: share of wall time "
@@ -418,7 +355,9 @@ def aggregate(results: Path) -> list[Path]:
     )
     tables.append(("flags", "Flags", caption, flagged.set_index("id"), _md(flagged.set_index("id"))))
     for name, title, caption, numbers, markdown in tables:
-        written += _save(out, name, numbers, markdown)
+        write_atomic(out / f"{name}.csv", numbers.to_csv())
+        write_atomic(out / f"{name}.md", markdown)
+        written += [out / f"{name}.csv", out / f"{name}.md"]
         sections += [f"## {title}\n", caption, markdown]
     p = plot_speedup_vs_gamma(df, plots / "speedup_vs_gamma.png")
     q = plot_predicted(df, plots / "predicted_vs_measured.png")

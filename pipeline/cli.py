@@ -34,6 +34,11 @@ def arg(*flags, **options) -> tuple[tuple, dict]:
     return flags, options
 
 
+def _options(args: argparse.Namespace, names: str) -> dict:
+    """The named options of a command line (names separated by spaces), by name."""
+    return {name: getattr(args, name) for name in names.split()}
+
+
 def command(name: str, help: str, *arguments: tuple[tuple, dict], passthrough: bool = False):
     """Register the decorated function as subcommand ``name`` with its arguments."""
 
@@ -92,14 +97,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_distill(args: argparse.Namespace) -> int:
     from .models import BUNDLED, Recipe, ensure_draft, read_meta
 
-    recipe = Recipe(
-        layers=args.layers,
-        head_tokens=args.head_tokens,
-        steps=args.steps,
-        seed=args.seed,
-        prompts=args.prompts,
-        max_train_seconds=args.max_train_seconds,
-    )
+    recipe = Recipe(**_options(args, "layers head_tokens steps seed prompts max_train_seconds"))
     out = ensure_draft(args.teacher or BUNDLED, recipe, force=args.force, out_dir=args.out)
     meta = read_meta(out)
     print(f"draft: {out}")
@@ -232,29 +230,15 @@ def cmd_wandb_log(args: argparse.Namespace) -> int:
 
     data = read_cell_file(args.cell_file)
     try:
-        log_cell(
-            args.samples,
-            args.status,
-            dims=data.get("dims") or {},
-            cell=data["cell"],
-            experiment=args.experiment,
-            project=args.project,
-            entity=args.entity,
-            mode=args.mode,
-            wandb_dir=args.dir,
-            init_timeout=args.init_timeout,
-        )
+        settings = _options(args, "experiment project entity mode init_timeout")
+        log_cell(args.samples, args.status, data.get("dims") or {}, data["cell"], wandb_dir=args.dir, **settings)
     except WandbFailed as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     return 0
 
 
-@command(
-    "aggregate",
-    "speed-up and quality tables and plots from a results directory",
-    arg("results", type=Path),
-)
+@command("aggregate", "speed-up and quality tables and plots from a results directory", arg("results", type=Path))
 def cmd_aggregate(args: argparse.Namespace) -> int:
     from .aggregate import aggregate
 
@@ -277,11 +261,7 @@ def cmd_notebook(args: argparse.Namespace) -> int:
     return 0
 
 
-@command(
-    "grid",
-    "check a workflow config and list its cells",
-    arg("config", type=Path),
-)
+@command("grid", "check a workflow config and list its cells", arg("config", type=Path))
 def cmd_grid(args: argparse.Namespace) -> int:
     from .workflow import main as grid_main
 

@@ -13,3 +13,9 @@ class UserError(ValueError):
 
 class ArgumentError(UserError):
     """A bad argument to the decoder, raised before any forward pass."""
+
+
+def one_line(err: BaseException, limit: int = 200) -> str:
+    """An exception as its type and the first line of its message (at most ``limit`` characters)."""
+    first = (str(err).strip().splitlines() or [""])[0][:limit]
+    return f"{type(err).__name__}: {first}".rstrip(": ")

@@ -17,6 +17,7 @@ mismatches are recorded as ``unchecked`` with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -26,13 +27,13 @@ from typing import Any
 
 import torch
 
+from .errors import one_line
+
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     """The first index where ``a`` and ``b`` differ (a shorter one ending early counts); None if equal."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    return first if first is not None or len(a) == len(b) else min(len(a), len(b))
 
 
 def _plan(method: str, method_args: dict, n: int):
@@ -60,12 +61,10 @@ def float64_bytes(spec) -> int:
 def available_bytes() -> int | None:
     """Memory this process can still take: the machine's available memory, within its cgroup's limit."""
     found = []
-    try:
+    with contextlib.suppress(OSError, ValueError):
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 found.append(int(line.split()[1]) * 1024)
-    except (OSError, ValueError):
-        pass
     for limit, usage in (
         ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
         ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
@@ -130,9 +129,8 @@ def check(
             raise MemoryError(f"a float64 copy needs {need / 2**30:.1f} GiB, {have / 2**30:.1f} GiB available")
         logprobs = target_logprobs(specs, baseline, baseline_args, contexts)
     except Exception as err:  # the check must never cost the cell: say why it was not done
-        reason = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
         logprobs = [None] * len(mismatches)
-        record["unchecked_reason"] = reason
+        record["unchecked_reason"] = one_line(err)
     for (r, pos), lp in zip(mismatches, logprobs):
         a = r["token_ids"][pos] if pos < len(r["token_ids"]) else None
         b = r["baseline"]["token_ids"][pos] if pos < len(r["baseline"]["token_ids"]) else None

@@ -81,16 +81,13 @@ class Journal:
     def _set_aside(self, rejects: list[tuple[int, bytes, str]]) -> None:
         if not rejects:
             return
-        records = "".join(
-            json.dumps(
-                {"journal": str(self.path), "line": n, "reason": reason, "raw": raw.decode("utf-8", "surrogateescape")}
-            )
-            + "\n"
+        records = [
+            {"journal": str(self.path), "line": n, "reason": reason, "raw": raw.decode("utf-8", "surrogateescape")}
             for n, raw, reason in rejects
-        )
+        ]
         try:
             with open(self.rejected, "a", encoding="utf-8") as f:
-                f.write(records)
+                f.write("".join(json.dumps(r) + "\n" for r in records))
                 f.flush()
                 os.fsync(f.fileno())
         except OSError as err:

@@ -85,8 +85,7 @@ class SpecEnsLM(LM):
     def loglikelihood(self, requests):
         raise NotImplementedError("specens generates; choose generate_until tasks (e.g. gsm8k_local)")
 
-    def loglikelihood_rolling(self, requests):
-        raise NotImplementedError("specens generates; choose generate_until tasks (e.g. gsm8k_local)")
+    loglikelihood_rolling = loglikelihood
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,6 +34,7 @@ import math
 import warnings
 from collections import defaultdict
 from dataclasses import asdict, dataclass, fields
+from itertools import zip_longest
 from typing import Any
 
 import numpy as np
@@ -69,24 +70,15 @@ class Policy:
         def bad(name: str, accepted: str) -> UserError:
             return UserError(f"timing.{name}={getattr(self, name)!r}: expected {accepted}")
 
-        number = (int, float)
-        if not isinstance(self.confidence, number) or not 0 < self.confidence < 1:
+        if not isinstance(self.confidence, int | float) or not 0 < self.confidence < 1:
             raise bad("confidence", "a number in (0, 1)")
-        for name in ("resamples", "remeasure", "seed"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < (100 if name == "resamples" else 0):
-                raise bad(name, "an integer >= 100" if name == "resamples" else "an integer >= 0")
-        for name in (
-            "psi_share",
-            "nivcsw_per_s",
-            "max_halfwidth",
-            "max_interfered",
-            "prediction_tolerance",
-            "near_tie_nats",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, number) or isinstance(value, bool) or not 0 <= value < math.inf:
-                raise bad(name, "a finite number >= 0")
+        for f in fields(self):  # the rest by the type of its default: counts, and finite numbers >= 0
+            if f.name == "confidence":
+                continue
+            value, count, floor = getattr(self, f.name), isinstance(f.default, int), 100 if f.name == "resamples" else 0
+            kind_ok = not isinstance(value, bool) and isinstance(value, int if count else int | float)
+            if not kind_ok or not floor <= value < math.inf:
+                raise bad(f.name, f"an integer >= {floor}" if count else "a finite number >= 0")
 
     @property
     def thresholds(self) -> Thresholds:
@@ -160,12 +152,8 @@ def fmt(value: float | None, low: float | None = None, high: float | None = None
 
 
 def _sum_lists(lists: list[list[int]]) -> list[int]:
-    out: list[int] = []
-    for values in lists:
-        out += [0] * (len(values) - len(out))
-        for j, v in enumerate(values):
-            out[j] += v
-    return out
+    """Element-wise sums of lists of different lengths (a missing entry counts 0)."""
+    return [sum(column) for column in zip_longest(*lists, fillvalue=0)]
 
 
 def decoding_metrics(stats: list[dict[str, Any]]) -> dict[str, Any]:
@@ -222,17 +210,25 @@ def predicted_speedup(rows: list[dict[str, Any]]) -> float | None:
 # ---- a cell --------------------------------------------------------------------------------------
 
 
-def _side_by_side(rows: list[dict[str, Any]], policy: Policy) -> dict[str, Any]:
-    tm = [r["stats"]["new_tokens"] for r in rows]
-    wm = [r["stats"]["wall_time_s"] for r in rows]
-    tb = [r["baseline"]["stats"]["new_tokens"] for r in rows]
-    wb = [r["baseline"]["stats"]["wall_time_s"] for r in rows]
+def paired_speedup(pairs: list[tuple[dict[str, Any], dict[str, Any]]], policy: Policy) -> tuple | None:
+    """``(estimate, low, high, interval method)`` of a method's speed over its baseline's on paired prompts (each
+    pair: the two samples' stats); None without pairs or when a total is zero."""
+    if not pairs:
+        return None
+    tm, wm, tb, wb = ([s[k] for s in side] for side in zip(*pairs) for k in ("new_tokens", "wall_time_s"))
     if not sum(wm) or not sum(wb) or not sum(tb):
+        return None
+    return (float(_ratio(tm, wm, tb, wb)), *ratio_interval(tm, wm, tb, wb, policy))
+
+
+def _side_by_side(rows: list[dict[str, Any]], policy: Policy) -> dict[str, Any]:
+    pairs = [(r["stats"], r["baseline"]["stats"]) for r in rows]
+    found = paired_speedup(pairs, policy)
+    if found is None:
         return {}
-    estimate = float(_ratio(tm, wm, tb, wb))
-    low, high, method = ratio_interval(tm, wm, tb, wb, policy)
+    estimate, low, high, method = found
     return {
-        "baseline_tokens_per_s": sum(tb) / sum(wb),
+        "baseline_tokens_per_s": sum(b["new_tokens"] for _, b in pairs) / sum(b["wall_time_s"] for _, b in pairs),
         "speedup_side_by_side": estimate,
         "speedup_ci_low": low,
         "speedup_ci_high": high,
@@ -263,7 +259,7 @@ def summarize(rows: list[dict[str, Any]], policy: Policy = Policy(), exactness: 
     timed = [r["timing"] for r in rows if "timing" in r]
     summary["pairs_interfered"] = sum(bool(t["attempts"][t["counted"]]["interfered"]) for t in timed)
     summary["pairs_remeasured"] = sum(len(t["attempts"]) > 1 for t in timed)
-    hosts = {json_key(r.get("provenance")) for r in rows}  # a sample without a record counts as its own
+    hosts = {json.dumps(r.get("provenance"), sort_keys=True) for r in rows}  # no record: a host of its own
     summary["provenance"] = (rows[0].get("provenance") if rows else None) if len(hosts) <= 1 else sorted(hosts)
     if exactness is not None:
         summary["exactness"] = exactness
@@ -284,10 +280,6 @@ def summarize(rows: list[dict[str, Any]], policy: Policy = Policy(), exactness: 
     summary["flags"] = flags(summary, policy)
     summary["unstable"] = bool(summary["flags"])
     return summary
-
-
-def json_key(value: Any) -> str:
-    return json.dumps(value, sort_keys=True)
 
 
 def flags(summary: dict[str, Any], policy: Policy) -> list[str]:

@@ -20,6 +20,7 @@ a contended one's about equal to it.
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import resource
 import socket
@@ -31,14 +32,12 @@ from typing import Any
 
 def _psi_file() -> Path:
     """This process's cgroup (v2) CPU pressure file, else the machine's."""
-    try:
+    with contextlib.suppress(OSError):
         for line in Path("/proc/self/cgroup").read_text().splitlines():
             if line.startswith("0::"):
                 own = Path("/sys/fs/cgroup") / line[3:].lstrip("/") / "cpu.pressure"
                 if own.is_file():
                     return own
-    except OSError:
-        pass
     return Path("/proc/pressure/cpu")
 
 
@@ -46,12 +45,10 @@ PSI = _psi_file()
 
 
 def _psi_some_us() -> int | None:
-    try:
+    with contextlib.suppress(OSError, ValueError, IndexError):
         for line in PSI.read_text().splitlines():
             if line.startswith("some"):
                 return int(line.rsplit("total=", 1)[1])
-    except (OSError, ValueError, IndexError):
-        pass
     return None
 
 

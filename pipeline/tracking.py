@@ -25,6 +25,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from .errors import one_line
 from .files import read_jsonl, write_atomic
 
 
@@ -36,11 +37,9 @@ def resolve_mode(mode: str) -> str:
         return mode
     if os.environ.get("WANDB_API_KEY"):
         return "online"
-    try:
+    with contextlib.suppress(OSError, netrc.NetrcParseError):
         if netrc.netrc().authenticators("api.wandb.ai"):
             return "online"
-    except (OSError, netrc.NetrcParseError):
-        pass
     return "offline"
 
 
@@ -71,11 +70,6 @@ def _drop_run_dirs(wandb_dir: Path, run_id: str) -> None:
     """Remove what a run left under ``wandb_dir/wandb`` (a failed init leaves a stub with nothing to sync)."""
     for path in (wandb_dir / "wandb").glob(f"*run-*-{run_id}"):
         shutil.rmtree(path, ignore_errors=True)
-
-
-def _one_line(err: BaseException) -> str:
-    first = (str(err).splitlines() or [""])[0][:200]
-    return f"{type(err).__name__}: {first}".rstrip(": ")
 
 
 def log_cell(
@@ -111,13 +105,13 @@ def log_cell(
     try:
         run_id, run_dir = log(mode)
     except Exception as err:  # W&B must never cost a result: record, keep an offline copy, let the job be retried
-        outcome.update(status="failed", error=_one_line(err))
+        outcome.update(status="failed", error=one_line(err))
         if mode == "online":
             _forget_fallback(failed)
             try:
                 outcome["offline_copy"] = str(log("offline")[1])
             except Exception as offline_err:
-                outcome["offline_error"] = _one_line(offline_err)
+                outcome["offline_error"] = one_line(offline_err)
         write_atomic(failed, json.dumps(outcome, indent=2) + "\n")
         kept = f"; an offline copy is in {outcome['offline_copy']}" if "offline_copy" in outcome else ""
         advice = " (wandb.mode: offline stops trying online)" if mode == "online" else ""
@@ -178,21 +172,13 @@ def _log_run(samples, dims, cell, experiment, project, entity, mode, wandb_dir, 
                 counted = row["timing"]["attempts"][row["timing"]["counted"]]
                 metrics["sample/interfered"] = int(counted["interfered"])
                 metrics["sample/attempts"] = len(row["timing"]["attempts"])
-            if "baseline" in row:
-                b = row["baseline"]["stats"]
-                if b["wall_time_s"] and b["new_tokens"] and tps:
-                    metrics["sample/speedup_side_by_side"] = tps / (b["new_tokens"] / b["wall_time_s"])
+            base = row.get("baseline", {})
+            b = base.get("stats", {})
+            if b.get("wall_time_s") and b.get("new_tokens") and tps:
+                metrics["sample/speedup_side_by_side"] = tps / (b["new_tokens"] / b["wall_time_s"])
             run.log(metrics, step=i)
-            score = {k: v for k, v in scores.get(row["id"], {}).items() if k != "id"}
-            table.add_data(
-                row["id"],
-                row["output"],
-                st["new_tokens"],
-                tps,
-                st.get("tau"),
-                row.get("baseline", {}).get("output"),
-                json.dumps(score),
-            )
+            score = json.dumps({k: v for k, v in scores.get(row["id"], {}).items() if k != "id"})
+            table.add_data(row["id"], row["output"], st["new_tokens"], tps, st.get("tau"), base.get("output"), score)
         run.log({"samples": table}, step=len(rows))
         run.summary.update(cell_metrics(samples))
         run_dir = Path(run.dir).parent

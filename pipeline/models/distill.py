@@ -153,8 +153,7 @@ def train(draft: RestrictedHeadLM, data: list[tuple[list[int], list[int]]], reci
         if (target >= 0).any():
             examples.append((torch.tensor([ids]), target))
     base = draft.base
-    for p in draft.parameters():
-        p.requires_grad_(False)
+    draft.requires_grad_(False)
     trainable = [p for layer in base.model.layers for p in layer.parameters()] + list(base.model.norm.parameters())
     for p in trainable:
         p.requires_grad_(True)
@@ -182,8 +181,7 @@ def train(draft: RestrictedHeadLM, data: list[tuple[list[int], list[int]]], reci
     else:
         step += 1
     base.eval()
-    for p in draft.parameters():
-        p.requires_grad_(False)
+    draft.requires_grad_(False)
     return {
         "steps": step,
         "train_seconds": round(time.perf_counter() - start, 1),
@@ -254,29 +252,13 @@ def distill(teacher, tokenizer, out_dir: Path, recipe: Recipe, teacher_name: str
     covered = sum(counts[t] for t in kept) / max(sum(counts.values()), 1)
     draft = RestrictedHeadLM(base, kept)
     facts = train(draft, data, recipe)
-    held = teacher_continuations(
-        teacher,
-        tokenizer,
-        heldout_prompts(recipe.eval_prompts),
-        recipe.new_tokens,
-        recipe.batch,
-        "held-out continuations",
-    )
+    heldout = heldout_prompts(recipe.eval_prompts)
+    held = teacher_continuations(teacher, tokenizer, heldout, recipe.new_tokens, recipe.batch, "held-out continuations")
     facts.update(agreement(draft, held))
-    facts.update(
-        {
-            "label_coverage": round(covered, 4),
-            "train_sequences": len(data),
-            "total_seconds": round(time.perf_counter() - t0, 1),
-        }
-    )
-    save(
-        draft,
-        tokenizer,
-        out_dir,
-        {"teacher": teacher_name, "recipe": asdict(recipe), **facts},
-        kept if len(kept) < vocab else None,
-    )
+    facts.update(label_coverage=round(covered, 4), train_sequences=len(data))
+    facts["total_seconds"] = round(time.perf_counter() - t0, 1)
+    meta = {"teacher": teacher_name, "recipe": asdict(recipe), **facts}
+    save(draft, tokenizer, out_dir, meta, kept if len(kept) < vocab else None)
     return out_dir
 
 

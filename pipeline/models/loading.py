@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ..errors import one_line
 from .sources import bundled_dir
 from .spec import ModelError
 
@@ -39,8 +40,7 @@ def load(
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, SafetensorError) as err:  # damaged or partial files: one line naming them
-        reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
-        raise ModelError(f"model directory {path} could not be loaded: {type(err).__name__}: {reason}") from None
+        raise ModelError(f"model directory {path} could not be loaded: {one_line(err)}") from None
     head_file = path / "head_tokens.json"
     if head_file.exists() and not full_head:  # a distilled draft whose head scores a subset of the vocabulary
         from .restricted import RestrictedHeadLM

