@@ -38,7 +38,7 @@ from typing import Any
 import pandas as pd
 
 from .files import ResultsError, atomic_path, read_jsonl, write_atomic
-from .speed import Policy, fmt, halfwidth, paired_speedup
+from .speed import Policy, fmt, halfwidth, paired_speedup, relative_speedup
 
 ROW = ["model_set", "method", "T"]
 CELL = [*ROW, "gamma", "dataset"]  # one cell of a table
@@ -261,6 +261,34 @@ def plot_predicted(df: pd.DataFrame, path: Path) -> Path | None:
     return _savefig(fig, path)
 
 
+def _peers(df: pd.DataFrame, results: Path) -> pd.DataFrame:
+    """Ours over transformers' own methods (``hf_*``): each speculative cell of ours against each peer cell of
+    the same model set, dataset and T, as the ratio of their side-by-side speed-ups (``relative_speedup``)."""
+    peers, ours = df[df["kind"] == "peer"], df[df["kind"].isin(["sd", "se"])]
+    out, key = [], ["model_set", "dataset", "temperature"]
+
+    def rows(cell_id: str) -> list[dict[str, Any]]:
+        return read_jsonl(results / "generations" / f"{cell_id}.jsonl")
+
+    for _, p in peers.iterrows():
+        theirs = rows(p["id"])
+        policy = Policy.from_dict(json.loads((results / "generations" / f"{p['id']}.speed.json").read_text())["policy"])
+        for _, o in ours[(ours[key] == p[key]).all(axis=1)].iterrows():
+            ratio = relative_speedup(rows(o["id"]), theirs, policy)
+            if ratio is not None:
+                text = fmt(*ratio, unstable=bool(o["unstable"] or p["unstable"]))
+                out.append((o["model_set"], o["T"], o["dataset"], f"{o['method']} (γ={o['gamma']})", p, text))
+    if not out:
+        return pd.DataFrame()
+    table = pd.DataFrame(
+        [(*o[:4], f"{o[4]['method']} (γ={o[4]['gamma']})", o[5]) for o in out],
+        columns=["model_set", "T", "dataset", "ours", "peer", "ours_over_peer"],
+    )
+    return table.pivot_table(
+        index=["model_set", "T", "dataset", "ours"], columns="peer", values="ours_over_peer", aggfunc="first"
+    )
+
+
 def _categories(df: pd.DataFrame) -> pd.DataFrame:
     """Spec-Bench per category: speed-up with its interval (tokens/s where there is no baseline), and τ."""
     cats = sorted({c.split(":")[1] for c in df.columns if c.startswith("cat:")})
@@ -310,7 +338,21 @@ def aggregate(results: Path) -> list[Path]:
         f"measured side by side in the same job; best over the gamma sweep (the best of several noisy estimates "
         f"leans high: read the interval); {conf} interval in brackets.\n"
     )
+    if df["kind"].eq("peer").any():
+        caption += (
+            "`hf_*`: transformers' own `generate` (assisted generation, prompt lookup, `assistant_ensemble_weight`) "
+            "with the model set's draft and the same gamma; transformers cannot take a restricted head, so they "
+            "run on a set with a full-head draft, and the table's other rows of that set use the same draft.\n"
+        )
     tables.append(("speedup_vs_standard", "Speed-up over the standard method", caption, num, _md(txt)))
+    versus = _peers(df, results)
+    if not versus.empty:
+        caption = (
+            "Ours over transformers' own methods: each cell's side-by-side speed-up over its standard method "
+            f"divided by the peer's, prompts paired ({conf} paired-bootstrap interval); `hf_assisted_ensemble` "
+            "is not the weighted ensemble's distribution (README: Peers).\n"
+        )
+        tables.append(("ours_vs_peers", "Ours over transformers' methods", caption, versus, _md(versus)))
     num, txt = _best(df, "speedup_vs_large")
     caption = "Tokens/s over the large model's own cell (another job; prompts paired by id).\n"
     tables.append(("speedup_vs_large", "Speed-up over the large model alone", caption, num, _md(txt)))

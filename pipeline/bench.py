@@ -7,15 +7,19 @@ The draft is the distilled 2-layer student of the bundled model (distilled
 on first use, a few minutes, then cached), proposing after prompt lookup
 (``--proposer lookup+draft``); ``--draft truncated`` uses an untrained
 truncated copy instead, ``--draft DIR`` any model directory. CD needs the
-amateur's full-vocabulary logits, so a draft with a restricted head serves CD
-with its teacher's full head.
+amateur's full-vocabulary logits and transformers' own methods (``hf_*``,
+``decoding/peers.py``) cannot take a restricted head, so a draft with a
+restricted head serves them with its teacher's full head; ``--full-head``
+gives every method that full-head draft.
 
 All methods run over the same prompts, one prompt at a time, in a rotating
 order, after a warm-up, so slow drifts of a shared machine hit them alike.
 Speed is total new tokens over total wall time per method; ratios compare
 methods measured side by side, each with its 95% paired-bootstrap interval
 over prompts (``speed.py``). Greedy methods are also checked token for token
-against their baseline (and transformers' assisted generation against ours).
+against their baseline. Each of transformers' methods is compared with ours
+at the same gamma (``sd``; ``we_sd`` for ``hf_assisted_ensemble``), and our
+fastest method with theirs, each over its group's baseline.
 Each run is recorded with its commit, machine and settings under
 ``benchmarks/`` (``--record``), so a figure quoted anywhere names its run.
 """
@@ -34,10 +38,11 @@ from typing import Any
 import torch
 
 from pipeline.decoding import generate
+from pipeline.decoding.spec import PEERS, parse_method
 from pipeline.files import ResultsError
 from pipeline.models import BUNDLED, ModelError, Recipe, cpu_kernels, ensure_draft, load, load_bundled, truncated_copy
 from pipeline.speed import fmt as speed_fmt
-from pipeline.speed import ratio_interval
+from pipeline.speed import ratio_interval, speedup_ratio
 
 FALLBACK_PROMPTS = [
     'def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n',
@@ -61,7 +66,7 @@ def humaneval_prompts(n: int) -> list[str]:
 class Variant:
     group: str  # which baseline it is compared with
     label: str
-    method: str  # a decoder method, or "hf_assisted"
+    method: str  # a decoder method (transformers' own ``hf_*`` included)
     gamma: Any = 1
     temperature: float = 0.0
     method_args: dict = field(default_factory=dict)
@@ -86,26 +91,28 @@ class Totals:
 def variants(
     gammas: list[int],
     proposer: str,
-    hf: bool,
+    peers: bool = True,
     dynamic: list[int] = (),
     parallel: bool = False,
     sd_temperature: float = 0.0,
 ) -> list[Variant]:
-    """The methods measured. ``dynamic``: starting gammas of dynamic-gamma variants; ``parallel``: we_p, cd_p."""
+    """Every method of the table; ``peers``: transformers' own methods too (``hf_*``); ``dynamic``: starting
+    gammas of dynamic-gamma variants; ``parallel``: we_p, cd_p; ``sd_temperature``: of the first group."""
     we = {"lambda": 0.5}
     cd = {"alpha": 0.1}
     spec = {"proposer": proposer}
     dyn = "dynamic"
     t = sd_temperature
-    first = "greedy" if t == 0 else f"sd T={t:g}"  # large_model, small_model, sd (transformers' at T = 0 only)
+    first = "greedy" if t == 0 else f"sd T={t:g}"  # large_model, small_model, sd and the peers
     out = [
         Variant(first, "large_model", "large_model", temperature=t, baseline=True),
         Variant(first, "small_model", "small_model", temperature=t),
     ]
     out += [Variant(first, f"sd g={g}", "sd", g, t, spec) for g in gammas]
     out += [Variant(first, f"sd dyn g={g}", "sd", g, t, spec, gamma_schedule=dyn) for g in dynamic]
-    if hf and t == 0:
-        out += [Variant(first, f"hf_assisted g={g}", "hf_assisted", g) for g in gammas]
+    if peers:
+        out += [Variant(first, f"hf_assisted g={g}", "hf_assisted", g, t) for g in gammas]
+        out += [Variant(first, f"hf_prompt_lookup g={g}", "hf_prompt_lookup", g, t) for g in gammas]
     out += [Variant("we T=1", "we", "we", temperature=1.0, method_args=we, baseline=True)]
     out += [Variant("we T=1", f"we_sd g={g}", "we_sd", g, 1.0, {**we, **spec}) for g in gammas]
     out += [Variant("we T=1", f"we_se g=[1,{g}]", "we_se", [1, g], 1.0, {**we, **spec}) for g in gammas]
@@ -116,6 +123,8 @@ def variants(
     ]
     if parallel:
         out += [Variant("we T=1", "we_p", "we_p", temperature=1.0, method_args=we)]
+    if peers:
+        out += [Variant("we T=1", f"hf_assisted_ensemble g={g}", "hf_assisted_ensemble", g, 1.0, we) for g in gammas]
     out += [Variant("cd T=0", "cd", "cd", method_args=cd, baseline=True)]
     out += [Variant("cd T=0", f"cd_sd g={g}", "cd_sd", g, 0.0, {**cd, **spec}) for g in gammas]
     out += [Variant("cd T=0", f"cd_se g=[1,{g}]", "cd_se", [1, g], 0.0, {**cd, **spec}) for g in gammas]
@@ -134,32 +143,9 @@ def keep_groups(vs: list[Variant], groups: list[str] | None) -> list[Variant]:
     return vs if not groups else [v for v in vs if ("sd" if v.group == "greedy" else v.group.split()[0]) in groups]
 
 
-def run_hf_assisted(target, draft, ids: list[int], gamma: int, max_new: int, eos: int | None):
-    """transformers' own assisted generation with a fixed draft length (no dynamic schedule)."""
-    draft.generation_config.num_assistant_tokens = gamma
-    draft.generation_config.num_assistant_tokens_schedule = "constant"
-    draft.generation_config.assistant_confidence_threshold = 0.0
-    inputs = torch.tensor([ids])
-    start = time.perf_counter()
-    with torch.inference_mode():
-        out = target.generate(
-            inputs,
-            attention_mask=torch.ones_like(inputs),
-            assistant_model=draft,
-            do_sample=False,
-            max_new_tokens=max_new,
-            eos_token_id=eos,
-            pad_token_id=eos,
-        )
-    return out[0, len(ids) :].tolist(), time.perf_counter() - start
-
-
 def run_variant(v: Variant, target, draft, ids, max_new, eos, seed) -> tuple[list[int], dict]:
-    if v.group.startswith("cd") and getattr(draft, "restricted_vocab", False):
-        draft = draft.base  # CD needs the amateur's full-vocabulary logits
-    if v.method == "hf_assisted":
-        tokens, wall = run_hf_assisted(target, draft, ids, v.gamma, max_new, eos)
-        return tokens, {"wall": wall, "forward": None}
+    if (v.group.startswith("cd") or v.method in PEERS) and getattr(draft, "restricted_vocab", False):
+        draft = draft.base  # CD needs the amateur's full-vocabulary logits; transformers cannot take a restricted head
     r = generate(
         [target, draft],
         ids,
@@ -178,7 +164,7 @@ def run_variant(v: Variant, target, draft, ids, max_new, eos, seed) -> tuple[lis
         "wall": s.wall_time_s,
         "forward": s.forward_time_s,
         "verified": verified,
-        "accepted": s.accepted,
+        "accepted": s.accepted or 0,  # None for transformers' methods: not counted
         "target_calls": s.models[0].forward_calls,
     }
 
@@ -253,8 +239,9 @@ def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
             "overhead": None if t.forward is None else 1 - t.forward / t.wall,
             "identical": f"{t.same}/{t.runs}" if v.temperature == 0 else "-",
         }
-        if v.method == "hf_assisted":
-            ours, ours_low, ours_high = _speedup(totals[f"sd g={v.gamma}"], t)
+        counterpart = parse_method(v.method).ours
+        if f"{counterpart} g={v.gamma}" in totals:  # a peer: our method doing the same job, same gamma, over it
+            ours, ours_low, ours_high = _speedup(totals[f"{counterpart} g={v.gamma}"], t)
             row["ours_vs_hf"], row["ours_vs_hf_ci"] = ours, [ours_low, ours_high]
         best = best_fixed(v, vs, totals)
         if best is not None:  # a dynamic gamma against the fastest fixed gamma of its method, same prompts
@@ -263,6 +250,26 @@ def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
         row["per_prompt"] = t.per_prompt  # (tokens, wall seconds), in prompt order
         rows.append(row)
     return rows
+
+
+def best_against_best(vs: list[Variant], totals: dict[str, Totals]) -> dict | None:
+    """Our fastest speculative variant against transformers' fastest, each as its speed-up over its group's
+    baseline (so ``we_se`` over ``we`` meets ``hf_assisted`` over ``large_model``), with a paired interval."""
+    base = {v.group: totals[v.label] for v in vs if v.baseline}
+
+    def speedup(v: Variant) -> float:
+        return _speedup(totals[v.label], base[v.group])[0]
+
+    spec = [v for v in vs if not v.baseline and parse_method(v.method).speculative]
+    ours = [v for v in spec if v.method not in PEERS and not v.group.startswith("cd")]  # no peer does CD
+    peers = [v for v in spec if v.method in PEERS]
+    if not ours or not peers:
+        return None
+    a, b = max(ours, key=speedup), max(peers, key=speedup)
+    ratio = speedup_ratio(
+        totals[a.label].per_prompt, base[a.group].per_prompt, totals[b.label].per_prompt, base[b.group].per_prompt
+    )
+    return {"ours": a.label, "peer": b.label, "ratio": ratio[0], "ratio_ci": list(ratio[1:])}
 
 
 def render(rows: list[dict]) -> str:
@@ -333,6 +340,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gamma", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--draft", default="distilled", help="distilled (default), truncated, or a model directory")
     ap.add_argument("--draft-layers", type=int, default=2, help="layers of the distilled or truncated draft")
+    ap.add_argument(
+        "--full-head",
+        action="store_true",
+        help="load a distilled draft with its teacher's full head: transformers' own methods (hf_*) then run too",
+    )
     ap.add_argument("--proposer", default="lookup+draft", choices=["draft", "lookup", "lookup+draft"])
     ap.add_argument(
         "--dynamic",
@@ -347,6 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--groups", nargs="+", choices=["sd", "we", "cd"], help="only these groups (default: all three)")
     ap.add_argument("--quick", action="store_true", help="3 prompts, 32 tokens, gamma 2 only")
+    ap.add_argument(
+        "--methods", nargs="+", metavar="METHOD", help="only these methods (and the baselines of their groups)"
+    )
     ap.add_argument("--no-pack", action="store_true", help="keep nn.Linear (MKL) instead of prepacked oneDNN layers")
     ap.add_argument("--json", type=Path, help="also write the table as JSON here")
     ap.add_argument(
@@ -365,10 +380,11 @@ def main(argv: list[str] | None = None) -> int:
             draft_desc = f"first {args.draft_layers} layers of the target, untrained"
         elif args.draft == "distilled":
             path = ensure_draft(BUNDLED, Recipe(layers=args.draft_layers))
-            draft = load(path, pack=False)[0]
-            draft_desc = f"{path.name} (distilled)"
+            draft = load(path, full_head=args.full_head, pack=False)[0]
+            draft_desc = f"{path.name} (distilled{', full head' if args.full_head else ''})"
         else:
-            draft, draft_desc = load(args.draft, pack=False)[0], args.draft
+            draft = load(args.draft, full_head=args.full_head, pack=False)[0]
+            draft_desc = args.draft + (" (full head)" if args.full_head else "")
     except ModelError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -378,17 +394,21 @@ def main(argv: list[str] | None = None) -> int:
         cpu_kernels.pack_linears(draft)
         kernels = "oneDNN prepacked"
     prompts = humaneval_prompts(args.prompts)
-    vs = keep_groups(
+    every = keep_groups(
         variants(
             args.gamma,
             args.proposer,
-            hf=hasattr(draft, "generate"),
             dynamic=args.dynamic,
             parallel=args.parallel,
             sd_temperature=args.sd_temperature,
         ),
         args.groups,
     )
+    vs = every
+    if args.methods:
+        vs = [v for v in vs if v.method in args.methods]
+        groups = {v.group for v in vs}
+        vs = [v for v in every if v in vs or v.baseline and v.group in groups]
     print(
         f"target: bundled SmolLM2-135M-Instruct (float32, {torch.get_num_threads()} threads); "
         f"draft: {draft_desc}; proposer: {args.proposer}; linear kernels: {kernels}"
@@ -405,12 +425,28 @@ def main(argv: list[str] | None = None) -> int:
         " overhead: 1 - time inside model forwards / wall time."
         " dyn: dynamic gamma from that start; (over ...): its speed over the fastest fixed gamma of its method."
     )
+    print(
+        "hf_*: transformers' own generate with the same gamma; (ours ...): our sd (we_sd for hf_assisted_ensemble)"
+        " at the same gamma over it, measured interleaved."
+    )
+    if getattr(draft, "restricted_vocab", False):
+        print(
+            "the draft has a restricted head, which transformers cannot take: hf_* (and cd) run it with its "
+            "teacher's full head, ours with the restricted one (--full-head gives both sides the same draft)"
+        )
+    best = best_against_best(vs, totals)
+    if best:
+        print(
+            f"best against best: ours {best['ours']} over the best peer {best['peer']}, each over its group's "
+            f"baseline: {speed_fmt(best['ratio'], *best['ratio_ci'])}"
+        )
     print(f"bench took {time.perf_counter() - start:.0f} s")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=2))
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     settings.update(draft=draft_desc, kernels=kernels, threads=torch.get_num_threads(), prompts_text=prompts)
+    settings["best_against_best"] = best
     try:
         print(f"recorded in {record(args.record, rows, settings)}")
     except ResultsError as err:

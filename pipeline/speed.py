@@ -102,9 +102,61 @@ def ratio_interval(
 
     Returns ``(low, high, method)``; ``(None, None, None)`` with fewer than two pairs.
     """
+    return _interval([tokens_m, wall_m, tokens_b, wall_b], _ratio, policy)
+
+
+def _ratio_of_ratios(ta, wa, tab, wab, tb, wb, tbb, wbb, axis=-1):
+    return _ratio(ta, wa, tab, wab, axis=axis) / _ratio(tb, wb, tbb, wbb, axis=axis)
+
+
+def relative_speedup(
+    rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]], policy: Policy = Policy()
+) -> tuple[float, float | None, float | None] | None:
+    """Cell a's side-by-side speed-up over cell b's, prompts paired by id, with its paired-bootstrap interval.
+
+    Each speed-up is over the standard method run beside it in the same job, so a drift between the two
+    jobs (another job on the machine) cancels; for two cells with the same standard (``sd`` and
+    ``hf_assisted``: the large model) it estimates a's speed over b's. None without paired samples.
+    """
+    b = {r["id"]: r for r in rows_b if "baseline" in r}
+    pairs = [(r, b[r["id"]]) for r in rows_a if "baseline" in r and r["id"] in b]
+
+    def series(rows: list[dict[str, Any]]) -> list[tuple[int, float]]:
+        return [(r["stats"]["new_tokens"], r["stats"]["wall_time_s"]) for r in rows]
+
+    return speedup_ratio(
+        series([a for a, _ in pairs]),
+        series([a["baseline"] for a, _ in pairs]),
+        series([x for _, x in pairs]),
+        series([x["baseline"] for _, x in pairs]),
+        policy,
+    )
+
+
+def speedup_ratio(
+    a: list[tuple[int, float]],
+    a_base: list[tuple[int, float]],
+    b: list[tuple[int, float]],
+    b_base: list[tuple[int, float]],
+    policy: Policy = Policy(),
+) -> tuple[float, float | None, float | None] | None:
+    """(a over a_base) over (b over b_base): four per-prompt series of (tokens, wall), paired by position,
+    with its paired-bootstrap interval. None without prompts or with a zero total."""
+    if not a:
+        return None
+    data = [list(x) for series in (a, a_base, b, b_base) for x in zip(*series)]
+    if not all(sum(x) for x in data):
+        return None
+    estimate = float(_ratio_of_ratios(*[np.asarray(x, dtype=float) for x in data]))
+    low, high, _ = _interval(data, _ratio_of_ratios, policy)
+    return estimate, low, high
+
+
+def _interval(series, statistic, policy: Policy) -> tuple[float | None, float | None, str | None]:
+    """A paired bootstrap (BCa, else percentile) of ``statistic`` over paired series."""
     from scipy.stats import bootstrap
 
-    data = [np.asarray(x, dtype=float) for x in (tokens_m, wall_m, tokens_b, wall_b)]
+    data = [np.asarray(x, dtype=float) for x in series]
     if len(data[0]) < 2:
         return None, None, None
     for method in ("BCa", "percentile"):
@@ -112,7 +164,7 @@ def ratio_interval(
             warnings.simplefilter("ignore")  # BCa's degenerate-distribution warning: the fallback handles it
             res = bootstrap(
                 data,
-                _ratio,
+                statistic,
                 paired=True,
                 vectorized=True,
                 confidence_level=policy.confidence,
@@ -123,7 +175,7 @@ def ratio_interval(
         low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
         if math.isfinite(low) and math.isfinite(high):
             return low, high, method
-    estimate = float(_ratio(*data))
+    estimate = float(statistic(*data))
     return estimate, estimate, "degenerate"
 
 

@@ -353,7 +353,7 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
                         "per-model lists apply to *_se methods only"
                     )
                 args = {k: v for k, v in g["method_args"].items() if k in spec.accepted_args()}
-                if spec.speculative:
+                if "proposer" in spec.accepted_args():  # not the peers (transformers' own methods)
                     args.setdefault("proposer", g["proposer"])
                 restricted = [repr(m) for m in names if _restricted_head(config["models"][m])]
                 try:  # the decoder's own check of the method and its arguments, before any job starts
@@ -362,7 +362,7 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
                     raise ConfigError(f"grid {grid['name']!r}, set {set_name!r}: {err}") from None
                 for dataset, dopts in g["datasets"].items():
                     for t in g["temperature"]:
-                        schedules = g["gamma_schedule"] if speculative else ["fixed"]
+                        schedules = g["gamma_schedule"] if kind in ("sd", "se") else ["fixed"]  # ours only
                         for gamma, schedule in [(gm, sc) for gm in gammas for sc in schedules]:
                             cell_id, cell = _cell(
                                 config, g, spec, args, names, label, dataset, dopts, t, gamma, schedule

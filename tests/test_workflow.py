@@ -147,6 +147,23 @@ def test_method_arguments_are_checked_against_each_model_set():
     assert cells["humaneval/p/cd-T0"]["cell"]["method_args"] == {"alpha": 0.2}
 
 
+def test_peer_cells_run_beside_their_standard_method_on_a_full_head_pair():
+    cells = expand_cells(check_config(DEFAULT))
+    peers = {k: v["cell"] for k, v in cells.items() if v["dims"]["kind"] == "peer"}
+    assert sorted(peers) == [
+        f"humaneval/smol+l1/{m}-T1-g3" for m in ("hf_assisted", "hf_assisted_ensemble", "hf_prompt_lookup")
+    ]
+    ensemble = peers["humaneval/smol+l1/hf_assisted_ensemble-T1-g3"]
+    assert ensemble["baseline"] == "we" and ensemble["method_args"] == ensemble["baseline_args"] == {"lambda": 0.5}
+    assisted = peers["humaneval/smol+l1/hf_assisted-T1-g3"]
+    assert assisted["baseline"] == "large_model" and assisted["method_args"] == {}  # no proposer: theirs
+    ours = cells["humaneval/smol+l1/sd-T1-g3"]["cell"]  # ours beside them: the same full-head draft and gamma
+    assert ours["models"] == assisted["models"] and ours["gamma"] == assisted["gamma"] == 3
+    restricted = with_change("grids.2.model_sets", {"l2": ["smollm2-135m-instruct", "smollm2-draft-l2"]})
+    with pytest.raises(ConfigError, match=r"set 'l2': 'hf_assisted' runs transformers' generate, which cannot take"):
+        expand_cells(check_config(restricted))
+
+
 def test_bad_config_stops_snakemake_with_one_line(tmp_path):
     bad = with_change("grids.0.methods", ["we", "speculative"])
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
@@ -155,7 +172,8 @@ def test_bad_config_stops_snakemake_with_one_line(tmp_path):
     lines = [line for line in (run.stdout + run.stderr).splitlines() if line.strip()]
     assert lines == [
         "error: config key grids[0].methods[1]: 'speculative' is not a method; accepted: "
-        "large_model, small_model, sd, we, we_sd, we_se, cd, cd_sd, cd_se"
+        "large_model, small_model, sd, we, we_sd, we_se, cd, cd_sd, cd_se, hf_assisted, hf_prompt_lookup, "
+        "hf_assisted_ensemble"
     ]
     assert not (tmp_path / "results").exists()
 
@@ -167,7 +185,7 @@ def test_dry_run_of_the_default_grid_lists_exactly_its_jobs(tmp_path):
     run = snakemake(tmp_path, "-n")
     assert run.returncode == 0, run.stderr[-2000:]
     n = len(expand_cells(check_config(DEFAULT)))
-    assert n == 9  # 5 + 4 cells per grid, one gamma each; no gamma for we/cd, sd only in the WE grid
+    assert n == 15  # 4 + 1 + 6 + 4 cells per grid, one gamma each; no gamma for we/cd
     assert job_counts(run.stdout + run.stderr) == {
         "all": 1,
         "cell": n,
@@ -238,14 +256,16 @@ def test_the_whole_dag_writes_tables_plots_wandb_runs_and_a_notebook(tiny_run):
     results = work / "results"
     check_tables(results, config)
     cells = expand_cells(check_config(config))
-    assert len(cells) == 7
+    assert len(cells) == 8
     speed = pd.read_csv(results / "tables" / "speedup_vs_standard.csv")
-    assert set(speed["method"]) == {"sd", "we", "we_se", "cd_se"}
+    assert set(speed["method"]) == {"sd", "we", "we_se", "cd_se", "hf_assisted"}
+    versus = (results / "tables" / "ours_vs_peers.md").read_text()  # ours over transformers' own, side by side
+    assert "hf_assisted (γ=2)" in versus and "sd (γ=2)" in versus
     md = (results / "tables" / "speedup_vs_large.md").read_text()
     for method in ("large_model", "sd", "we_se", "cd_se"):
         assert f"| {method} " in md
     assert "trio" not in md  # no large_model cell at T=1: no ratio rather than a wrong one
-    assert "| trio        | we_se    |   1 |" in (results / "tables" / "speedup_vs_standard.md").read_text()
+    assert re.search(r"\| trio +\| we_se +\| +1 \|", (results / "tables" / "speedup_vs_standard.md").read_text())
     assert "(γ=1-2-2)" in (results / "tables" / "speedup_vs_standard.md").read_text()  # the trio's gamma list
 
     offline = sorted((results / "wandb").glob("offline-run-*"))

@@ -27,7 +27,7 @@ def job_counts(output: str) -> dict[str, int]:
 
 
 def tiny_config(tiny_dir: Path, tiny_dir2: Path, wandb_mode: str = "offline") -> dict:
-    """A target, an identical draft, a third model; 2 HumanEval prompts; 7 cells (5 pairs at T=0, 2 trios at T=1)."""
+    """A target, an identical draft, a third model; 2 HumanEval prompts; 8 cells (6 pairs at T=0, 2 trios at T=1)."""
     return {
         "experiment": "tiny",
         "models": {
@@ -39,7 +39,7 @@ def tiny_config(tiny_dir: Path, tiny_dir2: Path, wandb_mode: str = "offline") ->
             {
                 "name": "pairs",
                 "model_sets": {"pair": ["tiny", "tiny-copy"]},
-                "methods": ["large_model", "sd", "we", "we_se", "cd_se"],
+                "methods": ["large_model", "sd", "we", "we_se", "cd_se", "hf_assisted"],
                 "method_args": {"lambda": 0.5, "alpha": 0.1},
             },
             {

@@ -17,6 +17,7 @@ from .engine import Decoder, DynamicGamma, Member, Stopper
 from .ensemble import finite, single_model
 from .lookup import PromptLookup
 from .parallel import ConcurrentForwards
+from .peers import run_peer
 from .proposers import Chain, ModelProposer, Proposer
 from .runner import HFRunner
 from .sampling import Sampling
@@ -117,6 +118,9 @@ def plan_method(
     n = len(models)
     restricted = [str(i) for i, m in enumerate(models) if getattr(m, "restricted_vocab", False)]
     args = spec.check(n, method_args, restricted)
+    if spec.kind == "peer":  # transformers' own generate (peers.py): no plan of ours
+        args["gamma"] = _check_gamma(spec, gamma, n)[-1]
+        return Plan([0], single_model, None), args
     if spec.ensemble is None:
         target = [0 if spec.base == "large_model" else n - 1]
         if not spec.speculative:
@@ -284,6 +288,15 @@ def generate(
     if stop_strings and tokenizer is None:
         raise ArgumentError("stop_strings need a tokenizer to decode the output")
     check_seed(seed)
+    decode = (lambda ids: tokenizer.decode(ids)) if tokenizer is not None else None
+    stopper = Stopper(max_new_tokens, eos, stop_strings, decode)
+    spec = parse_method(method)
+    if spec.kind == "peer":
+        if audit is not None:
+            raise ArgumentError(f"{method!r} runs transformers' generate: an audit checks our decoder only")
+        tokens, stats = run_peer(spec, models, prompt, resolved, sampling, stopper, seed)
+        text = tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else None
+        return GenerationResult(tokens, stats, text, resolved)
 
     used = sorted(set(plan.members) | {i for turn, _ in plan.schedule or [] for i in turn if is_int(i)})
     device = next(models[used[0]].parameters()).device
@@ -294,13 +307,12 @@ def generate(
     if not sampling.greedy:
         generator = torch.Generator(device=device)
         generator.manual_seed(seed)
-    decode = (lambda ids: tokenizer.decode(ids)) if tokenizer is not None else None
     decoder = Decoder(
         members=members,
         targets=plan.members,
         target_fn=plan.target_fn,
         sampling=sampling,
-        stopper=Stopper(max_new_tokens, eos, stop_strings, decode),
+        stopper=stopper,
         generator=generator,
         stats=stats,
         device=device,

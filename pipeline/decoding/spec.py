@@ -3,7 +3,12 @@
 A name is ``large_model``, ``small_model``, ``sd`` or, for each registered
 ensemble ``E``, ``E`` (the standard ensemble), ``E_p`` (the standard ensemble
 with the members' forwards run concurrently), ``E_sd`` (one model proposes,
-every model verifies) or ``E_se`` (every model proposes in turn). The decoder
+every model verifies) or ``E_se`` (every model proposes in turn). The peers are transformers' own
+speculative methods, run as grid methods beside ours (``peers.py``):
+``hf_assisted`` (assisted generation with the set's draft), ``hf_prompt_lookup``
+(prompt lookup) and ``hf_assisted_ensemble`` (assisted generation verified
+against ``w p + (1 - w) q``, ``assistant_ensemble_weight``; compared with
+``we`` at ``lambda = 1 - w``). The decoder
 and the workflow both read the spec and check a method against a model set
 with :meth:`MethodSpec.check`, so the two never disagree.
 """
@@ -20,8 +25,15 @@ from .ensemble import ENSEMBLES, Ensemble
 SINGLE_METHODS = ("large_model", "small_model")
 PROPOSERS = ("draft", "lookup", "lookup+draft")  # "+" chains proposers: the first that proposes wins
 DRAFT = "draft"  # in a proposer kind: the turn's own model
-SPECULATIVE_KINDS = ("sd", "se")
+SPECULATIVE_KINDS = ("sd", "se", "peer")  # "peer": transformers' own speculative methods
 SUFFIXES = {"_sd": "sd", "_se": "se", "_p": "parallel"}  # an ensemble's name + suffix: a method of that kind
+# transformers' own methods: name -> (the method it speeds up, what proposes: the set's draft or prompt
+# lookup, our method it is measured against)
+PEERS = {
+    "hf_assisted": ("large_model", DRAFT, "sd"),
+    "hf_prompt_lookup": ("large_model", "lookup", "sd"),
+    "hf_assisted_ensemble": ("we", DRAFT, "we_sd"),
+}
 
 
 def is_int(x: Any) -> bool:
@@ -33,7 +45,7 @@ class MethodSpec:
     name: str
     base: str  # the method it is or speeds up: large_model, small_model or an ensemble's name
     # "plain", "parallel" (plain, the members' forwards run concurrently), "sd" (one proposer, the others
-    # verify) or "se" (every model proposes in turn)
+    # verify), "se" (every model proposes in turn) or "peer"
     kind: str
     ensemble: Ensemble | None = None
 
@@ -44,7 +56,7 @@ class MethodSpec:
     def accepted_args(self) -> dict[str, Any]:
         """The ``method_args`` this method takes, with their defaults."""
         accepted = dict(self.ensemble.params) if self.ensemble else {}
-        if self.speculative:
+        if self.kind in ("sd", "se"):
             accepted["proposer"] = DRAFT
             if self.ensemble:
                 accepted["first_proposer"] = None
@@ -52,11 +64,23 @@ class MethodSpec:
 
     def model_range(self, proposer: str = DRAFT) -> tuple[int, int | None]:
         """The fewest and most models (None: no limit) a set may hold."""
+        if self.kind == "peer":  # [target, draft]; prompt lookup runs the first model alone
+            return (2, 2) if self.peer_proposer == DRAFT else (1, 2)
         if self.ensemble is not None:
             return self.ensemble.min_models, self.ensemble.max_models
         if self.name == "sd":  # [target, draft]; prompt lookup alone needs no draft
             return (2, 2) if DRAFT in proposer.split("+") else (1, 2)
         return 1, None
+
+    @property
+    def peer_proposer(self) -> str | None:
+        """What proposes for a peer method: ``draft`` (the set's second model) or ``lookup``."""
+        return PEERS[self.name][1] if self.kind == "peer" else None
+
+    @property
+    def ours(self) -> str | None:
+        """For a peer method: our method that does the same job (``sd`` for transformers' assisted generation)."""
+        return PEERS[self.name][2] if self.kind == "peer" else None
 
     def fits(self, n: int, proposer: str = DRAFT) -> bool:
         low, high = self.model_range(proposer)
@@ -82,6 +106,11 @@ class MethodSpec:
             want = str(low) if low == high else f"{low} to {high}" if high else f"{low} or more"
             given = f" with proposer={proposer!r}" if self.model_range(proposer) != self.model_range() else ""
             raise ArgumentError(f"{self.name!r}{given} needs {want} models, got {n}")
+        if self.peer_proposer == DRAFT and restricted:
+            raise ArgumentError(
+                f"{self.name!r} runs transformers' generate, which cannot take the restricted output head of model "
+                f"{restricted[0]} (a distilled draft); use a draft with a full head ('full_head: true' in a config)"
+            )
         if self.ensemble is not None and self.ensemble.full_vocab and restricted:
             raise ArgumentError(
                 f"{self.name!r} needs full-vocabulary logits, but model {restricted[0]} has a restricted output head "
@@ -97,6 +126,11 @@ class MethodSpec:
             except ValueError as err:
                 raise ArgumentError(f"method_args for {self.name!r}: {err}") from None
             resolved = {**{k: v for k, v in params.items() if k in self.ensemble.params}, **resolved}
+        if self.kind == "peer" and self.ensemble is not None and not 0.0 < resolved["weights"][0] < 1.0:
+            raise ArgumentError(
+                f"weights={resolved['weights']} for {self.name!r}: transformers' assistant_ensemble_weight "
+                "(the first weight, 1 - lambda) must lie strictly between 0 and 1"
+            )
         return resolved
 
 
@@ -105,7 +139,7 @@ def method_names() -> list[str]:
     names = [*SINGLE_METHODS, "sd"]
     for name in ENSEMBLES:
         names += [name, f"{name}_p", f"{name}_sd", f"{name}_se"]
-    return names
+    return names + list(PEERS)
 
 
 def parse_method(name: str) -> MethodSpec:
@@ -114,6 +148,9 @@ def parse_method(name: str) -> MethodSpec:
         return MethodSpec(name, name, "plain")
     if name == "sd":
         return MethodSpec(name, "large_model", "sd")
+    if name in PEERS:
+        base = PEERS[name][0]
+        return MethodSpec(name, base, "peer", ENSEMBLES.get(base))
     base, kind = next(((name[: -len(s)], k) for s, k in SUFFIXES.items() if name.endswith(s)), (name, "plain"))
     if base not in ENSEMBLES:
         raise ArgumentError(f"unknown method {name!r}; accepted: {', '.join(method_names())}")
