@@ -42,7 +42,7 @@ from pipeline.decoding.spec import PEERS, parse_method
 from pipeline.files import ResultsError
 from pipeline.models import BUNDLED, ModelError, Recipe, cpu_kernels, ensure_draft, load, load_bundled, truncated_copy
 from pipeline.speed import fmt as speed_fmt
-from pipeline.speed import ratio_interval, speedup_ratio
+from pipeline.speed import predicted_speedup, ratio_interval, speedup_ratio
 
 FALLBACK_PROMPTS = [
     'def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n',
@@ -86,6 +86,7 @@ class Totals:
     runs: int = 0
     outputs: list = field(default_factory=list)
     per_prompt: list = field(default_factory=list)  # (tokens, wall) of each prompt, in prompt order
+    stats: list = field(default_factory=list)  # the decoder's stats of each prompt, in prompt order
 
 
 def variants(
@@ -123,6 +124,8 @@ def variants(
     ]
     if parallel:
         out += [Variant("we T=1", "we_p", "we_p", temperature=1.0, method_args=we)]
+    out += [Variant("we T=1", "we_me", "we_me", temperature=1.0, method_args=we)]
+    out += [Variant("we T=1", f"we_me_sd g={g}", "we_me_sd", g, 1.0, we) for g in gammas]  # the draft drafts
     if peers:
         out += [Variant("we T=1", f"hf_assisted_ensemble g={g}", "hf_assisted_ensemble", g, 1.0, we) for g in gammas]
     out += [Variant("cd T=0", "cd", "cd", method_args=cd, baseline=True)]
@@ -166,6 +169,7 @@ def run_variant(v: Variant, target, draft, ids, max_new, eos, seed) -> tuple[lis
         "verified": verified,
         "accepted": s.accepted or 0,  # None for transformers' methods: not counted
         "target_calls": s.models[0].forward_calls,
+        "stats": s.to_dict(),
     }
 
 
@@ -190,6 +194,8 @@ def measure(target, draft, tokenizer, prompts, vs: list[Variant], max_new: int) 
             t.accepted += m.get("accepted", 0)
             t.target_calls += m.get("target_calls", 0)
             t.per_prompt.append((len(tokens), m["wall"]))
+            if "stats" in m:
+                t.stats.append(m["stats"])
             t.runs += 1
             t.outputs.append((v, i, tokens))
             bar.update()
@@ -221,6 +227,13 @@ def best_fixed(v: Variant, vs: list[Variant], totals: dict[str, Totals]) -> Vari
     return max(fixed, key=lambda w: totals[w.label].tokens / totals[w.label].wall, default=None)
 
 
+def _predicted(t: Totals, base: Totals) -> float | None:
+    """The speed-up predicted from ``t``'s counted forwards priced at ``base``'s measured cost per forward."""
+    if t is base or len(t.stats) != len(base.stats):
+        return None
+    return predicted_speedup([{"stats": m, "baseline": {"stats": b}} for m, b in zip(t.stats, base.stats)])
+
+
 def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
     rows = []
     base = {v.group: totals[v.label] for v in vs if v.baseline}
@@ -237,6 +250,8 @@ def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
             "acceptance": t.accepted / t.verified if t.verified else None,
             "tau": t.tokens / t.target_calls if t.target_calls else None,
             "overhead": None if t.forward is None else 1 - t.forward / t.wall,
+            "predicted": _predicted(t, base[v.group]),
+            "per_prompt": t.per_prompt,  # (tokens, wall s) per prompt: any two rows' ratio with its interval
             "identical": f"{t.same}/{t.runs}" if v.temperature == 0 else "-",
         }
         counterpart = parse_method(v.method).ours
@@ -277,8 +292,8 @@ def render(rows: list[dict]) -> str:
         return "-" if x is None else format(x, spec)
 
     head = (
-        f"| {'group':8} | {'method':18} | tok/s | {'speed-up [95% interval]':23} | accept |    τ | overhead "
-        "| same as baseline |"
+        f"| {'group':8} | {'method':18} | tok/s | {'speed-up [95% interval]':23} | predicted | accept |    τ "
+        "| overhead | same as baseline |"
     )
     lines = [head, "|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|"]
     for r in rows:
@@ -289,6 +304,7 @@ def render(rows: list[dict]) -> str:
         speedup = speed_fmt(r["speedup"], *r["speedup_ci"])
         lines.append(
             f"| {r['group']:8} | {r['method']:18} | {r['tok_per_s']:5.1f} | {speedup:23} | "
+            f"{fmt(r['predicted'], '8.2f') + 'x' if r['predicted'] else '-':>9} | "
             f"{fmt(r['acceptance'], '6.1%')} | {fmt(r['tau'], '4.2f')} | "
             f"{fmt(r['overhead'], '8.1%')} | {r['identical']}{extra} |"
         )
@@ -419,6 +435,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = table(vs, totals)
     print(render(rows))
     print("speed-up: tokens/s over the group's baseline (large_model; we; cd), measured interleaved.")
+    print(
+        "predicted: the speed-up its counted forwards predict, each priced at the baseline's measured cost of a "
+        "forward (the loop free, a forward of k tokens as dear as one)."
+    )
     print(
         "interval: 95% paired bootstrap over prompts (BCa). accept: accepted / verified proposals (lookup and models)."
         " τ: tokens per forward of the target (mean accepted length, the verifier's token included)."

@@ -28,7 +28,8 @@ import torch
 from tasks import get_task, render
 
 from .decoding import generate
-from .decoding.methods import accepted_args, check_gamma_schedule, check_sampling, check_seed
+from .decoding.methods import check_gamma_schedule, check_sampling, check_seed
+from .decoding.spec import parse_method
 from .errors import UserError
 from .files import read_jsonl, writable_dir, write_atomic
 from .journal import Journal
@@ -58,11 +59,11 @@ class Cell:
     timing: dict[str, Any] = field(default_factory=dict)  # speed.Policy: how samples are timed and judged
 
     def __post_init__(self):  # the decoder's own checks, before anything loads
-        for method in (self.method, self.baseline):
-            if method is not None:
-                accepted_args(method)
+        specs = [parse_method(m) for m in (self.method, self.baseline) if m is not None]
         check_sampling(self.temperature, self.top_k, self.top_p, self.max_new_tokens)
         check_gamma_schedule(self.gamma_schedule)
+        for spec in specs:
+            spec.check_temperature(self.temperature)
         check_seed(self.seed)
         self.policy = Policy.from_dict(self.timing)
 

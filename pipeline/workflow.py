@@ -362,6 +362,10 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
                     raise ConfigError(f"grid {grid['name']!r}, set {set_name!r}: {err}") from None
                 for dataset, dopts in g["datasets"].items():
                     for t in g["temperature"]:
+                        try:
+                            spec.check_temperature(float(t))
+                        except ValueError as err:
+                            raise ConfigError(f"grid {grid['name']!r}: {err}") from None
                         schedules = g["gamma_schedule"] if kind in ("sd", "se") else ["fixed"]  # ours only
                         for gamma, schedule in [(gm, sc) for gm in gammas for sc in schedules]:
                             cell_id, cell = _cell(
@@ -398,7 +402,7 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _standard(spec) -> str | None:
     """What a cell's speed is compared with: the standard method it speeds up (itself for an ensemble)."""
-    if spec.kind != "plain":  # speculative or parallel: the standard method of its base
+    if spec.kind != "plain":  # speculative, parallel or a mixture: the standard method of its base
         return spec.base
     return spec.name if spec.ensemble is not None else None
 
@@ -445,7 +449,7 @@ def _cell(config, g, spec, args, names, label, dataset, dopts, t, gamma, schedul
     if schedule != "fixed":  # fixed cells keep the form they had before schedules existed
         cell["gamma_schedule"] = schedule
     cell_id = f"{dataset}/{label}/{spec.name}-T{float(t):g}"
-    if spec.kind != "plain" and config["side_by_side"]:  # speculative or parallel: its standard method beside it
+    if spec.kind != "plain" and config["side_by_side"]:  # it speeds up its base: run the base beside it
         cell["baseline"] = spec.base
         cell["baseline_args"] = {k: v for k, v in args.items() if k in _accepted_args(spec.base)}
     if spec.speculative:

@@ -14,7 +14,7 @@ from pipeline.decoding import generate
 from pipeline.decoding.audit import Audit, AuditError
 from pipeline.decoding.engine import Member
 from pipeline.decoding.runner import HFRunner
-from pipeline.decoding.spec import PROPOSERS, method_names, parse_method
+from pipeline.decoding.spec import method_names, parse_method
 
 from .conftest import perturbed, tiny_llama
 
@@ -37,8 +37,9 @@ METHODS = [
 CASES = [
     (method, proposer, setting)
     for method in METHODS
-    for proposer in (PROPOSERS if parse_method(method).speculative else [None])
+    for proposer in (parse_method(method).proposer_kinds or [None])
     for setting in SETTINGS
+    if setting != "greedy" or parse_method(method).greedy_ok  # a mixture draw has no greedy form
 ]
 
 
@@ -74,7 +75,7 @@ def test_every_distribution_matches_a_recompute_from_scratch(trio, method, propo
 
 
 def test_every_built_in_method_is_audited():
-    assert {parse_method(m).kind for m in METHODS} == {"plain", "parallel", "sd", "se"}
+    assert {parse_method(m).kind for m in METHODS} == {"plain", "parallel", "sd", "se", "me", "me_sd"}
     assert {parse_method(m).base for m in METHODS} == {"large_model", "small_model", "we", "cd", "gac"}
 
 
@@ -109,11 +110,15 @@ BUGS = {
 }
 
 
-@pytest.mark.parametrize("bug", BUGS)
-@pytest.mark.parametrize("setting", SETTINGS)
-def test_the_audit_catches_an_injected_bug(trio, monkeypatch, bug, setting):
-    early = audited(trio, "sd", "draft", setting, n=40)[0].token_ids
+@pytest.mark.parametrize(
+    "method,proposer,bug,setting",
+    [("sd", "draft", bug, setting) for bug in BUGS for setting in SETTINGS]
+    + [("we_me", None, "catch_up", "sampling")]  # the mixture's lazy catch-up (it never crops)
+    + [("we_me_sd", "draft", bug, "sampling") for bug in BUGS],
+)
+def test_the_audit_catches_an_injected_bug(trio, monkeypatch, method, proposer, bug, setting):
+    early = audited(trio, method, proposer, setting, n=40)[0].token_ids
     monkeypatch.setattr(*BUGS[bug])
-    assert audited(trio, "sd", "draft", setting, n=40)[0].token_ids == early  # it shows only deep into the output
+    assert audited(trio, method, proposer, setting, n=40)[0].token_ids == early  # it shows only deep into the output
     with pytest.raises(AuditError, match="differs from a recompute from scratch"):
-        audited(trio, "sd", "draft", setting)
+        audited(trio, method, proposer, setting)

@@ -55,7 +55,7 @@ def test_benchmark_runs_prints_every_method_and_records_the_run(capsys, tmp_path
     args += ["--parallel"]
     assert bench.main([*args, "--record", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    labels = ("large_model", "sd g=1", "hf_assisted g=1", "we_se g=[1,1]", "cd_se g=[1,1]", "ours")
+    labels = ("large_model", "sd g=1", "hf_assisted g=1", "we_se g=[1,1]", "we_me", "cd_se g=[1,1]", "ours")
     for label in (*labels, "sd dyn g=1", "we_se dyn g=[1,1]", "we_p", "cd_p"):
         assert label in out
     (record,) = tmp_path.glob("*.json")
@@ -65,3 +65,4 @@ def test_benchmark_runs_prints_every_method_and_records_the_run(capsys, tmp_path
     rows = {r["method"]: r for r in data["rows"]}
     assert rows["large_model"]["speedup"] == 1.0 and rows["sd g=1"]["tau"] >= 1.0
     assert len(rows["sd g=1"]["speedup_ci"]) == 2
+    assert rows["we_me"]["predicted"] > 0 and rows["we"]["predicted"] is None  # a baseline predicts nothing

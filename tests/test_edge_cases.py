@@ -169,3 +169,37 @@ def test_custom_ensemble_gets_every_method():
     for method, gamma in ((f"{name}_sd", 3), (f"{name}_se", [1, 3])):
         out = generate([target, draft], PROMPT, method, gamma=gamma, max_new_tokens=25, method_args={"sharpness": 2.0})
         assert out.token_ids == base
+
+
+def test_mixture_runs_only_the_drawn_member_and_each_token_once(pair):
+    """``we_me``: one forward per position (the drawn member's, over what it missed); weight zero: never run."""
+    target, _ = pair
+    models = [target, perturbed(target, 0.2, seed=5), tiny_llama(21)]
+    n = 40
+    kw = dict(max_new_tokens=n, temperature=1.0, method_args={"weights": [0.6, 0.4, 0.0]})
+    out = generate(models, PROMPT, "we_me", seed=3, **kw)
+    calls = [m.forward_calls for m in out.stats.models]
+    assert len(out.token_ids) == n and sum(calls) == n and calls[2] == 0 and min(calls[:2]) > 0
+    for m in out.stats.models[:2]:  # each token fed once: at most the prompt and every token but the last
+        assert m.forwarded_tokens <= len(PROMPT) + n - 1
+    assert out.token_ids == generate(models, PROMPT, "we_me", seed=3, **kw).token_ids
+    assert out.token_ids != generate(models, PROMPT, "we_me", seed=4, **kw).token_ids
+
+
+def test_mixture_stops_at_eos(pair):
+    target, _ = pair
+    models = [target, perturbed(target, 0.2, seed=5)]
+    kw = dict(max_new_tokens=30, temperature=1.0, method_args={"lambda": 0.5}, seed=2)
+    tokens = generate(models, PROMPT, "we_me", **kw).token_ids
+    eos = tokens[10]
+    out = generate(models, PROMPT, "we_me", eos_token_id=eos, **kw)
+    assert out.token_ids == tokens[: tokens.index(eos) + 1] and out.stats.stop_reason == "eos"
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 7])
+def test_speculative_mixture_stops_at_max_new_tokens_mid_round(pair, n):
+    target, _ = pair
+    models = [target, perturbed(target, 0.2, seed=5)]
+    out = generate(models, PROMPT, "we_me_sd", gamma=4, max_new_tokens=n, temperature=1.0, method_args={"lambda": 0.5})
+    assert len(out.token_ids) == n and out.stats.stop_reason == "max_new_tokens"
+    assert out.stats.models[0].proposed == 0  # the other (the cheaper on a tie) drafts

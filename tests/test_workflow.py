@@ -113,6 +113,38 @@ def test_per_model_gamma_lists_apply_to_se_cells_only():
         expand_cells(check_config({**se_only, "gamma": [[1, 2, 3]]}))
 
 
+def test_mixture_cells_take_no_gamma_run_we_beside_them_and_refuse_greedy():
+    config = {
+        "models": {"big": {}, "small": {}},
+        "grids": [
+            {
+                "name": "g",
+                "model_sets": {"pair": ["big", "small"]},
+                "methods": ["we", "we_me"],
+                "temperature": [1.0],
+                "method_args": {"lambda": 0.5},
+            }
+        ],
+        "gamma": [2, 3],
+    }
+    cells = expand_cells(check_config(config))
+    assert sorted(cells) == ["humaneval/pair/we-T1", "humaneval/pair/we_me-T1"]
+    cell, dims = cells["humaneval/pair/we_me-T1"]["cell"], cells["humaneval/pair/we_me-T1"]["dims"]
+    assert cell["method_args"] == {"lambda": 0.5} and cell["baseline"] == "we"
+    assert dims["standard"] == "we" and dims["gamma"] is None and dims["kind"] == "me"
+    assert cell_from_dict(cell).method == "we_me"
+    # the speculative form takes gamma, and only models as proposers
+    config["grids"][0]["methods"].append("we_me_sd")
+    with pytest.raises(ConfigError, match=r"proposer='lookup\+draft' for 'we_me_sd': expected one of draft$"):
+        expand_cells(check_config({**config, "proposer": "lookup+draft"}))
+    cells = expand_cells(check_config({**config, "proposer": "draft"}))
+    assert {"humaneval/pair/we_me_sd-T1-g2", "humaneval/pair/we_me_sd-T1-g3"} < set(cells)
+    assert cells["humaneval/pair/we_me_sd-T1-g3"]["cell"]["baseline"] == "we"
+    config["grids"][0]["temperature"] = [0.0, 1.0]
+    with pytest.raises(ConfigError, match=r"^grid 'g': temperature=0.0 for 'we_me': .*temperature > 0"):
+        expand_cells(check_config(config))
+
+
 def test_method_arguments_are_checked_against_each_model_set():
     def grid(**extra):
         return {
@@ -172,8 +204,8 @@ def test_bad_config_stops_snakemake_with_one_line(tmp_path):
     lines = [line for line in (run.stdout + run.stderr).splitlines() if line.strip()]
     assert lines == [
         "error: config key grids[0].methods[1]: 'speculative' is not a method; accepted: "
-        "large_model, small_model, sd, we, we_sd, we_se, cd, cd_sd, cd_se, hf_assisted, hf_prompt_lookup, "
-        "hf_assisted_ensemble"
+        "large_model, small_model, sd, we, we_sd, we_se, we_me, we_me_sd, cd, cd_sd, cd_se, hf_assisted, "
+        "hf_prompt_lookup, hf_assisted_ensemble"
     ]
     assert not (tmp_path / "results").exists()
 
@@ -185,7 +217,7 @@ def test_dry_run_of_the_default_grid_lists_exactly_its_jobs(tmp_path):
     run = snakemake(tmp_path, "-n")
     assert run.returncode == 0, run.stderr[-2000:]
     n = len(expand_cells(check_config(DEFAULT)))
-    assert n == 15  # 4 + 1 + 6 + 4 cells per grid, one gamma each; no gamma for we/cd
+    assert n == 16  # 5 + 1 + 6 + 4 cells per grid, one gamma each; no gamma for we/we_me/cd
     assert job_counts(run.stdout + run.stderr) == {
         "all": 1,
         "cell": n,
@@ -222,7 +254,8 @@ def test_slurm_dry_run_lists_jobs_with_their_resources(tmp_path):
     assert "gpu=1" in resources["generate"] and "slurm_partition=gpu" in resources["generate"]
     assert "runtime=240" in resources["generate"] and "cpus_per_task=8" in resources["generate"]
     assert "slurm_partition=cpu" in resources["score"] and "gpu" not in resources["score"]
-    assert job_counts(out)["generate"] == 9 and "wandb_log" not in job_counts(out)
+    assert job_counts(out)["generate"] == len(expand_cells(check_config(DEFAULT)))
+    assert "wandb_log" not in job_counts(out)
     # overridable from the command line; the rule's own defaults (one GPU) stay
     run = snakemake(
         tmp_path,

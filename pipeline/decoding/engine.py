@@ -21,6 +21,17 @@ token is sampled from the target directly (the bonus).
 Prompt lookup proposes alone (``[(lookup, g), (m, 0), ...]``) or chained
 before each model (``lookup+draft``).
 
+The mixture loop (``*_me``) samples ``r = sum_k w_k p_k`` in two steps: a
+member ``k ~ Categorical(w)``, then the token from ``p_k`` alone. Only member
+``k`` is fed; the others catch up lazily, one forward over every token they
+missed, when next drawn. Its speculative form (``*_me_sd``, schedule
+``[(drafter, g)]``) draws the member of each position once, ahead of its
+token: a position drawn for the drafter is the drafter's own sample; at one
+drawn for another member ``k`` the drafter proposes up to ``g`` tokens for
+the coming positions drawn for ``k`` or itself, and ``k`` verifies them (the
+target is ``p_k`` at ``k``'s positions and the drafter's own ``q`` at its
+own, where a proposal is always accepted).
+
 A rejection discards every pending token and restarts the schedule.
 
 With a dynamic gamma (``DynamicGamma``) each turn's gamma changes between
@@ -45,7 +56,7 @@ from torch import Tensor
 from .ensemble import single_model
 from .proposers import Proposal, Proposer
 from .runner import Runner
-from .sampling import Sampling, sample
+from .sampling import Sampling, probs, sample
 from .stats import GenerationStats, ModelStats
 from .verify import verify_greedy, verify_sampled
 
@@ -160,6 +171,7 @@ class Decoder:
     concurrent: ConcurrentForwards | None = None  # E_p: the autoregressive loop's forwards run concurrently
     dynamic: DynamicGamma | None = None  # None: every turn keeps its gamma
     fixed_turns: frozenset[int] = frozenset()  # turns that keep their gamma under a dynamic schedule
+    mixture: Tensor | None = None  # [1, len(targets)]: the weights of a mixture method (one member per position)
 
     def run(self, prompt: list[int], schedule: list[tuple[Proposer, int]] | None) -> list[int]:
         self.tokens = list(prompt)
@@ -170,7 +182,9 @@ class Decoder:
             self.stats.stop_reason = "max_new_tokens"
         self.start = time.perf_counter()
         if not self.done:
-            if schedule is None:
+            if self.mixture is not None:
+                self._mixture(schedule)
+            elif schedule is None:
                 self._autoregressive()
             else:
                 self._speculative(schedule)
@@ -224,6 +238,53 @@ class Decoder:
             self.tokens.append(self._draw_target())
             self._commit(1)
 
+    def _mixture(self, schedule: list[tuple[Proposer, int]] | None) -> None:
+        """Per position: the member drawn by weight, fed what it missed, draws the token from its own ``p_k``;
+        with a drafter, runs of positions drawn for another member are decoded speculatively."""
+        drafter, gamma = schedule[0] if schedule else (None, 0)
+        self.drawn: list[int] = []  # the member of each position from the prompt's end, drawn once
+        while not self.done:
+            k = self._member_at(self.committed)
+            if drafter is None or k == drafter.index:
+                self.tokens.append(self._draw_from(k, self.committed))
+                self._commit(1)
+                continue
+            self._draft(drafter, gamma, allowed=lambda pos, k=k: self._member_at(pos) in (k, drafter.index))
+            if self._verify_mixture(k) or self.done:
+                continue
+            if self._member_at(self.committed) == k and self.members[k].knows(self.committed):
+                self.tokens.append(self._draw_from(k, self.committed))  # bonus token
+                self._commit(1)
+
+    def _member_at(self, pos: int) -> int:
+        while len(self.drawn) <= pos - self.prompt_len:
+            self.drawn.append(self.targets[int(sample(self.mixture, self.generator)[0])])
+        return self.drawn[pos - self.prompt_len]
+
+    def _draw_from(self, k: int, pos: int) -> int:
+        """A token for ``pos`` drawn from member ``k``'s own distribution (fed what it missed first)."""
+        member = self.members[k]
+        member.catch_up(self.tokens, self.committed)
+        row = member.span(pos, pos + 1)
+        if self.audit is not None:
+            self.audit.check(self.tokens, pos, pos + 1, [row], [k], single_model, self.sampling)
+        return int(sample(probs(row, self.sampling), self.generator)[0])
+
+    def _verify_mixture(self, k: int) -> bool:
+        """Member ``k`` verifies every pending token: ``p_k`` at its positions, the drafter's ``q`` at the
+        drafter's own (accepted there). True on a rejection."""
+        start, count = self.committed, len(self.tokens) - self.committed
+        member = self.members[k]
+        member.catch_up(self.tokens, start)
+        rows = member.span(start, start + count)
+        if self.audit is not None:
+            self.audit.check(self.tokens, start, start + count, [rows], [k], single_model, self.sampling)
+        target = probs(rows, self.sampling)
+        for j, p in enumerate(self.pending[:count]):
+            if self._member_at(start + j) != k:
+                target[j] = p.q
+        return self._settle(start, count, target)
+
     def _speculative(self, schedule: list[tuple[Proposer, int]]) -> None:
         turn = 0
         self.gammas = [gamma for _, gamma in schedule]  # each turn's current gamma
@@ -243,10 +304,15 @@ class Decoder:
             self._draft(proposer, gamma, turn)
             turn = (turn + 1) % len(schedule)
 
-    def _draft(self, proposer: Proposer, gamma: int, turn: int) -> None:
-        """Append up to ``gamma`` proposals (fewer if the proposer runs out or proposes EOS)."""
+    def _draft(
+        self, proposer: Proposer, gamma: int, turn: int = -1, allowed: Callable[[int], bool] | None = None
+    ) -> None:
+        """Append up to ``gamma`` proposals (fewer if the proposer runs out, proposes EOS or reaches a position
+        it is not ``allowed`` to propose for); ``turn``: the schedule's turn that drafts them."""
         budget = self.stopper.max_new_tokens - (len(self.tokens) - self.prompt_len)
         for _ in range(min(gamma, budget)):
+            if allowed is not None and not allowed(len(self.tokens)):
+                break
             proposal = proposer.draft(self.tokens, self.committed)
             if proposal is None:
                 break
@@ -265,8 +331,11 @@ class Decoder:
         count = min(pending, seen)
         if count <= 0:
             return False
+        return self._settle(start, count, self._target(start, start + count))
+
+    def _settle(self, start: int, count: int, target: Tensor) -> bool:
+        """Accept or reject the first ``count`` pending tokens against ``target``; True on a rejection."""
         proposed = torch.tensor(self.tokens[start : start + count], device=self.device)
-        target = self._target(start, start + count)
         pending = self.pending[:count]
         if self.audit is not None:
             self.audit.check_proposals(self.tokens, start, pending, self.sampling)

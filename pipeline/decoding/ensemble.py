@@ -7,11 +7,15 @@ probability tensor ``[k, V]``. Greedy decoding calls it with
 model's argmax.
 
 Register a new one by name and the methods ``<name>``, ``<name>_sd`` and
-``<name>_se`` exist at once::
+``<name>_se`` exist at once (and ``<name>_me`` for a mixture, see below)::
 
     @register_ensemble("geo", params={"weights": None})
     def geometric(logits, sampling, weights):
         ...
+
+An ensemble registered with ``mixture=True`` promises that its function is
+``r = sum_k w_k softmax(warp(l_k))`` with ``w`` its resolved ``weights``
+parameter: then ``r`` can be sampled as a mixture (``<name>_me``).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class Ensemble:
     max_models: int | None = None
     check: Callable[[dict[str, Any], int], dict[str, Any]] | None = None  # validate/normalise
     full_vocab: bool = False  # needs every member's logits over the whole vocabulary
+    mixture: bool = False  # r = sum_k weights[k] * softmax(warp(l_k)): sampled as a mixture by <name>_me
 
 
 ENSEMBLES: dict[str, Ensemble] = {}
@@ -56,13 +61,16 @@ def register_ensemble(
     max_models: int | None = None,
     check: Callable[[dict[str, Any], int], dict[str, Any]] | None = None,
     full_vocab: bool = False,
+    mixture: bool = False,
 ) -> Callable[[EnsembleFn], EnsembleFn]:
     """Register an ensemble function under ``name`` (a decorator)."""
 
     def decorator(fn: EnsembleFn) -> EnsembleFn:
-        if name in ENSEMBLES or name.endswith(("_sd", "_se", "_p")) or not name.isidentifier():
+        if name in ENSEMBLES or name.endswith(("_sd", "_se", "_me", "_p")) or not name.isidentifier():
             raise ArgumentError(f"cannot register ensemble {name!r}: name taken or not a plain identifier")
-        ENSEMBLES[name] = Ensemble(name, fn, dict(params or {}), min_models, max_models, check, full_vocab)
+        if mixture and "weights" not in (params or {}):
+            raise ArgumentError(f"cannot register ensemble {name!r} as a mixture: it takes no 'weights'")
+        ENSEMBLES[name] = Ensemble(name, fn, dict(params or {}), min_models, max_models, check, full_vocab, mixture)
         return fn
 
     return decorator
@@ -93,7 +101,7 @@ def _check_weights(args: dict[str, Any], n_models: int) -> dict[str, Any]:
     return args
 
 
-@register_ensemble("we", params={"weights": None, "lambda": None}, check=_check_weights)
+@register_ensemble("we", params={"weights": None, "lambda": None}, check=_check_weights, mixture=True)
 def weighted_ensemble(logits: Sequence[Tensor], sampling: Sampling, weights: Sequence[float]) -> Tensor:
     """``r = sum_k w_k softmax(warp(l_k))``."""
     out = None

@@ -41,12 +41,14 @@ class GenerationResult:
 
 @dataclass(frozen=True)
 class Plan:
-    """What a method runs: target members, target function, schedule of turns (None: autoregressive)."""
+    """What a method runs: target members, target function, schedule of turns (None: autoregressive),
+    and for a mixture method the members' weights (one member drawn per position)."""
 
     members: list[int]
     target_fn: Callable
     schedule: list[Turn] | None
     concurrent: bool = False  # the autoregressive loop runs the members' forwards concurrently
+    mixture: list[float] | None = None
 
 
 def _vocab_size(models: Sequence[torch.nn.Module], vocab_size: int | None) -> int:
@@ -129,10 +131,15 @@ def plan_method(
         return Plan(target, single_model, _schedule(args["proposer"], target, [1], [args["gamma"]])), args
     target_fn = partial(spec.ensemble.fn, **{k: v for k, v in args.items() if k in spec.ensemble.params})
     members = list(range(n))
+    if spec.kind == "me":
+        return Plan(members, target_fn, None, mixture=args["weights"]), args
     if not spec.speculative:
         return Plan(members, target_fn, None, concurrent=spec.kind == "parallel"), args
     first = args["first_proposer"] = cheapest(models) if args["first_proposer"] is None else args["first_proposer"]
     gammas = args["gamma"] = _check_gamma(spec, gamma, n)
+    if spec.kind == "me_sd":
+        args["gamma"] = gammas[first]
+        return Plan(members, target_fn, [((first,), gammas[first])], mixture=args["weights"]), args
     order = members[first:] + members[:first] if spec.kind == "se" else [first]
     return Plan(members, target_fn, _schedule(args["proposer"], members, order, [gammas[i] for i in order])), args
 
@@ -266,7 +273,10 @@ def generate(
     others ignore it; ``method_args`` holds the ensemble's
     parameters (``lambda`` or ``weights``; ``alpha``, ``beta``) and, for
     ``*_sd``/``*_se``, ``first_proposer`` (the index of the model that
-    proposes first; default the one with the fewest parameters). Speculative
+    proposes first; default the one with the fewest parameters). ``we_me``
+    draws one member per position (weights as for ``we``) and needs
+    ``temperature > 0``; ``we_me_sd`` too, its ``first_proposer`` drafting
+    ``gamma`` tokens for runs of the other members. Speculative
     methods take ``proposer``: ``draft`` (models propose), ``lookup``
     (prompt lookup alone) or ``lookup+draft`` (lookup where the context
     matches, the model elsewhere). Stop strings need a ``tokenizer``. Tests
@@ -280,8 +290,11 @@ def generate(
         raise ArgumentError(f"method_args={method_args!r}: expected a dict of argument names to values")
     plan, resolved = plan_method(method, models, gamma, dict(method_args or {}))
     sampling = check_sampling(temperature, top_k, top_p, max_new_tokens)
+    parse_method(method).check_temperature(sampling.temperature)
     dynamic = check_gamma_schedule(gamma_schedule)
-    if plan.schedule is not None:
+    if parse_method(method).kind not in ("sd", "se"):  # the schedule of our speculative loop only
+        dynamic = None
+    else:
         resolved["gamma_schedule"] = gamma_schedule
     prompt = _prompt_list(prompt_ids, vocab)
     eos = _eos_set(eos_token_id)
@@ -319,6 +332,7 @@ def generate(
         audit=audit,
         dynamic=dynamic,
         fixed_turns=fixed_turns(plan.schedule, models) if dynamic else frozenset(),
+        mixture=None if plan.mixture is None else torch.tensor([plan.mixture], dtype=torch.float64, device=device),
     )
     schedule = plan.schedule and _proposers(plan.schedule, members, sampling, generator, stats, audit)
     events = None

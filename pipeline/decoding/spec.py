@@ -3,7 +3,11 @@
 A name is ``large_model``, ``small_model``, ``sd`` or, for each registered
 ensemble ``E``, ``E`` (the standard ensemble), ``E_p`` (the standard ensemble
 with the members' forwards run concurrently), ``E_sd`` (one model proposes,
-every model verifies) or ``E_se`` (every model proposes in turn). The peers are transformers' own
+every model verifies) or ``E_se`` (every model proposes in turn); and for a
+mixture ensemble (``we``) ``E_me`` (one member drawn per position, the token
+drawn from it alone; sampling only) and ``E_me_sd`` (the same, with runs of
+positions drawn for an expensive member decoded speculatively, the cheapest
+member drafting). The peers are transformers' own
 speculative methods, run as grid methods beside ours (``peers.py``):
 ``hf_assisted`` (assisted generation with the set's draft), ``hf_prompt_lookup``
 (prompt lookup) and ``hf_assisted_ensemble`` (assisted generation verified
@@ -25,8 +29,7 @@ from .ensemble import ENSEMBLES, Ensemble
 SINGLE_METHODS = ("large_model", "small_model")
 PROPOSERS = ("draft", "lookup", "lookup+draft")  # "+" chains proposers: the first that proposes wins
 DRAFT = "draft"  # in a proposer kind: the turn's own model
-SPECULATIVE_KINDS = ("sd", "se", "peer")  # "peer": transformers' own speculative methods
-SUFFIXES = {"_sd": "sd", "_se": "se", "_p": "parallel"}  # an ensemble's name + suffix: a method of that kind
+SUFFIXES = {"_sd": "sd", "_se": "se", "_me": "me", "_p": "parallel"}  # an ensemble's name + suffix: its kind
 # transformers' own methods: name -> (the method it speeds up, what proposes: the set's draft or prompt
 # lookup, our method it is measured against)
 PEERS = {
@@ -45,18 +48,40 @@ class MethodSpec:
     name: str
     base: str  # the method it is or speeds up: large_model, small_model or an ensemble's name
     # "plain", "parallel" (plain, the members' forwards run concurrently), "sd" (one proposer, the others
-    # verify), "se" (every model proposes in turn) or "peer"
+    # verify), "se" (every model proposes in turn), "peer", "me" (a mixture draw: one member per position)
+    # or "me_sd" (the same, speculative)
     kind: str
     ensemble: Ensemble | None = None
 
     @property
     def speculative(self) -> bool:
-        return self.kind in SPECULATIVE_KINDS
+        """Proposes and verifies: takes gamma (and, but for the peers, a proposer)."""
+        return self.kind not in ("plain", "parallel", "me")
+
+    @property
+    def greedy_ok(self) -> bool:
+        """Defined at temperature 0: a mixture draw has no greedy form (argmax r is no member's argmax)."""
+        return self.kind not in ("me", "me_sd")
+
+    @property
+    def proposer_kinds(self) -> tuple[str, ...]:
+        """The ``proposer`` values it takes: a mixture's drafter must sample its own positions, so a model."""
+        if self.kind not in ("sd", "se", "me_sd"):
+            return ()
+        return (DRAFT,) if self.kind == "me_sd" else PROPOSERS
+
+    def check_temperature(self, temperature: float) -> None:
+        """Raise ArgumentError (one line) for a temperature this method cannot sample at."""
+        if temperature == 0 and not self.greedy_ok:
+            raise ArgumentError(
+                f"temperature={temperature!r} for {self.name!r}: a mixture draw needs sampling; expected a "
+                f"temperature > 0 (greedy decoding of this ensemble is {self.base!r})"
+            )
 
     def accepted_args(self) -> dict[str, Any]:
         """The ``method_args`` this method takes, with their defaults."""
         accepted = dict(self.ensemble.params) if self.ensemble else {}
-        if self.kind in ("sd", "se"):
+        if self.proposer_kinds:
             accepted["proposer"] = DRAFT
             if self.ensemble:
                 accepted["first_proposer"] = None
@@ -99,8 +124,9 @@ class MethodSpec:
             raise ArgumentError(f"unknown method_args {unknown} for {self.name!r}; accepted: {keys}")
         resolved = {**accepted, **method_args}
         proposer = resolved.get("proposer", DRAFT)
-        if proposer not in PROPOSERS:
-            raise ArgumentError(f"proposer={proposer!r} for {self.name!r}: expected one of {', '.join(PROPOSERS)}")
+        if self.proposer_kinds and proposer not in self.proposer_kinds:
+            kinds = ", ".join(self.proposer_kinds)
+            raise ArgumentError(f"proposer={proposer!r} for {self.name!r}: expected one of {kinds}")
         if not self.fits(n, proposer):
             low, high = self.model_range(proposer)
             want = str(low) if low == high else f"{low} to {high}" if high else f"{low} or more"
@@ -139,6 +165,8 @@ def method_names() -> list[str]:
     names = [*SINGLE_METHODS, "sd"]
     for name in ENSEMBLES:
         names += [name, f"{name}_p", f"{name}_sd", f"{name}_se"]
+        if ENSEMBLES[name].mixture:
+            names += [f"{name}_me", f"{name}_me_sd"]
     return names + list(PEERS)
 
 
@@ -151,8 +179,11 @@ def parse_method(name: str) -> MethodSpec:
     if name in PEERS:
         base = PEERS[name][0]
         return MethodSpec(name, base, "peer", ENSEMBLES.get(base))
-    base, kind = next(((name[: -len(s)], k) for s, k in SUFFIXES.items() if name.endswith(s)), (name, "plain"))
-    if base not in ENSEMBLES:
+    if name.endswith("_me_sd"):
+        base, kind = name.removesuffix("_me_sd"), "me_sd"
+    else:
+        base, kind = next(((name[: -len(s)], k) for s, k in SUFFIXES.items() if name.endswith(s)), (name, "plain"))
+    if base not in ENSEMBLES or (kind.startswith("me") and not ENSEMBLES[base].mixture):
         raise ArgumentError(f"unknown method {name!r}; accepted: {', '.join(method_names())}")
     return MethodSpec(name, base, kind, ENSEMBLES[base])
 
