@@ -223,7 +223,8 @@ def _errorbar(ax, x, rows: pd.DataFrame, columns: str, label, **kw):
 
 def plot_speedup_vs_gamma(df: pd.DataFrame, path: Path) -> Path | None:
     plt = _pyplot()
-    d = df[df["gamma"] != ""].dropna(subset=["speedup_vs_standard"])  # speculative cells (a gamma)
+    fixed = df["gamma"].astype(str).str.fullmatch(r"[0-9-]+")  # speculative with a fixed gamma ("3", "1-3")
+    d = df[fixed].dropna(subset=["speedup_vs_standard"])
     if d.empty:
         return None
     datasets = sorted(d["dataset"].unique())

@@ -71,6 +71,7 @@ class Variant:
     temperature: float = 0.0
     method_args: dict = field(default_factory=dict)
     baseline: bool = False
+    gamma_schedule: str = "fixed"
 
 
 @dataclass
@@ -88,22 +89,41 @@ class Totals:
     stats: list = field(default_factory=list)  # the decoder's stats of each prompt, in prompt order
 
 
-def variants(gammas: list[int], proposer: str, peers: bool = True) -> list[Variant]:
-    """Every method of the table; ``peers``: transformers' own methods too (``hf_*``)."""
+def variants(
+    gammas: list[int],
+    proposer: str,
+    peers: bool = True,
+    dynamic: list[int] = (),
+    parallel: bool = False,
+    sd_temperature: float = 0.0,
+) -> list[Variant]:
+    """Every method of the table; ``peers``: transformers' own methods too (``hf_*``); ``dynamic``: starting
+    gammas of dynamic-gamma variants; ``parallel``: we_p, cd_p; ``sd_temperature``: of the first group."""
     we = {"lambda": 0.5}
     cd = {"alpha": 0.1}
     spec = {"proposer": proposer}
+    dyn = "dynamic"
+    t = sd_temperature
+    first = "greedy" if t == 0 else f"sd T={t:g}"  # large_model, small_model, sd and the peers
     out = [
-        Variant("greedy", "large_model", "large_model", baseline=True),
-        Variant("greedy", "small_model", "small_model"),
+        Variant(first, "large_model", "large_model", temperature=t, baseline=True),
+        Variant(first, "small_model", "small_model", temperature=t),
     ]
-    out += [Variant("greedy", f"sd g={g}", "sd", g, method_args=spec) for g in gammas]
+    out += [Variant(first, f"sd g={g}", "sd", g, t, spec) for g in gammas]
+    out += [Variant(first, f"sd dyn g={g}", "sd", g, t, spec, gamma_schedule=dyn) for g in dynamic]
     if peers:
-        out += [Variant("greedy", f"hf_assisted g={g}", "hf_assisted", g) for g in gammas]
-        out += [Variant("greedy", f"hf_prompt_lookup g={g}", "hf_prompt_lookup", g) for g in gammas]
+        out += [Variant(first, f"hf_assisted g={g}", "hf_assisted", g, t) for g in gammas]
+        out += [Variant(first, f"hf_prompt_lookup g={g}", "hf_prompt_lookup", g, t) for g in gammas]
     out += [Variant("we T=1", "we", "we", temperature=1.0, method_args=we, baseline=True)]
     out += [Variant("we T=1", f"we_sd g={g}", "we_sd", g, 1.0, {**we, **spec}) for g in gammas]
     out += [Variant("we T=1", f"we_se g=[1,{g}]", "we_se", [1, g], 1.0, {**we, **spec}) for g in gammas]
+    out += [Variant("we T=1", f"we_sd dyn g={g}", "we_sd", g, 1.0, {**we, **spec}, gamma_schedule=dyn) for g in dynamic]
+    out += [
+        Variant("we T=1", f"we_se dyn g=[1,{g}]", "we_se", [1, g], 1.0, {**we, **spec}, gamma_schedule=dyn)
+        for g in dynamic
+    ]
+    if parallel:
+        out += [Variant("we T=1", "we_p", "we_p", temperature=1.0, method_args=we)]
     out += [Variant("we T=1", "we_me", "we_me", temperature=1.0, method_args=we)]
     out += [Variant("we T=1", f"we_me_sd g={g}", "we_me_sd", g, 1.0, we) for g in gammas]  # the draft drafts
     if peers:
@@ -111,7 +131,19 @@ def variants(gammas: list[int], proposer: str, peers: bool = True) -> list[Varia
     out += [Variant("cd T=0", "cd", "cd", method_args=cd, baseline=True)]
     out += [Variant("cd T=0", f"cd_sd g={g}", "cd_sd", g, 0.0, {**cd, **spec}) for g in gammas]
     out += [Variant("cd T=0", f"cd_se g=[1,{g}]", "cd_se", [1, g], 0.0, {**cd, **spec}) for g in gammas]
+    out += [Variant("cd T=0", f"cd_sd dyn g={g}", "cd_sd", g, 0.0, {**cd, **spec}, gamma_schedule=dyn) for g in dynamic]
+    out += [
+        Variant("cd T=0", f"cd_se dyn g=[1,{g}]", "cd_se", [1, g], 0.0, {**cd, **spec}, gamma_schedule=dyn)
+        for g in dynamic
+    ]
+    if parallel:
+        out += [Variant("cd T=0", "cd_p", "cd_p", method_args=cd)]
     return out
+
+
+def keep_groups(vs: list[Variant], groups: list[str] | None) -> list[Variant]:
+    """The variants of the named groups (``sd``: large_model, small_model, sd; ``we``; ``cd``), or all of them."""
+    return vs if not groups else [v for v in vs if ("sd" if v.group == "greedy" else v.group.split()[0]) in groups]
 
 
 def run_variant(v: Variant, target, draft, ids, max_new, eos, seed) -> tuple[list[int], dict]:
@@ -127,6 +159,7 @@ def run_variant(v: Variant, target, draft, ids, max_new, eos, seed) -> tuple[lis
         method_args=v.method_args,
         seed=seed,
         eos_token_id=eos,
+        gamma_schedule=v.gamma_schedule,
     )
     s = r.stats
     verified = sum(m.verified for m in s.models) + sum(p.verified for p in s.proposers.values())
@@ -183,6 +216,17 @@ def _speedup(t: Totals, base: Totals) -> tuple[float, float | None, float | None
     return (t.tokens / t.wall) / (base.tokens / base.wall), low, high
 
 
+def best_fixed(v: Variant, vs: list[Variant], totals: dict[str, Totals]) -> Variant | None:
+    """For a dynamic-gamma variant: the fixed-gamma variant of its method and group with the most tokens/s.
+
+    Picked after the fact, so the comparison leans towards the fixed gamma (the best of several noisy estimates).
+    """
+    if v.gamma_schedule == "fixed":
+        return None
+    fixed = [w for w in vs if (w.group, w.method, w.gamma_schedule) == (v.group, v.method, "fixed")]
+    return max(fixed, key=lambda w: totals[w.label].tokens / totals[w.label].wall, default=None)
+
+
 def _predicted(t: Totals, base: Totals) -> float | None:
     """The speed-up predicted from ``t``'s counted forwards priced at ``base``'s measured cost per forward."""
     if t is base or len(t.stats) != len(base.stats):
@@ -214,6 +258,11 @@ def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
         if f"{counterpart} g={v.gamma}" in totals:  # a peer: our method doing the same job, same gamma, over it
             ours, ours_low, ours_high = _speedup(totals[f"{counterpart} g={v.gamma}"], t)
             row["ours_vs_hf"], row["ours_vs_hf_ci"] = ours, [ours_low, ours_high]
+        best = best_fixed(v, vs, totals)
+        if best is not None:  # a dynamic gamma against the fastest fixed gamma of its method, same prompts
+            ratio, low, high = _speedup(t, totals[best.label])
+            row["vs_best_fixed"] = {"fixed": best.label, "ratio": ratio, "ci": [low, high]}
+        row["per_prompt"] = t.per_prompt  # (tokens, wall seconds), in prompt order
         rows.append(row)
     return rows
 
@@ -249,6 +298,9 @@ def render(rows: list[dict]) -> str:
     lines = [head, "|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|"]
     for r in rows:
         extra = f" (ours {speed_fmt(r['ours_vs_hf'], *r['ours_vs_hf_ci'])})" if "ours_vs_hf" in r else ""
+        if "vs_best_fixed" in r:
+            b = r["vs_best_fixed"]
+            extra += f" (over {b['fixed']}: {speed_fmt(b['ratio'], *b['ci'])})"
         speedup = speed_fmt(r["speedup"], *r["speedup_ci"])
         lines.append(
             f"| {r['group']:8} | {r['method']:18} | {r['tok_per_s']:5.1f} | {speedup:23} | "
@@ -310,6 +362,18 @@ def main(argv: list[str] | None = None) -> int:
         help="load a distilled draft with its teacher's full head: transformers' own methods (hf_*) then run too",
     )
     ap.add_argument("--proposer", default="lookup+draft", choices=["draft", "lookup", "lookup+draft"])
+    ap.add_argument(
+        "--dynamic",
+        type=int,
+        nargs="*",
+        default=[1],
+        help="starting gammas of dynamic-gamma variants (default 1; none: leave them out)",
+    )
+    ap.add_argument("--parallel", action="store_true", help="also the parallel ensembles we_p and cd_p")
+    ap.add_argument(
+        "--sd-temperature", type=float, default=0.0, help="temperature of large_model, small_model and sd (default 0)"
+    )
+    ap.add_argument("--groups", nargs="+", choices=["sd", "we", "cd"], help="only these groups (default: all three)")
     ap.add_argument("--quick", action="store_true", help="3 prompts, 32 tokens, gamma 2 only")
     ap.add_argument(
         "--methods", nargs="+", metavar="METHOD", help="only these methods (and the baselines of their groups)"
@@ -346,11 +410,21 @@ def main(argv: list[str] | None = None) -> int:
         cpu_kernels.pack_linears(draft)
         kernels = "oneDNN prepacked"
     prompts = humaneval_prompts(args.prompts)
-    vs = variants(args.gamma, args.proposer)
+    every = keep_groups(
+        variants(
+            args.gamma,
+            args.proposer,
+            dynamic=args.dynamic,
+            parallel=args.parallel,
+            sd_temperature=args.sd_temperature,
+        ),
+        args.groups,
+    )
+    vs = every
     if args.methods:
         vs = [v for v in vs if v.method in args.methods]
         groups = {v.group for v in vs}
-        vs = [v for v in variants(args.gamma, args.proposer) if v in vs or v.baseline and v.group in groups]
+        vs = [v for v in every if v in vs or v.baseline and v.group in groups]
     print(
         f"target: bundled SmolLM2-135M-Instruct (float32, {torch.get_num_threads()} threads); "
         f"draft: {draft_desc}; proposer: {args.proposer}; linear kernels: {kernels}"
@@ -369,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         "interval: 95% paired bootstrap over prompts (BCa). accept: accepted / verified proposals (lookup and models)."
         " τ: tokens per forward of the target (mean accepted length, the verifier's token included)."
         " overhead: 1 - time inside model forwards / wall time."
+        " dyn: dynamic gamma from that start; (over ...): its speed over the fastest fixed gamma of its method."
     )
     print(
         "hf_*: transformers' own generate with the same gamma; (ours ...): our sd (we_sd for hf_assisted_ensemble)"

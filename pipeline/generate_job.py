@@ -28,7 +28,7 @@ import torch
 from tasks import get_task, render
 
 from .decoding import generate
-from .decoding.methods import check_sampling, check_seed
+from .decoding.methods import check_gamma_schedule, check_sampling, check_seed
 from .decoding.runner import engine_of
 from .decoding.spec import parse_method
 from .decoding.static import compile_ahead
@@ -46,6 +46,7 @@ class Cell:
     method: str
     task: str
     gamma: Any = 1
+    gamma_schedule: str = "fixed"
     method_args: dict[str, Any] = field(default_factory=dict)
     size: str | int = "tiny"
     data_dir: str | None = None
@@ -62,6 +63,7 @@ class Cell:
     def __post_init__(self):  # the decoder's own checks, before anything loads
         specs = [parse_method(m) for m in (self.method, self.baseline) if m is not None]
         check_sampling(self.temperature, self.top_k, self.top_p, self.max_new_tokens)
+        check_gamma_schedule(self.gamma_schedule)
         for spec in specs:
             spec.check_temperature(self.temperature)
         check_seed(self.seed)
@@ -177,6 +179,7 @@ def run_cell(
             prompt_ids,
             method,
             gamma=cell.gamma,
+            gamma_schedule=cell.gamma_schedule,  # methods that do not speculate ignore it
             max_new_tokens=max_new,
             temperature=cell.temperature,
             top_k=cell.top_k,

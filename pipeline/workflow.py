@@ -23,7 +23,16 @@ import yaml
 from .errors import UserError
 
 SCHEMA = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "config.schema.yaml"
-GRID_KEYS = ("datasets", "gamma", "temperature", "max_new_tokens", "method_args", "proposer", "se_large_gamma")
+GRID_KEYS = (
+    "datasets",
+    "gamma",
+    "gamma_schedule",
+    "temperature",
+    "max_new_tokens",
+    "method_args",
+    "proposer",
+    "se_large_gamma",
+)
 
 
 class ConfigError(UserError):
@@ -180,8 +189,10 @@ def _accepted_args(method: str) -> set[str]:
     return set(_spec(method).accepted_args())
 
 
-def _fmt_gamma(g: Any) -> str:
-    return "-".join(map(str, g)) if isinstance(g, list) else str(g)
+def _fmt_gamma(g: Any, schedule: str = "fixed") -> str:
+    """A gamma as cell ids and tables show it; a dynamic schedule's starting gamma is marked ``dyn``."""
+    text = "-".join(map(str, g)) if isinstance(g, list) else str(g)
+    return text + "dyn" if schedule == "dynamic" else text
 
 
 def check_config(config: dict[str, Any], schema: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -328,14 +339,14 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 spec = _spec(method)
                 if not spec.fits(len(members), g["proposer"]):
                     continue
-                base, kind = spec.base, spec.kind
+                base, kind, speculative = spec.base, spec.kind, spec.speculative
                 if method == "large_model":
                     names, label = members[:1], members[0]
                 elif method == "small_model":
                     names, label = members[-1:], members[-1]
                 else:
                     names, label = list(members), set_name
-                gammas = _gammas(g["gamma"], kind, len(names), grid["name"]) if spec.speculative else [None]
+                gammas = _gammas(g["gamma"], kind, len(names), grid["name"]) if speculative else [None]
                 if not gammas:
                     raise ConfigError(
                         f"config key gamma: {g['gamma']} has no integer for {method!r} (grid {grid['name']!r}); "
@@ -355,8 +366,11 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
                             spec.check_temperature(float(t))
                         except ValueError as err:
                             raise ConfigError(f"grid {grid['name']!r}: {err}") from None
-                        for gamma in gammas:
-                            cell_id, cell = _cell(config, g, spec, args, names, label, dataset, dopts, t, gamma)
+                        schedules = g["gamma_schedule"] if kind in ("sd", "se") else ["fixed"]  # ours only
+                        for gamma, schedule in [(gm, sc) for gm in gammas for sc in schedules]:
+                            cell_id, cell = _cell(
+                                config, g, spec, args, names, label, dataset, dopts, t, gamma, schedule
+                            )
                             dims = {
                                 "id": cell_id,
                                 "experiment": config["experiment"],
@@ -369,7 +383,8 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
                                 "kind": kind,
                                 "dataset": dataset,
                                 "temperature": float(t),
-                                "gamma": _fmt_gamma(cell["gamma"]) if spec.speculative else None,
+                                "gamma": _fmt_gamma(cell["gamma"], schedule) if speculative else None,
+                                "gamma_schedule": schedule if speculative else None,
                                 "baseline": cell.get("baseline"),
                                 "standard": _standard(spec),
                             }
@@ -387,7 +402,7 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _standard(spec) -> str | None:
     """What a cell's speed is compared with: the standard method it speeds up (itself for an ensemble)."""
-    if spec.kind != "plain":
+    if spec.kind != "plain":  # speculative, parallel or a mixture: the standard method of its base
         return spec.base
     return spec.name if spec.ensemble is not None else None
 
@@ -413,7 +428,7 @@ def _gammas(sweep: list[Any], kind: str, n: int, grid: str) -> list[Any]:
     return out
 
 
-def _cell(config, g, spec, args, names, label, dataset, dopts, t, gamma) -> tuple[str, dict[str, Any]]:
+def _cell(config, g, spec, args, names, label, dataset, dopts, t, gamma, schedule) -> tuple[str, dict[str, Any]]:
     if spec.kind == "se" and isinstance(gamma, int) and g["se_large_gamma"] is not None:
         gamma = [g["se_large_gamma"]] + [gamma] * (len(names) - 1)
     cell: dict[str, Any] = {
@@ -431,12 +446,14 @@ def _cell(config, g, spec, args, names, label, dataset, dopts, t, gamma) -> tupl
         "top_p": config["top_p"],
         "seed": config["seed"],
     }
+    if schedule != "fixed":  # fixed cells keep the form they had before schedules existed
+        cell["gamma_schedule"] = schedule
     cell_id = f"{dataset}/{label}/{spec.name}-T{float(t):g}"
     if spec.kind != "plain" and config["side_by_side"]:  # it speeds up its base: run the base beside it
         cell["baseline"] = spec.base
         cell["baseline_args"] = {k: v for k, v in args.items() if k in _accepted_args(spec.base)}
     if spec.speculative:
-        cell_id += f"-g{_fmt_gamma(gamma)}"
+        cell_id += f"-g{_fmt_gamma(gamma, schedule)}"
     return cell_id, cell
 
 

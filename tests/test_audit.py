@@ -21,7 +21,11 @@ from .conftest import perturbed, tiny_llama
 N = 110
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 3, 1, 4, 1]  # repeats: prompt lookup has matches from the start
 SETTINGS = {"greedy": {}, "sampling": {"temperature": 0.9, "top_k": 20, "top_p": 0.95}}
-ARGS = {"we": {"weights": [0.5, 0.3, 0.2]}, "cd": {"alpha": 0.3, "beta": 0.05}}
+ARGS = {
+    "we": {"weights": [0.5, 0.3, 0.2]},
+    "cd": {"alpha": 0.3, "beta": 0.05},
+    "gac": {"weights": [0.6, 0.4], "threshold": 0.4},
+}
 SE_GAMMA = [2, 3, 1]
 # the built-in ensembles: ones registered by other tests may round on purpose (ties), beyond any tolerance;
 # not transformers' own methods (tests/test_peers.py), which run none of our code
@@ -45,15 +49,19 @@ def trio():
     return [target, perturbed(target, 0.1, seed=81), tiny_llama(82)]
 
 
-def audited(trio, method, proposer=None, setting="greedy", n=N, seed=0):
+def audited(trio, method, proposer=None, setting="greedy", n=N, seed=0, start=None, **kw):
     spec = parse_method(method)
     models = trio if spec.base == "we" else trio[:2]
     args = dict(ARGS.get(spec.base, {}))
     if proposer is not None:
         args["proposer"] = proposer
     gamma = SE_GAMMA[: len(models)] if spec.kind == "se" else 3
+    if start is not None:  # one starting gamma for every proposer
+        gamma = [start] * len(models) if spec.kind == "se" else start
     audit = Audit(models)
-    out = generate(models, PROMPT, method, gamma, n, method_args=args, seed=seed, audit=audit, **SETTINGS[setting])
+    out = generate(
+        models, PROMPT, method, gamma, n, method_args=args, seed=seed, audit=audit, **SETTINGS[setting], **kw
+    )
     return out, audit
 
 
@@ -67,8 +75,16 @@ def test_every_distribution_matches_a_recompute_from_scratch(trio, method, propo
 
 
 def test_every_built_in_method_is_audited():
-    assert {parse_method(m).kind for m in METHODS} == {"plain", "sd", "se", "me", "me_sd"}
-    assert {parse_method(m).base for m in METHODS} == {"large_model", "small_model", "we", "cd"}
+    assert {parse_method(m).kind for m in METHODS} == {"plain", "parallel", "sd", "se", "me", "me_sd"}
+    assert {parse_method(m).base for m in METHODS} == {"large_model", "small_model", "we", "cd", "gac"}
+
+
+@pytest.mark.parametrize("method", ["sd", "we_sd", "we_se", "cd_se", "gac_se"])
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_dynamic_gamma_every_distribution_matches_a_recompute(trio, method, setting):
+    out, audit = audited(trio, method, "draft", setting, start=1, gamma_schedule="dynamic")
+    assert len(out.token_ids) == N and audit.checked >= N
+    assert len(out.stats.position_verified) > 1, "some round should draft more than the starting gamma"
 
 
 def crop_off_by_one_deep(self, length):

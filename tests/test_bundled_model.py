@@ -52,9 +52,11 @@ def test_missing_model_directory_is_one_clear_error(tmp_path):
 
 def test_benchmark_runs_prints_every_method_and_records_the_run(capsys, tmp_path):
     args = ["--prompts", "2", "--max-new-tokens", "4", "--gamma", "1", "--draft", "truncated", "--proposer", "draft"]
+    args += ["--parallel"]
     assert bench.main([*args, "--record", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    for label in ("large_model", "sd g=1", "hf_assisted g=1", "we_se g=[1,1]", "we_me", "cd_se g=[1,1]", "ours"):
+    labels = ("large_model", "sd g=1", "hf_assisted g=1", "we_se g=[1,1]", "we_me", "cd_se g=[1,1]", "ours")
+    for label in (*labels, "sd dyn g=1", "we_se dyn g=[1,1]", "we_p", "cd_p"):
         assert label in out
     (record,) = tmp_path.glob("*.json")
     data = json.loads(record.read_text())

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from pipeline.decoding import generate
+from pipeline.decoding.spec import method_names, parse_method
 
 PROMPTS = [[random.Random(i).randrange(32) for _ in range(n)] for i, n in enumerate([1, 3, 8, 17, 5, 2])]
 LENGTHS = [1, 6, 40]
@@ -31,11 +32,12 @@ def test_sd_equals_large_model(trio, gamma, n):
         assert accepted > 0, "the close draft should have some tokens accepted"
 
 
-ENSEMBLE_ARGS = {"we": {"lambda": 0.4}, "cd": {"alpha": 0.3}}
+# gac: a threshold at which the trio's target is confident at some positions only (the gate does both)
+ENSEMBLE_ARGS = {"we": {"lambda": 0.4}, "cd": {"alpha": 0.3}, "gac": {"lambda": 0.4, "threshold": 0.3}}
 GAMMAS = {"_sd": [1, 2, 4, 7], "_se": [1, 3, [1, 4], [3, 1], [2, 2]]}
 
 
-@pytest.mark.parametrize("ensemble", ["we", "cd"])
+@pytest.mark.parametrize("ensemble", ["we", "cd", "gac"])
 @pytest.mark.parametrize("variant", ["_sd", "_se"])
 @pytest.mark.parametrize("proposer", [0, 1])
 def test_two_model_ensembles_equal_standard_ensemble(trio, ensemble, variant, proposer):
@@ -97,3 +99,42 @@ def test_cd_expert_is_the_first_model_whatever_the_proposer(trio):
             [target, draft], prompt, "cd_se", 20, gamma=[2, 2], method_args={"alpha": 0.5, "first_proposer": proposer}
         )
         assert se.token_ids == forward
+
+
+PARALLEL = [m for m in method_names() if parse_method(m).kind == "parallel" and parse_method(m).base in ENSEMBLE_ARGS]
+
+
+@pytest.mark.parametrize("method", PARALLEL)
+def test_parallel_ensemble_equals_standard_ensemble(trio, method):
+    base = parse_method(method).base
+    target, draft, other = trio
+    for models in ([target, draft], [target, other]):
+        for prompt in PROMPTS:
+            for n in LENGTHS:
+                args = ENSEMBLE_ARGS[base]
+                assert (
+                    run(models, prompt, method, n, method_args=args).token_ids
+                    == run(models, prompt, base, n, method_args=args).token_ids
+                ), (prompt, n)
+
+
+@pytest.mark.parametrize("method", ["sd", "we_sd", "we_se", "cd_sd", "cd_se", "gac_sd", "gac_se"])
+@pytest.mark.parametrize("gamma", [1, 3])
+def test_dynamic_gamma_equals_baseline(trio, method, gamma):
+    """Each proposer's gamma moves between rounds (+2 / -1); the tokens are the baseline's."""
+    spec = parse_method(method)
+    target, draft, _ = trio
+    args = ENSEMBLE_ARGS.get(spec.base, {})
+    grown = 0
+    for prompt in PROMPTS:
+        for n in LENGTHS:
+            base = run([target, draft], prompt, spec.base, n, method_args=args).token_ids
+            for proposer in (0, 1) if spec.ensemble else (None,):
+                kw = {} if proposer is None else {"first_proposer": proposer}
+                g = [1, gamma] if spec.kind == "se" else gamma
+                result = run(
+                    [target, draft], prompt, method, n, gamma=g, gamma_schedule="dynamic", method_args={**args, **kw}
+                )
+                assert result.token_ids == base, (prompt, n, proposer)
+                grown += len(result.stats.position_verified) > gamma  # a block longer than any fixed turn
+    assert grown > 0, "the close draft should make some proposer's gamma grow"

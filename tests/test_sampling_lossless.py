@@ -78,6 +78,11 @@ def ref_target(kind: str, models, tokens, setting, args) -> np.ndarray:
         return sum(w * ref_probs(l, **setting) for w, l in zip(args["weights"], logits))
     if kind == "cd":
         return ref_probs(logits[0] - args["alpha"] * logits[1], **setting)
+    if kind == "gac":  # the lead model alone where its plain softmax is confident
+        lead = np.exp(logits[0] - logits[0].max())
+        if lead.max() / lead.sum() >= args["threshold"]:
+            return ref_probs(logits[0], **setting)
+        return ref_target("we", models, tokens, setting, args)
     raise AssertionError(kind)
 
 
@@ -109,7 +114,9 @@ def empirical_joint(models, method, setting, prompt=PROMPT, **kw) -> np.ndarray:
 
 # ---- the cases ----------------------------------------------------------------------------
 
-TWO = {"we": {"lambda": 0.5}, "cd": {"alpha": 0.3}}
+TWO = {"we": {"lambda": 0.5}, "cd": {"alpha": 0.3}, "gac": {"lambda": 0.5, "threshold": 0.8}}
+GAC = {"weights": [0.5, 0.5], "threshold": 0.8}  # the target is confident at 3 of the 7 positions sampled
+DYNAMIC = {"gamma_schedule": "dynamic"}
 CASES = [
     # (method, model indices, reference kind, reference args, generate kwargs)
     ("large_model", [0, 1], "single", {}, {}),
@@ -126,6 +133,15 @@ CASES = [
         {"method_args": {"weights": [0.2, 0.3, 0.5], "first_proposer": 0}, "gamma": [1, 1, 2]},
     ),
     ("cd", [0, 1], "cd", {"alpha": 0.3}, {"method_args": TWO["cd"]}),
+    # the parallel ensembles, the gated ensemble, dynamic gamma (a rejection shortens the next round's draft)
+    ("we_p", [0, 1], "we", {"weights": [0.5, 0.5]}, {"method_args": TWO["we"]}),
+    ("cd_p", [0, 1], "cd", {"alpha": 0.3}, {"method_args": TWO["cd"]}),
+    ("gac", [0, 1], "gac", GAC, {"method_args": TWO["gac"]}),
+    ("gac_sd", [0, 1], "gac", GAC, {"method_args": TWO["gac"], "gamma": 2}),
+    ("gac_se", [0, 1], "gac", GAC, {"method_args": {**TWO["gac"], "first_proposer": 0}, "gamma": [2, 1]}),
+    ("sd", [0, 1], "single", {}, {"gamma": 2, **DYNAMIC}),
+    ("we_sd", [0, 1], "we", {"weights": [0.5, 0.5]}, {"method_args": TWO["we"], "gamma": 2, **DYNAMIC}),
+    ("we_se", [0, 1], "we", {"weights": [0.5, 0.5]}, {"method_args": TWO["we"], "gamma": [2, 1], **DYNAMIC}),
     ("cd_sd", [0, 1], "cd", {"alpha": 0.3}, {"method_args": TWO["cd"], "gamma": 2}),
     ("cd_se", [0, 1], "cd", {"alpha": 0.3}, {"method_args": {**TWO["cd"], "first_proposer": 0}, "gamma": [2, 1]}),
     # the mixture draw: a member by weight, then the token from that member alone
@@ -194,7 +210,11 @@ CASES = [
 @pytest.mark.parametrize(
     "case",
     CASES,
-    ids=lambda c: f"{c[0]}-{'-'.join(map(str, c[1]))}-" + c[4].get("method_args", {}).get("proposer", "draft"),
+    ids=lambda c: (
+        f"{c[0]}-{'-'.join(map(str, c[1]))}-"
+        + c[4].get("method_args", {}).get("proposer", "draft")
+        + ("-dynamic" if "gamma_schedule" in c[4] else "")
+    ),
 )
 def test_first_two_tokens_follow_the_target(models, case, setting):
     method, idx, kind, ref_args, kw = case

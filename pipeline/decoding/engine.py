@@ -33,6 +33,14 @@ target is ``p_k`` at ``k``'s positions and the drafter's own ``q`` at its
 own, where a proposal is always accepted).
 
 A rejection discards every pending token and restarts the schedule.
+
+With a dynamic gamma (``DynamicGamma``) each turn's gamma changes between
+rounds by what verification found: more after a turn whose proposals were all
+accepted, fewer after one whose proposal was rejected (turns named in
+``fixed_turns``, the largest model's, keep theirs). The rule reads only
+verified outcomes and the acceptance rule is untouched, so every method stays
+exact. The ``E_p`` methods run the autoregressive loop with the members'
+forwards issued concurrently (``parallel.py``).
 """
 
 from __future__ import annotations
@@ -54,6 +62,7 @@ from .verify import verify_greedy, verify_sampled
 
 if TYPE_CHECKING:
     from .audit import Audit
+    from .parallel import ConcurrentForwards
 
 
 class Member:
@@ -132,6 +141,22 @@ class Stopper:
 TargetFn = Callable[[Sequence[Tensor], Sampling], Tensor]
 
 
+@dataclass(frozen=True)
+class DynamicGamma:
+    """A turn's gamma between rounds: ``+increase`` after a round whose proposals were all accepted,
+    ``-decrease`` after a rejection, within ``[low, high]``; it starts at the turn's configured gamma.
+    The default is the heuristic of transformers' assisted generation, bounded above."""
+
+    increase: int = 2
+    decrease: int = 1
+    low: int = 1
+    high: int = 16
+
+    def next(self, gamma: int, all_accepted: bool) -> int:
+        step = self.increase if all_accepted else -self.decrease
+        return min(self.high, max(self.low, gamma + step))
+
+
 @dataclass
 class Decoder:
     members: list[Member]
@@ -143,6 +168,9 @@ class Decoder:
     stats: GenerationStats
     device: torch.device
     audit: Audit | None = None  # tests: every distribution recomputed from scratch
+    concurrent: ConcurrentForwards | None = None  # E_p: the autoregressive loop's forwards run concurrently
+    dynamic: DynamicGamma | None = None  # None: every turn keeps its gamma
+    fixed_turns: frozenset[int] = frozenset()  # turns that keep their gamma under a dynamic schedule
     mixture: Tensor | None = None  # [1, len(targets)]: the weights of a mixture method (one member per position)
 
     def run(self, prompt: list[int], schedule: list[tuple[Proposer, int]] | None) -> list[int]:
@@ -202,8 +230,11 @@ class Decoder:
 
     def _autoregressive(self) -> None:
         while not self.done:
-            for i in self.targets:
-                self.members[i].catch_up(self.tokens, self.committed)
+            if self.concurrent is not None:
+                self.concurrent.catch_up(self.tokens, self.committed)
+            else:
+                for i in self.targets:
+                    self.members[i].catch_up(self.tokens, self.committed)
             self.tokens.append(self._draw_target())
             self._commit(1)
 
@@ -218,7 +249,7 @@ class Decoder:
                 self.tokens.append(self._draw_from(k, self.committed))
                 self._commit(1)
                 continue
-            self._draft(drafter, gamma, lambda pos, k=k: self._member_at(pos) in (k, drafter.index))
+            self._draft(drafter, gamma, allowed=lambda pos, k=k: self._member_at(pos) in (k, drafter.index))
             if self._verify_mixture(k) or self.done:
                 continue
             if self._member_at(self.committed) == k and self.members[k].knows(self.committed):
@@ -256,8 +287,9 @@ class Decoder:
 
     def _speculative(self, schedule: list[tuple[Proposer, int]]) -> None:
         turn = 0
+        self.gammas = [gamma for _, gamma in schedule]  # each turn's current gamma
         while not self.done:
-            proposer, gamma = schedule[turn]
+            proposer, gamma = schedule[turn][0], self.gammas[turn]
             proposer.feed(self.tokens, self.committed)
             if self._verify():
                 turn = 0  # a rejection restarts the schedule
@@ -269,12 +301,14 @@ class Decoder:
                 self._commit(1)
                 if self.done:
                     break
-            self._draft(proposer, gamma)
+            self._draft(proposer, gamma, turn)
             turn = (turn + 1) % len(schedule)
 
-    def _draft(self, proposer: Proposer, gamma: int, allowed: Callable[[int], bool] | None = None) -> None:
+    def _draft(
+        self, proposer: Proposer, gamma: int, turn: int = -1, allowed: Callable[[int], bool] | None = None
+    ) -> None:
         """Append up to ``gamma`` proposals (fewer if the proposer runs out, proposes EOS or reaches a position
-        it is not ``allowed`` to propose for)."""
+        it is not ``allowed`` to propose for); ``turn``: the schedule's turn that drafts them."""
         budget = self.stopper.max_new_tokens - (len(self.tokens) - self.prompt_len)
         for _ in range(min(gamma, budget)):
             if allowed is not None and not allowed(len(self.tokens)):
@@ -282,6 +316,7 @@ class Decoder:
             proposal = proposer.draft(self.tokens, self.committed)
             if proposal is None:
                 break
+            proposal.turn = turn
             self.tokens.append(proposal.token)
             self.pending.append(proposal)
             proposal.by.stats.proposed += 1
@@ -312,6 +347,8 @@ class Decoder:
         for j, p in enumerate(pending[: accepted + 1]):
             p.by.stats.verified += 1
             p.by.stats.accepted += j < accepted
+        if self.dynamic is not None:
+            self._adapt_gammas(pending[: accepted + 1], accepted, self.pending[count:] if fix is None else [])
         if fix is None:
             del self.pending[:count]
             self._commit(count)
@@ -323,3 +360,16 @@ class Decoder:
             m.rewind(start + accepted)
         self._commit(accepted + 1)
         return True
+
+    def _adapt_gammas(self, verified: list[Proposal], accepted: int, unverified: list[Proposal]) -> None:
+        """Dynamic gamma: the turn of a rejected proposal drafts fewer next time; a turn whose proposals
+        were all verified and accepted drafts more. ``verified[:accepted]`` were accepted."""
+        rejected = verified[accepted].turn if accepted < len(verified) else None
+        later = {p.turn for p in unverified}  # turns whose round is not fully verified yet
+        for turn in dict.fromkeys(p.turn for p in verified):
+            if turn in self.fixed_turns:
+                continue
+            if turn == rejected:
+                self.gammas[turn] = self.dynamic.next(self.gammas[turn], False)
+            elif turn not in later:
+                self.gammas[turn] = self.dynamic.next(self.gammas[turn], True)

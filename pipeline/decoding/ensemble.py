@@ -66,7 +66,7 @@ def register_ensemble(
     """Register an ensemble function under ``name`` (a decorator)."""
 
     def decorator(fn: EnsembleFn) -> EnsembleFn:
-        if name in ENSEMBLES or name.endswith(("_sd", "_se", "_me")) or not name.isidentifier():
+        if name in ENSEMBLES or name.endswith(("_sd", "_se", "_me", "_p")) or not name.isidentifier():
             raise ArgumentError(f"cannot register ensemble {name!r}: name taken or not a plain identifier")
         if mixture and "weights" not in (params or {}):
             raise ArgumentError(f"cannot register ensemble {name!r} as a mixture: it takes no 'weights'")
@@ -132,6 +132,30 @@ def contrastive_decoding(logits: Sequence[Tensor], sampling: Sampling, alpha: fl
         implausible = expert_probs < beta * expert_probs.amax(dim=-1, keepdim=True)
         scores = scores.masked_fill(implausible, float("-inf"))
     return probs(scores, sampling)
+
+
+def _check_gac(args: dict[str, Any], n_models: int) -> dict[str, Any]:
+    threshold = args.get("threshold")
+    if not finite(threshold) or not 0.0 < threshold <= 1.0:
+        raise ArgumentError(f"threshold={threshold!r} is outside the accepted range (0, 1]")
+    return _check_weights(args, n_models)
+
+
+@register_ensemble("gac", params={"threshold": 0.5, "weights": None, "lambda": None}, check=_check_gac)
+def gated_ensemble(logits: Sequence[Tensor], sampling: Sampling, threshold: float, weights: Sequence[float]) -> Tensor:
+    """The lead model (the first) alone where it is confident, the weighted ensemble elsewhere.
+
+    The threshold gate of GaC (Yu et al. 2024, arXiv 2406.12585): ``r = p_lead``
+    where ``max softmax(l_lead) >= threshold``, ``r = sum_k w_k p_k`` elsewhere.
+
+    The gate reads the lead model's plain softmax (temperature 1, no top-k or
+    top-p), so a position is gated the same way whatever the sampling settings.
+    """
+    lead = logits[0]
+    confident = torch.softmax(lead, dim=-1).amax(dim=-1, keepdim=True) >= threshold
+    if bool(confident.all()):  # the other members' rows are not needed
+        return probs(lead, sampling)
+    return torch.where(confident, probs(lead, sampling), weighted_ensemble(logits, sampling, weights))
 
 
 def single_model(logits: Sequence[Tensor], sampling: Sampling) -> Tensor:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -12,9 +13,10 @@ import torch
 
 from ..errors import ArgumentError
 from .audit import Audit
-from .engine import Decoder, Member, Stopper
+from .engine import Decoder, DynamicGamma, Member, Stopper
 from .ensemble import finite, single_model
 from .lookup import PromptLookup
+from .parallel import ConcurrentForwards
 from .peers import run_peer
 from .proposers import Chain, ModelProposer, Proposer
 from .sampling import Sampling
@@ -24,6 +26,7 @@ from .stats import GenerationStats, ModelStats
 
 __all__ = ["GenerationResult", "accepted_args", "generate", "method_names", "plan_method", "PROPOSERS"]
 NAMED_PROPOSERS = {"lookup": PromptLookup}  # proposers that are not models, by their name in a proposer kind
+GAMMA_SCHEDULES = {"fixed": None, "dynamic": DynamicGamma()}  # how a turn's gamma changes between rounds
 
 Turn = tuple[tuple[str | int, ...], int]  # (proposers, chained: names or model indices; gamma)
 
@@ -44,6 +47,7 @@ class Plan:
     members: list[int]
     target_fn: Callable
     schedule: list[Turn] | None
+    concurrent: bool = False  # the autoregressive loop runs the members' forwards concurrently
     mixture: list[float] | None = None
 
 
@@ -80,10 +84,32 @@ def _check_gamma(spec: MethodSpec, gamma: Any, n_models: int) -> list[int]:
     raise ArgumentError(f"gamma={gamma!r} for {method!r}: expected an int >= 1 or a list of ints")
 
 
+def _sizes(models: Sequence[torch.nn.Module]) -> list[int]:
+    return [sum(p.numel() for p in m.parameters()) for m in models]
+
+
 def cheapest(models: Sequence[torch.nn.Module]) -> int:
     """Index of the model with the fewest parameters (the later one on a tie)."""
-    sizes = [sum(p.numel() for p in m.parameters()) for m in models]
+    sizes = _sizes(models)
     return max(range(len(models)), key=lambda i: (-sizes[i], i))
+
+
+def largest(models: Sequence[torch.nn.Module]) -> int:
+    """Index of the model with the most parameters (the earlier one on a tie)."""
+    sizes = _sizes(models)
+    return max(range(len(models)), key=lambda i: (sizes[i], -i))
+
+
+def fixed_turns(schedule: list[Turn] | None, models: Sequence[torch.nn.Module]) -> frozenset[int]:
+    """Turns that keep their gamma under a dynamic schedule: the largest model's (in a set of two or more).
+
+    Each token the largest model drafts costs one of its own forwards, so a longer draft from it saves
+    no forward of the largest model and wastes every one after a rejection.
+    """
+    if not schedule or len(models) < 2:
+        return frozenset()
+    keep = largest(models)
+    return frozenset(k for k, (turn, _) in enumerate(schedule) if keep in turn)
 
 
 def plan_method(
@@ -108,7 +134,7 @@ def plan_method(
     if spec.kind == "me":
         return Plan(members, target_fn, None, mixture=args["weights"]), args
     if not spec.speculative:
-        return Plan(members, target_fn, None), args
+        return Plan(members, target_fn, None, concurrent=spec.kind == "parallel"), args
     first = args["first_proposer"] = cheapest(models) if args["first_proposer"] is None else args["first_proposer"]
     gammas = args["gamma"] = _check_gamma(spec, gamma, n)
     if spec.kind == "me_sd":
@@ -148,6 +174,12 @@ def _proposers(
     return [(one(turn[0]) if len(turn) == 1 else Chain([one(s) for s in turn]), gamma) for turn, gamma in schedule]
 
 
+def check_gamma_schedule(gamma_schedule: Any) -> DynamicGamma | None:
+    if not isinstance(gamma_schedule, str) or gamma_schedule not in GAMMA_SCHEDULES:
+        raise ArgumentError(f"gamma_schedule={gamma_schedule!r}: expected one of {', '.join(GAMMA_SCHEDULES)}")
+    return GAMMA_SCHEDULES[gamma_schedule]
+
+
 def check_sampling(temperature: Any, top_k: Any, top_p: Any, max_new_tokens: Any) -> Sampling:
     if not finite(temperature) or temperature < 0:
         raise ArgumentError(f"temperature={temperature!r}: expected a finite number >= 0 (0 is greedy)")
@@ -185,6 +217,20 @@ def _prompt_list(prompt_ids: Any, vocab: int) -> list[int]:
     return prompt
 
 
+@contextmanager
+def _concurrent(decoder: Decoder, plan: Plan) -> Iterator[None]:
+    """For ``E_p`` methods: the decoder's concurrent forwards, their threads alive while it runs."""
+    if not plan.concurrent:
+        yield
+        return
+    with ConcurrentForwards([decoder.members[i] for i in plan.members]) as concurrent:
+        decoder.concurrent = concurrent
+        try:
+            yield
+        finally:
+            decoder.concurrent = None
+
+
 def _eos_set(eos_token_id: Any) -> set[int]:
     if eos_token_id is None:
         return set()
@@ -213,6 +259,7 @@ def generate(
     tokenizer: Any = None,
     vocab_size: int | None = None,
     audit: Audit | None = None,
+    gamma_schedule: str = "fixed",
 ) -> GenerationResult:
     """Generate a continuation of ``prompt_ids`` with ``method``.
 
@@ -220,7 +267,10 @@ def generate(
     ``[target, draft]`` for ``sd``; ``[expert, amateur]`` for ``cd*``; the
     weight order for ``we*``. ``large_model`` runs ``models[0]``,
     ``small_model`` runs ``models[-1]``. ``gamma`` is an int, or for ``*_se``
-    a list with one entry per model; ``method_args`` holds the ensemble's
+    a list with one entry per model; ``gamma_schedule="dynamic"`` lets each
+    proposer's gamma move between rounds from there (``engine.DynamicGamma``),
+    the largest model's excepted (``fixed_turns``); speculative methods only,
+    others ignore it; ``method_args`` holds the ensemble's
     parameters (``lambda`` or ``weights``; ``alpha``, ``beta``) and, for
     ``*_sd``/``*_se``, ``first_proposer`` (the index of the model that
     proposes first; default the one with the fewest parameters). ``we_me``
@@ -241,6 +291,11 @@ def generate(
     plan, resolved = plan_method(method, models, gamma, dict(method_args or {}))
     sampling = check_sampling(temperature, top_k, top_p, max_new_tokens)
     parse_method(method).check_temperature(sampling.temperature)
+    dynamic = check_gamma_schedule(gamma_schedule)
+    if parse_method(method).kind not in ("sd", "se"):  # the schedule of our speculative loop only
+        dynamic = None
+    else:
+        resolved["gamma_schedule"] = gamma_schedule
     prompt = _prompt_list(prompt_ids, vocab)
     eos = _eos_set(eos_token_id)
     if stop_strings and tokenizer is None:
@@ -276,6 +331,8 @@ def generate(
         stats=stats,
         device=device,
         audit=audit,
+        dynamic=dynamic,
+        fixed_turns=fixed_turns(plan.schedule, models) if dynamic else frozenset(),
         mixture=None if plan.mixture is None else torch.tensor([plan.mixture], dtype=torch.float64, device=device),
     )
     schedule = plan.schedule and _proposers(plan.schedule, members, sampling, generator, stats, audit)
@@ -285,7 +342,7 @@ def generate(
         events = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
         events[0].record()
     start = time.perf_counter()
-    with torch.inference_mode():
+    with torch.inference_mode(), _concurrent(decoder, plan):
         tokens = decoder.run(prompt, schedule)
     if events is not None:
         events[1].record()

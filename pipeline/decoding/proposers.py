@@ -27,6 +27,7 @@ class Proposal:
     token: int
     q: Tensor | None  # [V]: the distribution the token was drawn from; None: one-hot
     by: Proposer
+    turn: int = -1  # the schedule's turn that drafted it (set by the decoder)
 
 
 class Proposer(Protocol):

@@ -1,7 +1,8 @@
 """Method names, parsed once: what a method is and what it needs of a model set.
 
 A name is ``large_model``, ``small_model``, ``sd`` or, for each registered
-ensemble ``E``, ``E`` (the standard ensemble), ``E_sd`` (one model proposes,
+ensemble ``E``, ``E`` (the standard ensemble), ``E_p`` (the standard ensemble
+with the members' forwards run concurrently), ``E_sd`` (one model proposes,
 every model verifies) or ``E_se`` (every model proposes in turn); and for a
 mixture ensemble (``we``) ``E_me`` (one member drawn per position, the token
 drawn from it alone; sampling only) and ``E_me_sd`` (the same, with runs of
@@ -28,6 +29,7 @@ from .ensemble import ENSEMBLES, Ensemble
 SINGLE_METHODS = ("large_model", "small_model")
 PROPOSERS = ("draft", "lookup", "lookup+draft")  # "+" chains proposers: the first that proposes wins
 DRAFT = "draft"  # in a proposer kind: the turn's own model
+SUFFIXES = {"_sd": "sd", "_se": "se", "_me": "me", "_p": "parallel"}  # an ensemble's name + suffix: its kind
 # transformers' own methods: name -> (the method it speeds up, what proposes: the set's draft or prompt
 # lookup, our method it is measured against)
 PEERS = {
@@ -45,14 +47,16 @@ def is_int(x: Any) -> bool:
 class MethodSpec:
     name: str
     base: str  # the method it is or speeds up: large_model, small_model or an ensemble's name
-    kind: str  # "plain", "sd" (one proposer, the others verify), "se" (every model proposes in turn), "peer",
-    # "me" (a mixture draw: one member per position) or "me_sd" (the same, speculative)
+    # "plain", "parallel" (plain, the members' forwards run concurrently), "sd" (one proposer, the others
+    # verify), "se" (every model proposes in turn), "peer", "me" (a mixture draw: one member per position)
+    # or "me_sd" (the same, speculative)
+    kind: str
     ensemble: Ensemble | None = None
 
     @property
     def speculative(self) -> bool:
         """Proposes and verifies: takes gamma (and, but for the peers, a proposer)."""
-        return self.kind not in ("plain", "me")
+        return self.kind not in ("plain", "parallel", "me")
 
     @property
     def greedy_ok(self) -> bool:
@@ -160,7 +164,7 @@ def method_names() -> list[str]:
     """Every accepted method name, registered ensembles included."""
     names = [*SINGLE_METHODS, "sd"]
     for name in ENSEMBLES:
-        names += [name, f"{name}_sd", f"{name}_se"]
+        names += [name, f"{name}_p", f"{name}_sd", f"{name}_se"]
         if ENSEMBLES[name].mixture:
             names += [f"{name}_me", f"{name}_me_sd"]
     return names + list(PEERS)
@@ -178,7 +182,7 @@ def parse_method(name: str) -> MethodSpec:
     if name.endswith("_me_sd"):
         base, kind = name.removesuffix("_me_sd"), "me_sd"
     else:
-        base, _, kind = name.rpartition("_") if name.endswith(("_sd", "_se", "_me")) else (name, "", "plain")
+        base, kind = next(((name[: -len(s)], k) for s, k in SUFFIXES.items() if name.endswith(s)), (name, "plain"))
     if base not in ENSEMBLES or (kind.startswith("me") and not ENSEMBLES[base].mixture):
         raise ArgumentError(f"unknown method {name!r}; accepted: {', '.join(method_names())}")
     return MethodSpec(name, base, kind, ENSEMBLES[base])
