@@ -31,6 +31,7 @@ CASES = [  # method, model indices into (target, draft, other), gamma, method_ar
     ("we_se", [0, 1, 2], [1, 2, 3], {}),
     ("cd_sd", [0, 1], 7, {"alpha": 0.3}),
     ("cd_se", [0, 1], [1, 4], {"alpha": 0.3, "proposer": "lookup+draft"}),
+    ("we_p", [0, 1], 1, {"lambda": 0.4}),  # members forwarded from threads
     ("we_me", [0, 1, 2], 1, {}),  # lazy catch-up: forwards of every length
     ("we_me_sd", [0, 1], 3, {"lambda": 0.6}),
 ]
