@@ -65,22 +65,22 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def build(shape: str, dtype: torch.dtype, device: str) -> nn.Module:
-    """The bundled model, or a random-weight Llama of a named shape."""
+def build(shape: str, dtype: torch.dtype, device: str, vocab: int | None = None) -> nn.Module:
+    """The bundled model, or a random-weight Llama of a named shape (``vocab``: another vocabulary size)."""
     if shape == "bundled":
         from .models import load_bundled
 
         return load_bundled(dtype, device, pack=False)[0]
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    hidden, layers, heads, kv, inter, vocab = SHAPES[shape]
+    hidden, layers, heads, kv, inter, shape_vocab = SHAPES[shape]
     config = LlamaConfig(
         hidden_size=hidden,
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv,
         intermediate_size=inter,
-        vocab_size=vocab,
+        vocab_size=vocab or shape_vocab,
         max_position_embeddings=4096,
     )
     torch.manual_seed(0)

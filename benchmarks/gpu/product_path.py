@@ -48,13 +48,8 @@ def prepare(carry: Path, data_dir: Path) -> None:
 
 
 def save_model(shape: str, tokenizer, out: Path, dtype: torch.dtype, device: str) -> Path:
-    from transformers import LlamaForCausalLM
-
-    model = build(shape, dtype, device)
-    if model.config.vocab_size != len(tokenizer):  # the shapes' vocabulary, resized to the tokenizer's
-        model = LlamaForCausalLM._from_config(
-            model.config.__class__(**{**model.config.to_dict(), "vocab_size": len(tokenizer)}), dtype=dtype
-        )
+    """A random-weight model of ``shape`` with the tokenizer's vocabulary, saved as a model directory."""
+    model = build(shape, dtype, device, vocab=len(tokenizer))
     model.config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
