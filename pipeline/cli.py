@@ -61,7 +61,9 @@ def command(name: str, help: str, *arguments: tuple[tuple, dict], passthrough: b
     ),
 )
 def cmd_models(args: argparse.Namespace) -> int:
-    from .models import default_models, load_spec, ms_per_forward, parse_model
+    from .decoding.runner import engine_of
+    from .engine_bench import forward_costs
+    from .models import default_models, load_spec, parse_model
 
     specs = [parse_model(m) for m in args.model] or list(default_models().values())
     print("| model | parameters | vocabulary | head | dtype | device | ms / 1 token | ms / 4 tokens |")
@@ -70,7 +72,7 @@ def cmd_models(args: argparse.Namespace) -> int:
         model, tok = load_spec(spec)
         params = sum(p.numel() for p in model.parameters())
         head = f"{len(model.kept)} ids" if getattr(model, "restricted_vocab", False) else "full"
-        one, four = ms_per_forward(model, 1), ms_per_forward(model, 4)
+        one, four = forward_costs(model, engine_of(model)[0], [1, 4], context=128, repeats=5).values()
         dtype = next(model.parameters()).dtype
         print(
             f"| {spec.name} | {params / 1e6:.1f}M | {len(tok)} | {head} | {str(dtype).removeprefix('torch.')} "

@@ -18,7 +18,8 @@ import argparse
 
 import torch
 
-from pipeline.models import BUNDLED, Recipe, cpu_kernels, ensure_draft, load, load_bundled, ms_per_forward
+from pipeline.engine_bench import forward_costs
+from pipeline.models import BUNDLED, Recipe, cpu_kernels, ensure_draft, load, load_bundled
 
 SIZES = (1, 2, 3, 4, 6)
 
@@ -44,7 +45,7 @@ def main() -> None:
     cost = {}
     with torch.inference_mode():
         for name, model in (("target", target), ("draft", draft)):
-            cost[name] = {n: ms_per_forward(model, n, context=200, reps=args.reps) for n in SIZES}
+            cost[name] = forward_costs(model, "eager", list(SIZES), context=200, repeats=args.reps)
             print(f"{name}: ms per forward of n tokens", {n: round(c, 1) for n, c in cost[name].items()})
     w = {"target": 1 - args.lam, "draft": args.lam}
     we = cost["target"][1] + cost["draft"][1]

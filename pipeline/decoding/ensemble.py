@@ -54,23 +54,15 @@ class Ensemble:
 ENSEMBLES: dict[str, Ensemble] = {}
 
 
-def register_ensemble(
-    name: str,
-    params: dict[str, Any] | None = None,
-    min_models: int = 2,
-    max_models: int | None = None,
-    check: Callable[[dict[str, Any], int], dict[str, Any]] | None = None,
-    full_vocab: bool = False,
-    mixture: bool = False,
-) -> Callable[[EnsembleFn], EnsembleFn]:
-    """Register an ensemble function under ``name`` (a decorator)."""
+def register_ensemble(name: str, **options: Any) -> Callable[[EnsembleFn], EnsembleFn]:
+    """Register an ensemble function under ``name`` (a decorator); ``options`` are ``Ensemble``'s fields."""
 
     def decorator(fn: EnsembleFn) -> EnsembleFn:
         if name in ENSEMBLES or name.endswith(("_sd", "_se", "_me", "_p")) or not name.isidentifier():
             raise ArgumentError(f"cannot register ensemble {name!r}: name taken or not a plain identifier")
-        if mixture and "weights" not in (params or {}):
+        if options.get("mixture") and "weights" not in options.get("params", {}):
             raise ArgumentError(f"cannot register ensemble {name!r} as a mixture: it takes no 'weights'")
-        ENSEMBLES[name] = Ensemble(name, fn, dict(params or {}), min_models, max_models, check, full_vocab, mixture)
+        ENSEMBLES[name] = Ensemble(name, fn, **options)
         return fn
 
     return decorator

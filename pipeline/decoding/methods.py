@@ -289,27 +289,28 @@ def generate(
     if method_args is not None and not isinstance(method_args, dict):
         raise ArgumentError(f"method_args={method_args!r}: expected a dict of argument names to values")
     plan, resolved = plan_method(method, models, gamma, dict(method_args or {}))
+    spec = parse_method(method)
     sampling = check_sampling(temperature, top_k, top_p, max_new_tokens)
-    parse_method(method).check_temperature(sampling.temperature)
+    spec.check_temperature(sampling.temperature)
     dynamic = check_gamma_schedule(gamma_schedule)
-    if parse_method(method).kind not in ("sd", "se"):  # the schedule of our speculative loop only
+    if spec.kind not in ("sd", "se"):  # the schedule of our speculative loop only
         dynamic = None
     else:
         resolved["gamma_schedule"] = gamma_schedule
     prompt = _prompt_list(prompt_ids, vocab)
-    eos = _eos_set(eos_token_id)
     if stop_strings and tokenizer is None:
         raise ArgumentError("stop_strings need a tokenizer to decode the output")
     check_seed(seed)
-    decode = (lambda ids: tokenizer.decode(ids)) if tokenizer is not None else None
-    stopper = Stopper(max_new_tokens, eos, stop_strings, decode)
-    spec = parse_method(method)
+    stopper = Stopper(max_new_tokens, _eos_set(eos_token_id), stop_strings, tokenizer.decode if tokenizer else None)
+
+    def result(tokens: list[int], stats: GenerationStats) -> GenerationResult:
+        text = tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else None
+        return GenerationResult(tokens, stats, text, resolved)
+
     if spec.kind == "peer":
         if audit is not None:
             raise ArgumentError(f"{method!r} runs transformers' generate: an audit checks our decoder only")
-        tokens, stats = run_peer(spec, models, prompt, resolved, sampling, stopper, seed)
-        text = tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else None
-        return GenerationResult(tokens, stats, text, resolved)
+        return result(*run_peer(spec, models, prompt, resolved, sampling, stopper, seed))
 
     used = sorted(set(plan.members) | {i for turn, _ in plan.schedule or [] for i in turn if is_int(i)})
     device = next(models[used[0]].parameters()).device
@@ -350,5 +351,4 @@ def generate(
         stats.device_time_s = events[0].elapsed_time(events[1]) / 1000
     stats.wall_time_s = time.perf_counter() - start
     stats.new_tokens = len(tokens)
-    text = tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else None
-    return GenerationResult(tokens, stats, text, resolved)
+    return result(tokens, stats)

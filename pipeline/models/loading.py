@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -100,23 +99,3 @@ def truncated_copy(model: torch.nn.Module, n_layers: int) -> torch.nn.Module:
     if getattr(draft.config, "layer_types", None):
         draft.config.layer_types = draft.config.layer_types[:n_layers]
     return draft.eval()
-
-
-@torch.inference_mode()
-def ms_per_forward(model, new_tokens: int, context: int = 128, reps: int = 5) -> float:
-    """Median milliseconds of one forward of ``new_tokens`` tokens after ``context`` cached ones."""
-    from transformers import DynamicCache
-
-    device = next(model.parameters()).device
-    cache = DynamicCache()
-    model(input_ids=torch.arange(100, 100 + context, device=device)[None], past_key_values=cache, use_cache=True)
-    times = []
-    for _ in range(reps + 1):
-        ids = torch.full((1, new_tokens), 200, device=device)
-        start = time.perf_counter()
-        model(input_ids=ids, past_key_values=cache, use_cache=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
-        cache.crop(-new_tokens)
-    return 1000 * sorted(times[1:])[len(times[1:]) // 2]
