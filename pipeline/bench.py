@@ -164,22 +164,21 @@ def measure(target, draft, tokenizer, prompts, vs: list[Variant], max_new: int) 
     for v in vs:  # warm-up, not timed
         run_variant(v, target, draft, encoded[0], 8, eos, 0)
     totals: dict[str, Totals] = defaultdict(Totals)
-    bar = tqdm(total=len(encoded) * len(vs), desc="bench", unit="run", file=sys.stderr)
-    for i, ids in enumerate(encoded):
-        for v in vs[i % len(vs) :] + vs[: i % len(vs)]:  # rotated, so no method always runs first
-            r = run_variant(v, target, draft, ids, max_new, eos, seed=i)
-            s, t = r.stats, totals[v.label]
-            t.tokens += len(r.token_ids)
-            t.wall += s.wall_time_s
-            t.forward += s.forward_time_s
-            t.verified += sum(m.verified for m in s.models) + sum(p.verified for p in s.proposers.values())
-            t.accepted += s.accepted or 0  # None for transformers' methods: not counted
-            t.target_calls += s.models[0].forward_calls
-            t.per_prompt.append((len(r.token_ids), s.wall_time_s))
-            t.stats.append(s.to_dict())
-            t.outputs.append(r.token_ids)
-            bar.update()
-    bar.close()
+    with tqdm(total=len(encoded) * len(vs), desc="bench", unit="run", file=sys.stderr) as bar:
+        for i, ids in enumerate(encoded):
+            for v in vs[i % len(vs) :] + vs[: i % len(vs)]:  # rotated, so no method always runs first
+                r = run_variant(v, target, draft, ids, max_new, eos, seed=i)
+                s, t = r.stats, totals[v.label]
+                t.tokens += len(r.token_ids)
+                t.wall += s.wall_time_s
+                t.forward += s.forward_time_s
+                t.verified += sum(m.verified for m in s.models) + sum(p.verified for p in s.proposers.values())
+                t.accepted += s.accepted or 0  # None for transformers' methods: not counted
+                t.target_calls += s.models[0].forward_calls
+                t.per_prompt.append((len(r.token_ids), s.wall_time_s))
+                t.stats.append(s.to_dict())
+                t.outputs.append(r.token_ids)
+                bar.update()
     return totals
 
 
