@@ -32,6 +32,7 @@ import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from itertools import product
 from pathlib import Path
 from typing import Any
 
@@ -82,74 +83,66 @@ class Totals:
     verified: int = 0
     accepted: int = 0
     target_calls: int = 0
-    same: int = 0
-    runs: int = 0
-    outputs: list = field(default_factory=list)
+    outputs: list = field(default_factory=list)  # the new tokens of each prompt, in prompt order
     per_prompt: list = field(default_factory=list)  # (tokens, wall) of each prompt, in prompt order
     stats: list = field(default_factory=list)  # the decoder's stats of each prompt, in prompt order
 
 
 def variants(
-    gammas: list[int],
-    proposer: str,
-    peers: bool = True,
-    dynamic: list[int] = (),
-    parallel: bool = False,
-    sd_temperature: float = 0.0,
+    gammas: list[int], proposer: str, dynamic: list[int] = (), parallel: bool = False, sd_temperature: float = 0.0
 ) -> list[Variant]:
-    """Every method of the table; ``peers``: transformers' own methods too (``hf_*``); ``dynamic``: starting
-    gammas of dynamic-gamma variants; ``parallel``: we_p, cd_p; ``sd_temperature``: of the first group."""
+    """Every method of the table, transformers' own (``hf_*``) included; ``dynamic``: starting gammas of
+    dynamic-gamma variants; ``parallel``: we_p, cd_p; ``sd_temperature``: of the first group."""
     we = {"lambda": 0.5}
-    cd = {"alpha": 0.1}
     spec = {"proposer": proposer}
-    dyn = "dynamic"
     t = sd_temperature
     first = "greedy" if t == 0 else f"sd T={t:g}"  # large_model, small_model, sd and the peers
-    out = [
+
+    def speculative(group: str, methods: list[str], temperature: float, args: dict) -> list[Variant]:
+        """Each method at each fixed gamma, then from each dynamic start (``*_se``: the small model's gamma 1)."""
+        out = []
+        for schedule, starts, tag in (("fixed", gammas, ""), ("dynamic", dynamic, " dyn")):
+            for m, g in product(methods, starts):
+                gamma, shown = ([1, g], f"[1,{g}]") if m.endswith("_se") else (g, g)
+                out.append(Variant(group, f"{m}{tag} g={shown}", m, gamma, temperature, args, gamma_schedule=schedule))
+        return out
+
+    def ensemble(name: str, args: dict, temperature: float) -> list[Variant]:
+        """An ensemble's group: the ensemble (its baseline), its speculative methods, its parallel form."""
+        group = f"{name} T={temperature:g}"
+        out = [Variant(group, name, name, temperature=temperature, method_args=args, baseline=True)]
+        out += speculative(group, [f"{name}_sd", f"{name}_se"], temperature, {**args, **spec})
+        if parallel:
+            out.append(Variant(group, f"{name}_p", f"{name}_p", temperature=temperature, method_args=args))
+        return out
+
+    return [
         Variant(first, "large_model", "large_model", temperature=t, baseline=True),
         Variant(first, "small_model", "small_model", temperature=t),
+        *speculative(first, ["sd"], t, spec),
+        *(Variant(first, f"{m} g={g}", m, g, t) for m in ("hf_assisted", "hf_prompt_lookup") for g in gammas),
+        *ensemble("we", we, 1.0),
+        Variant("we T=1", "we_me", "we_me", temperature=1.0, method_args=we),
+        # we_me_sd: the draft drafts for the ensemble
+        *(Variant("we T=1", f"{m} g={g}", m, g, 1.0, we) for m in ("we_me_sd", "hf_assisted_ensemble") for g in gammas),
+        *ensemble("cd", {"alpha": 0.1}, 0.0),
     ]
-    out += [Variant(first, f"sd g={g}", "sd", g, t, spec) for g in gammas]
-    out += [Variant(first, f"sd dyn g={g}", "sd", g, t, spec, gamma_schedule=dyn) for g in dynamic]
-    if peers:
-        out += [Variant(first, f"hf_assisted g={g}", "hf_assisted", g, t) for g in gammas]
-        out += [Variant(first, f"hf_prompt_lookup g={g}", "hf_prompt_lookup", g, t) for g in gammas]
-    out += [Variant("we T=1", "we", "we", temperature=1.0, method_args=we, baseline=True)]
-    out += [Variant("we T=1", f"we_sd g={g}", "we_sd", g, 1.0, {**we, **spec}) for g in gammas]
-    out += [Variant("we T=1", f"we_se g=[1,{g}]", "we_se", [1, g], 1.0, {**we, **spec}) for g in gammas]
-    out += [Variant("we T=1", f"we_sd dyn g={g}", "we_sd", g, 1.0, {**we, **spec}, gamma_schedule=dyn) for g in dynamic]
-    out += [
-        Variant("we T=1", f"we_se dyn g=[1,{g}]", "we_se", [1, g], 1.0, {**we, **spec}, gamma_schedule=dyn)
-        for g in dynamic
-    ]
-    if parallel:
-        out += [Variant("we T=1", "we_p", "we_p", temperature=1.0, method_args=we)]
-    out += [Variant("we T=1", "we_me", "we_me", temperature=1.0, method_args=we)]
-    out += [Variant("we T=1", f"we_me_sd g={g}", "we_me_sd", g, 1.0, we) for g in gammas]  # the draft drafts
-    if peers:
-        out += [Variant("we T=1", f"hf_assisted_ensemble g={g}", "hf_assisted_ensemble", g, 1.0, we) for g in gammas]
-    out += [Variant("cd T=0", "cd", "cd", method_args=cd, baseline=True)]
-    out += [Variant("cd T=0", f"cd_sd g={g}", "cd_sd", g, 0.0, {**cd, **spec}) for g in gammas]
-    out += [Variant("cd T=0", f"cd_se g=[1,{g}]", "cd_se", [1, g], 0.0, {**cd, **spec}) for g in gammas]
-    out += [Variant("cd T=0", f"cd_sd dyn g={g}", "cd_sd", g, 0.0, {**cd, **spec}, gamma_schedule=dyn) for g in dynamic]
-    out += [
-        Variant("cd T=0", f"cd_se dyn g=[1,{g}]", "cd_se", [1, g], 0.0, {**cd, **spec}, gamma_schedule=dyn)
-        for g in dynamic
-    ]
-    if parallel:
-        out += [Variant("cd T=0", "cd_p", "cd_p", method_args=cd)]
-    return out
 
 
-def keep_groups(vs: list[Variant], groups: list[str] | None) -> list[Variant]:
-    """The variants of the named groups (``sd``: large_model, small_model, sd; ``we``; ``cd``), or all of them."""
-    return vs if not groups else [v for v in vs if ("sd" if v.group == "greedy" else v.group.split()[0]) in groups]
+def select(vs: list[Variant], groups: list[str] | None, methods: list[str] | None) -> list[Variant]:
+    """The variants of the named groups (``sd``: large_model, small_model, sd; ``we``; ``cd``), or all of them;
+    of those, only the named methods and the baselines of their groups, or all of them."""
+    vs = [v for v in vs if not groups or ("sd" if v.group == "greedy" else v.group.split()[0]) in groups]
+    if methods:
+        kept = {v.group for v in vs if v.method in methods}
+        vs = [v for v in vs if v.method in methods or v.baseline and v.group in kept]
+    return vs
 
 
-def run_variant(v: Variant, target, draft, ids, max_new, eos, seed) -> tuple[list[int], dict]:
+def run_variant(v: Variant, target, draft, ids, max_new, eos, seed):
     if (v.group.startswith("cd") or v.method in PEERS) and getattr(draft, "restricted_vocab", False):
         draft = draft.base  # CD needs the amateur's full-vocabulary logits; transformers cannot take a restricted head
-    r = generate(
+    return generate(
         [target, draft],
         ids,
         v.method,
@@ -161,16 +154,6 @@ def run_variant(v: Variant, target, draft, ids, max_new, eos, seed) -> tuple[lis
         eos_token_id=eos,
         gamma_schedule=v.gamma_schedule,
     )
-    s = r.stats
-    verified = sum(m.verified for m in s.models) + sum(p.verified for p in s.proposers.values())
-    return r.token_ids, {
-        "wall": s.wall_time_s,
-        "forward": s.forward_time_s,
-        "verified": verified,
-        "accepted": s.accepted or 0,  # None for transformers' methods: not counted
-        "target_calls": s.models[0].forward_calls,
-        "stats": s.to_dict(),
-    }
 
 
 def measure(target, draft, tokenizer, prompts, vs: list[Variant], max_new: int) -> dict[str, Totals]:
@@ -181,39 +164,28 @@ def measure(target, draft, tokenizer, prompts, vs: list[Variant], max_new: int) 
     for v in vs:  # warm-up, not timed
         run_variant(v, target, draft, encoded[0], 8, eos, 0)
     totals: dict[str, Totals] = defaultdict(Totals)
-    bar = tqdm(total=len(encoded) * len(vs), desc="bench", unit="run", file=sys.stderr)
-    for i, ids in enumerate(encoded):
-        order = vs[i % len(vs) :] + vs[: i % len(vs)]  # rotate, so no method always runs first
-        for v in order:
-            tokens, m = run_variant(v, target, draft, ids, max_new, eos, seed=i)
-            t = totals[v.label]
-            t.tokens += len(tokens)
-            t.wall += m["wall"]
-            t.forward = None if m["forward"] is None else (t.forward or 0.0) + m["forward"]
-            t.verified += m.get("verified", 0)
-            t.accepted += m.get("accepted", 0)
-            t.target_calls += m.get("target_calls", 0)
-            t.per_prompt.append((len(tokens), m["wall"]))
-            if "stats" in m:
-                t.stats.append(m["stats"])
-            t.runs += 1
-            t.outputs.append((v, i, tokens))
-            bar.update()
-    bar.close()
-    # token-for-token checks against the greedy baselines
-    for t in totals.values():
-        for v, i, tokens in t.outputs:
-            if v.temperature == 0:
-                ref = "large_model" if v.group == "greedy" else v.group.split()[0]
-                base = next(tok for (bv, bi, tok) in totals[ref].outputs if bi == i)
-                t.same += tokens == base
+    with tqdm(total=len(encoded) * len(vs), desc="bench", unit="run", file=sys.stderr) as bar:
+        for i, ids in enumerate(encoded):
+            for v in vs[i % len(vs) :] + vs[: i % len(vs)]:  # rotated, so no method always runs first
+                r = run_variant(v, target, draft, ids, max_new, eos, seed=i)
+                s, t = r.stats, totals[v.label]
+                t.tokens += len(r.token_ids)
+                t.wall += s.wall_time_s
+                t.forward += s.forward_time_s
+                t.verified += sum(m.verified for m in s.models) + sum(p.verified for p in s.proposers.values())
+                t.accepted += s.accepted or 0  # None for transformers' methods: not counted
+                t.target_calls += s.models[0].forward_calls
+                t.per_prompt.append((len(r.token_ids), s.wall_time_s))
+                t.stats.append(s.to_dict())
+                t.outputs.append(r.token_ids)
+                bar.update()
     return totals
 
 
-def _speedup(t: Totals, base: Totals) -> tuple[float, float | None, float | None]:
-    """``t``'s speed over ``base``'s with its paired-bootstrap interval over prompts."""
+def _speedup(t: Totals, base: Totals) -> tuple[float, list[float | None]]:
+    """``t``'s speed over ``base``'s with its paired-bootstrap interval over prompts, ``[low, high]``."""
     low, high, _ = ratio_interval(*zip(*t.per_prompt), *zip(*base.per_prompt))
-    return (t.tokens / t.wall) / (base.tokens / base.wall), low, high
+    return (t.tokens / t.wall) / (base.tokens / base.wall), [low, high]
 
 
 def best_fixed(v: Variant, vs: list[Variant], totals: dict[str, Totals]) -> Variant | None:
@@ -229,7 +201,7 @@ def best_fixed(v: Variant, vs: list[Variant], totals: dict[str, Totals]) -> Vari
 
 def _predicted(t: Totals, base: Totals) -> float | None:
     """The speed-up predicted from ``t``'s counted forwards priced at ``base``'s measured cost per forward."""
-    if t is base or len(t.stats) != len(base.stats):
+    if t is base:
         return None
     return predicted_speedup([{"stats": m, "baseline": {"stats": b}} for m, b in zip(t.stats, base.stats)])
 
@@ -239,30 +211,29 @@ def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
     base = {v.group: totals[v.label] for v in vs if v.baseline}
     for v in vs:
         t = totals[v.label]
-        speedup, low, high = _speedup(t, base[v.group])
+        speedup, ci = _speedup(t, base[v.group])
+        same = sum(tokens == ref for tokens, ref in zip(t.outputs, base[v.group].outputs))  # token for token (greedy)
         row = {
             "group": v.group,
             "method": v.label,
             "tokens": t.tokens,
             "tok_per_s": t.tokens / t.wall,
             "speedup": speedup,
-            "speedup_ci": [low, high],
+            "speedup_ci": ci,
             "acceptance": t.accepted / t.verified if t.verified else None,
             "tau": t.tokens / t.target_calls if t.target_calls else None,
-            "overhead": None if t.forward is None else 1 - t.forward / t.wall,
+            "overhead": 1 - t.forward / t.wall,
             "predicted": _predicted(t, base[v.group]),
             "per_prompt": t.per_prompt,  # (tokens, wall s) per prompt: any two rows' ratio with its interval
-            "identical": f"{t.same}/{t.runs}" if v.temperature == 0 else "-",
+            "identical": f"{same}/{len(t.outputs)}" if v.temperature == 0 else "-",
         }
-        counterpart = parse_method(v.method).ours
-        if f"{counterpart} g={v.gamma}" in totals:  # a peer: our method doing the same job, same gamma, over it
-            ours, ours_low, ours_high = _speedup(totals[f"{counterpart} g={v.gamma}"], t)
-            row["ours_vs_hf"], row["ours_vs_hf_ci"] = ours, [ours_low, ours_high]
+        ours = f"{parse_method(v.method).ours} g={v.gamma}"
+        if ours in totals:  # a peer: our method doing the same job, same gamma, over it
+            row["ours_vs_hf"], row["ours_vs_hf_ci"] = _speedup(totals[ours], t)
         best = best_fixed(v, vs, totals)
         if best is not None:  # a dynamic gamma against the fastest fixed gamma of its method, same prompts
-            ratio, low, high = _speedup(t, totals[best.label])
-            row["vs_best_fixed"] = {"fixed": best.label, "ratio": ratio, "ci": [low, high]}
-        row["per_prompt"] = t.per_prompt  # (tokens, wall seconds), in prompt order
+            ratio, ci = _speedup(t, totals[best.label])
+            row["vs_best_fixed"] = {"fixed": best.label, "ratio": ratio, "ci": ci}
         rows.append(row)
     return rows
 
@@ -322,17 +293,13 @@ def record(out_dir: Path, rows: list[dict], settings: dict[str, Any]) -> Path:
     from .timing import provenance
 
     root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str, check: bool = True) -> str:
+        return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, check=check).stdout.strip()
+
     try:
-        commit = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = bool(
-            subprocess.run(
-                ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                capture_output=True,
-                text=True,
-            ).stdout.strip()
-        )
+        commit = git("rev-parse", "--short=12", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no", check=False))
     except (OSError, subprocess.CalledProcessError):
         commit, dirty = "unknown", False
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -410,21 +377,10 @@ def main(argv: list[str] | None = None) -> int:
         cpu_kernels.pack_linears(draft)
         kernels = "oneDNN prepacked"
     prompts = humaneval_prompts(args.prompts)
-    every = keep_groups(
-        variants(
-            args.gamma,
-            args.proposer,
-            dynamic=args.dynamic,
-            parallel=args.parallel,
-            sd_temperature=args.sd_temperature,
-        ),
-        args.groups,
+    every = variants(
+        args.gamma, args.proposer, dynamic=args.dynamic, parallel=args.parallel, sd_temperature=args.sd_temperature
     )
-    vs = every
-    if args.methods:
-        vs = [v for v in vs if v.method in args.methods]
-        groups = {v.group for v in vs}
-        vs = [v for v in every if v in vs or v.baseline and v.group in groups]
+    vs = select(every, args.groups, args.methods)
     print(
         f"target: bundled SmolLM2-135M-Instruct (float32, {torch.get_num_threads()} threads); "
         f"draft: {draft_desc}; proposer: {args.proposer}; linear kernels: {kernels}"
@@ -434,18 +390,14 @@ def main(argv: list[str] | None = None) -> int:
     totals = measure(target, draft, tokenizer, prompts, vs, args.max_new_tokens)
     rows = table(vs, totals)
     print(render(rows))
-    print("speed-up: tokens/s over the group's baseline (large_model; we; cd), measured interleaved.")
     print(
+        "speed-up: tokens/s over the group's baseline (large_model; we; cd), measured interleaved.\n"
         "predicted: the speed-up its counted forwards predict, each priced at the baseline's measured cost of a "
-        "forward (the loop free, a forward of k tokens as dear as one)."
-    )
-    print(
+        "forward (the loop free, a forward of k tokens as dear as one).\n"
         "interval: 95% paired bootstrap over prompts (BCa). accept: accepted / verified proposals (lookup and models)."
         " τ: tokens per forward of the target (mean accepted length, the verifier's token included)."
         " overhead: 1 - time inside model forwards / wall time."
-        " dyn: dynamic gamma from that start; (over ...): its speed over the fastest fixed gamma of its method."
-    )
-    print(
+        " dyn: dynamic gamma from that start; (over ...): its speed over the fastest fixed gamma of its method.\n"
         "hf_*: transformers' own generate with the same gamma; (ours ...): our sd (we_sd for hf_assisted_ensemble)"
         " at the same gamma over it, measured interleaved."
     )
@@ -465,8 +417,9 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=2))
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    settings.update(draft=draft_desc, kernels=kernels, threads=torch.get_num_threads(), prompts_text=prompts)
-    settings["best_against_best"] = best
+    settings.update(
+        draft=draft_desc, kernels=kernels, threads=torch.get_num_threads(), prompts_text=prompts, best_against_best=best
+    )
     try:
         print(f"recorded in {record(args.record, rows, settings)}")
     except ResultsError as err:

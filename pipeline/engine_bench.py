@@ -39,6 +39,7 @@ import random
 import statistics
 import sys
 import time
+from itertools import product
 from pathlib import Path
 from typing import Any
 
@@ -73,19 +74,13 @@ def build(shape: str, dtype: torch.dtype, device: str, vocab: int | None = None)
         return load_bundled(dtype, device, pack=False)[0]
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    hidden, layers, heads, kv, inter, shape_vocab = SHAPES[shape]
-    config = LlamaConfig(
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv,
-        intermediate_size=inter,
-        vocab_size=vocab or shape_vocab,
-        max_position_embeddings=4096,
-    )
+    fields = "hidden_size num_hidden_layers num_attention_heads num_key_value_heads intermediate_size vocab_size"
+    config = dict(zip(fields.split(), SHAPES[shape]), max_position_embeddings=4096)
+    if vocab:
+        config["vocab_size"] = vocab
     torch.manual_seed(0)
     with torch.device(device):
-        return LlamaForCausalLM._from_config(config, dtype=dtype).eval()
+        return LlamaForCausalLM._from_config(LlamaConfig(**config), dtype=dtype).eval()
 
 
 def with_engine(model: nn.Module, engine: str) -> nn.Module:
@@ -103,10 +98,7 @@ def compiling(engine: str):
 
 
 def weight_bytes(model: nn.Module) -> int:
-    seen = {}
-    for p in model.parameters():
-        seen[p.data_ptr()] = p.numel() * p.element_size()  # tied weights are read once
-    return sum(seen.values())
+    return sum({p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}.values())  # tied: read once
 
 
 def bandwidth(device: torch.device, mib: int = 1024, repeats: int = 10) -> float:
@@ -228,69 +220,64 @@ def main(argv: list[str] | None = None) -> int:
         report["gpu"] = torch.cuda.get_device_name(device)
     report["bandwidth_gb_s"] = bw = bandwidth(device)
     print(f"{report.get('gpu', device)}: copy bandwidth {bw:.0f} GB/s; torch {torch.__version__}", flush=True)
-    rows, costs = [], {}
-    for dtype in args.dtype:
-        for shape in args.shapes:
-            for engine in args.engines:
-                model = with_engine(build(shape, DTYPES[dtype], args.device), engine)
-                gb = weight_bytes(model) / 1e9
-                start = time.perf_counter()
-                cost = forward_costs(model, engine, args.ks, args.context, args.repeats)
-                tps = tokens_per_s(model, engine, args.context, args.new_tokens)
-                costs[shape, dtype, engine] = cost
-                row = {
-                    "shape": shape,
+
+    def model(shape: str, dtype: str, engine: str) -> nn.Module:
+        return with_engine(build(shape, DTYPES[dtype], args.device), engine)
+
+    report["engines"], report["pairs"], costs = [], [], {}
+    for dtype, shape, engine in product(args.dtype, args.shapes, args.engines):
+        m = model(shape, dtype, engine)
+        gb = weight_bytes(m) / 1e9
+        start = time.perf_counter()
+        cost = costs[shape, dtype, engine] = forward_costs(m, engine, args.ks, args.context, args.repeats)
+        tps = tokens_per_s(m, engine, args.context, args.new_tokens)
+        del m
+        report["engines"].append(
+            {
+                "shape": shape,
+                "dtype": dtype,
+                "engine": engine,
+                "weights_gb": gb,
+                "tokens_per_s": tps,
+                "bound_tokens_per_s": bw / gb,
+                "ms_per_forward": cost,
+                "seconds": time.perf_counter() - start,
+            }
+        )
+        ratios = " ".join(f"{cost[k] / cost[1]:.2f}" for k in args.ks)
+        print(
+            f"{shape:10} {dtype:9} {engine:16} {tps:7.1f} tok/s (bound {bw / gb:7.1f}, "
+            f"{tps * gb / bw:4.0%})  1 token {cost[1]:7.2f} ms  k={args.ks[0]}..{args.ks[-1]}: {ratios}",
+            flush=True,
+        )
+    for pair, dtype, engine in product(args.pairs, args.dtype, args.engines):
+        t_shape, d_shape = pair.split(":")
+        target, draft = model(t_shape, dtype, engine), model(d_shape, dtype, engine)
+        t_cost, d_cost = costs.get((t_shape, dtype, engine)), costs.get((d_shape, dtype, engine))
+        for a, gamma in product(args.accept, args.gamma):
+            with compiling(engine):
+                med, low, high, over, acc = oracle_pair(target, draft, a, gamma, 64, args.new_tokens, 5)
+            pred = predicted(a, gamma, t_cost, d_cost) if t_cost and d_cost else None
+            report["pairs"].append(
+                {
+                    "pair": pair,
                     "dtype": dtype,
                     "engine": engine,
-                    "weights_gb": gb,
-                    "tokens_per_s": tps,
-                    "bound_tokens_per_s": bw / gb,
-                    "ms_per_forward": cost,
-                    "seconds": time.perf_counter() - start,
+                    "a": a,
+                    "gamma": gamma,
+                    "speedup": med,
+                    "range": [low, high],
+                    "predicted": pred,
+                    "acceptance": acc,
+                    "overhead_ms_per_round": over,
                 }
-                rows.append(row)
-                ratios = " ".join(f"{cost[k] / cost[1]:.2f}" for k in args.ks)
-                print(
-                    f"{shape:10} {dtype:9} {engine:16} {tps:7.1f} tok/s (bound {bw / gb:7.1f}, "
-                    f"{tps * gb / bw:4.0%})  1 token {cost[1]:7.2f} ms  k={args.ks[0]}..{args.ks[-1]}: {ratios}",
-                    flush=True,
-                )
-                del model
-    report["engines"] = rows
-    report["pairs"] = []
-    for pair in args.pairs:
-        t_shape, d_shape = pair.split(":")
-        for dtype in args.dtype:
-            for engine in args.engines:
-                target = with_engine(build(t_shape, DTYPES[dtype], args.device), engine)
-                draft = with_engine(build(d_shape, DTYPES[dtype], args.device), engine)
-                for a in args.accept:
-                    for gamma in args.gamma:
-                        with compiling(engine):
-                            med, low, high, over, acc = oracle_pair(target, draft, a, gamma, 64, args.new_tokens, 5)
-                        pred = None
-                        if (t_shape, dtype, engine) in costs and (d_shape, dtype, engine) in costs:
-                            pred = predicted(a, gamma, costs[t_shape, dtype, engine], costs[d_shape, dtype, engine])
-                        report["pairs"].append(
-                            {
-                                "pair": pair,
-                                "dtype": dtype,
-                                "engine": engine,
-                                "a": a,
-                                "gamma": gamma,
-                                "speedup": med,
-                                "range": [low, high],
-                                "predicted": pred,
-                                "acceptance": acc,
-                                "overhead_ms_per_round": over,
-                            }
-                        )
-                        ptxt = f"{pred:.2f}x" if pred else "n/a"
-                        print(
-                            f"{pair} {dtype} {engine} a={a} γ={gamma}: sd {med:.2f}x [{low:.2f}, {high:.2f}] "
-                            f"(predicted {ptxt}; acceptance {acc:.2f}; decoder {over:.2f} ms per round)",
-                            flush=True,
-                        )
+            )
+            ptxt = f"{pred:.2f}x" if pred else "n/a"
+            print(
+                f"{pair} {dtype} {engine} a={a} γ={gamma}: sd {med:.2f}x [{low:.2f}, {high:.2f}] "
+                f"(predicted {ptxt}; acceptance {acc:.2f}; decoder {over:.2f} ms per round)",
+                flush=True,
+            )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2, default=str))

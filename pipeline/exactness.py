@@ -50,10 +50,9 @@ def float64_bytes(spec) -> int:
 
     path = resolve(spec)
     files = [f for pattern in ("*.safetensors", "*.bin") for f in path.glob(pattern)]
-    try:
-        stored = json.loads((path / "config.json").read_text()).get("torch_dtype") or "float16"
-    except (OSError, ValueError):
-        stored = "float16"
+    stored = None  # unknown: float16, 2 bytes a parameter
+    with contextlib.suppress(OSError, ValueError):
+        stored = json.loads((path / "config.json").read_text()).get("torch_dtype")
     per_param = {"float32": 4, "float64": 8}.get(str(stored), 2)
     return sum(f.stat().st_size for f in files) * 8 // per_param
 
@@ -69,11 +68,9 @@ def available_bytes() -> int | None:
         ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
         ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
     ):
-        try:
+        with contextlib.suppress(OSError, ValueError):  # no such file, or "max"
             found.append(int(Path(limit).read_text()) - int(Path(usage).read_text()))
             break
-        except (OSError, ValueError):  # no such file, or "max"
-            continue
     return min(found) if found else None
 
 
@@ -92,11 +89,10 @@ def target_logprobs(specs, method: str, method_args: dict, contexts: list[list[i
         model, _ = load_spec(dataclasses.replace(specs[i], dtype="float64", device="cpu", pack=False))
         rows[i] = [model(input_ids=torch.tensor([ctx])).logits[0, -1] for ctx in contexts]
         del model
-    out = []
-    for c in range(len(contexts)):
-        probs = plan.target_fn([rows[i][c][None] for i in plan.members], Sampling.identity())[0]
-        out.append(torch.log(probs))
-    return out
+    greedy = Sampling.identity()
+    return [
+        torch.log(plan.target_fn([rows[i][c][None] for i in plan.members], greedy)[0]) for c in range(len(contexts))
+    ]
 
 
 def check(
@@ -108,11 +104,8 @@ def check(
     near_tie_nats: float = 0.1,
 ) -> dict[str, Any]:
     """The exactness record of a greedy cell: match rate and, per mismatch, position and attribution."""
-    mismatches = []
-    for r in rows:
-        pos = first_divergence(r["token_ids"], r["baseline"]["token_ids"])
-        if pos is not None:
-            mismatches.append((r, pos))
+    divergences = [(r, first_divergence(r["token_ids"], r["baseline"]["token_ids"])) for r in rows]
+    mismatches = [(r, pos) for r, pos in divergences if pos is not None]
     record: dict[str, Any] = {
         "compared": len(rows),
         "identical": len(rows) - len(mismatches),
@@ -132,8 +125,7 @@ def check(
         logprobs = [None] * len(mismatches)
         record["unchecked_reason"] = one_line(err)
     for (r, pos), lp in zip(mismatches, logprobs):
-        a = r["token_ids"][pos] if pos < len(r["token_ids"]) else None
-        b = r["baseline"]["token_ids"][pos] if pos < len(r["baseline"]["token_ids"]) else None
+        a, b = (ids[pos] if pos < len(ids) else None for ids in (r["token_ids"], r["baseline"]["token_ids"]))
         entry = {"id": r["id"], "position": pos, "method_token": a, "baseline_token": b, "gap_nats": None}
         if lp is None:
             entry["attribution"] = "unchecked"

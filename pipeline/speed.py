@@ -84,9 +84,6 @@ class Policy:
     def thresholds(self) -> Thresholds:
         return Thresholds(self.psi_share, self.nivcsw_per_s)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 # ---- ratios and intervals ------------------------------------------------------------------------
 
@@ -208,11 +205,15 @@ def _sum_lists(lists: list[list[int]]) -> list[int]:
     return [sum(column) for column in zip_longest(*lists, fillvalue=0)]
 
 
+def _per_model(stats: list[dict[str, Any]], key: str, n: int) -> list:
+    """``key`` of each of the first ``n`` models, summed over samples (a sample without that model counts 0)."""
+    return [sum(s["models"][i][key] for s in stats if i < len(s["models"])) for i in range(n)]
+
+
 def decoding_metrics(stats: list[dict[str, Any]]) -> dict[str, Any]:
     """τ (overall and per model), acceptance rates and per-position acceptance over a cell's samples."""
     tokens = sum(s["new_tokens"] for s in stats)
-    n_models = max((len(s["models"]) for s in stats), default=0)
-    calls = [sum(s["models"][i]["forward_calls"] for s in stats if i < len(s["models"])) for i in range(n_models)]
+    calls = _per_model(stats, "forward_calls", max((len(s["models"]) for s in stats), default=0))
     tau_by_model = [tokens / c if c else None for c in calls]
     proposers = [m for s in stats for m in [*s["models"], *s.get("proposers", {}).values()]]
     proposed = sum(m["proposed"] for m in proposers)
@@ -242,17 +243,11 @@ def predicted_speedup(rows: list[dict[str, Any]]) -> float | None:
     """
     if not rows or any("baseline" not in r for r in rows):
         return None
-    n = max(len(r["stats"]["models"]) for r in rows)
-    calls_m, time_m, calls_b, time_b = [0] * n, [0.0] * n, [0] * n, [0.0] * n
-    tokens_m = sum(r["stats"]["new_tokens"] for r in rows)
-    tokens_b = sum(r["baseline"]["stats"]["new_tokens"] for r in rows)
-    for r in rows:
-        for i, m in enumerate(r["stats"]["models"]):
-            calls_m[i] += m["forward_calls"]
-            time_m[i] += m["forward_time_s"]
-        for i, m in enumerate(r["baseline"]["stats"]["models"][:n]):
-            calls_b[i] += m["forward_calls"]
-            time_b[i] += m["forward_time_s"]
+    method, base = [r["stats"] for r in rows], [r["baseline"]["stats"] for r in rows]
+    n = max(len(s["models"]) for s in method)
+    calls_m, time_m = _per_model(method, "forward_calls", n), _per_model(method, "forward_time_s", n)
+    calls_b, time_b = _per_model(base, "forward_calls", n), _per_model(base, "forward_time_s", n)
+    tokens_m, tokens_b = sum(s["new_tokens"] for s in method), sum(s["new_tokens"] for s in base)
     cost = [time_b[i] / calls_b[i] if calls_b[i] else time_m[i] / calls_m[i] if calls_m[i] else 0.0 for i in range(n)]
     per_token_m = sum(c * k for c, k in zip(cost, calls_m)) / tokens_m if tokens_m else 0
     per_token_b = sum(c * k for c, k in zip(cost, calls_b)) / tokens_b if tokens_b else 0
@@ -302,7 +297,7 @@ def summarize(rows: list[dict[str, Any]], policy: Policy = Policy(), exactness: 
         **decoding_metrics(stats),
         "overhead": 1 - sum(s["forward_time_s"] for s in stats) / wall if wall else None,
         "confidence": policy.confidence,
-        "policy": policy.to_dict(),
+        "policy": asdict(policy),
     }
     paired = bool(rows) and all("baseline" in r for r in rows)
     if paired:
