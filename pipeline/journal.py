@@ -26,7 +26,7 @@ Check = Callable[[dict[str, Any]], str | None]  # a sample's problem in words, o
 
 
 class Journal:
-    def __init__(self, path: Path, ids: Iterable[str], check: Check | None = None):
+    def __init__(self, path: Path, ids: Iterable[str], check: Check):
         self.path = Path(path)
         self.ids = list(ids)
         self._known = set(self.ids)
@@ -49,7 +49,7 @@ class Journal:
             return None, f"id {sample_id!r} is not an example of this cell"
         if sample_id in seen:
             return None, f"a second line for id {sample_id!r} (the first is kept)"
-        problem = self.check(row) if self.check else None
+        problem = self.check(row)
         return (None, problem) if problem else (sample_id, None)
 
     def recover(self) -> dict[str, bytes]:

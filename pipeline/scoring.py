@@ -49,10 +49,6 @@ def score_file(path: Path, task_name: str, data_dir: str | Path | None = None, w
         scores = list(pool.map(lambda r: task.score(examples[r["id"]], r["output"]), rows))
     lines = "".join(json.dumps({"id": r["id"], **s}) + "\n" for r, s in zip(rows, scores))
     write_atomic(path.with_suffix(".scores.jsonl"), lines)
-    summary: dict[str, Any] = {
-        "task": task_name,
-        "samples": len(rows),
-        **task.aggregate(scores, [r["id"] for r in rows]),
-    }
+    summary = {"task": task_name, "samples": len(rows), **task.aggregate(scores, [r["id"] for r in rows])}
     write_atomic(path.with_suffix(".summary.json"), json.dumps(summary, indent=2) + "\n")
     return summary

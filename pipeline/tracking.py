@@ -66,12 +66,6 @@ class WandbFailed(RuntimeError):
     """Logging a cell failed; the job fails so that the next workflow run retries it (results/ is untouched)."""
 
 
-def _drop_run_dirs(wandb_dir: Path, run_id: str) -> None:
-    """Remove what a run left under ``wandb_dir/wandb`` (a failed init leaves a stub with nothing to sync)."""
-    for path in (wandb_dir / "wandb").glob(f"*run-*-{run_id}"):
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def log_cell(
     samples: Path,
     status: Path,
@@ -188,5 +182,6 @@ def _log_run(samples, dims, cell, experiment, project, entity, mode, wandb_dir, 
         if run is not None:
             with contextlib.suppress(Exception):
                 run.finish(exit_code=1)
-        _drop_run_dirs(wandb_dir, run_id)
+        for path in (wandb_dir / "wandb").glob(f"*run-*-{run_id}"):  # a failed init's stub: nothing to sync
+            shutil.rmtree(path, ignore_errors=True)
         raise
