@@ -154,8 +154,7 @@ def _log_run(samples, dims, cell, experiment, project, entity, mode, wandb_dir, 
             mode=mode,
             settings=wandb.Settings(silent=True, x_disable_stats=True, console="off", init_timeout=timeout),
         )
-        columns = ["id", "output", "new_tokens", "tokens_per_s", "tau", "baseline_output", "score"]
-        table = wandb.Table(columns=columns)
+        table = wandb.Table(columns=["id", "output", "new_tokens", "tokens_per_s", "tau", "baseline_output", "score"])
         for i, row in enumerate(rows):
             st = row["stats"]
             tps = st["new_tokens"] / st["wall_time_s"] if st["wall_time_s"] else None
