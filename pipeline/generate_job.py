@@ -77,8 +77,7 @@ def cell_from_dict(data: dict[str, Any]) -> Cell:
     models = [ModelSpec(m) if isinstance(m, str) else ModelSpec(**m) for m in data.pop("models", [])]
     if not models:
         raise UserError("a cell needs at least one model")
-    unknown = sorted(set(data) - set(Cell.__dataclass_fields__))
-    if unknown:
+    if unknown := sorted(set(data) - set(Cell.__dataclass_fields__)):
         raise UserError(f"unknown cell keys {unknown}; accepted: {', '.join(sorted(Cell.__dataclass_fields__))}")
     return Cell(models=models, **data)
 
@@ -113,8 +112,7 @@ def sample_check(cell: Cell):
         return f"'{where}stats' lacks {missing}" if missing else None
 
     def check(row: dict[str, Any]) -> str | None:
-        missing = [k for k in ("output", "token_ids", "stats") if k not in row]
-        if missing:
+        if missing := [k for k in ("output", "token_ids", "stats") if k not in row]:
             return f"missing fields {missing}"
         if cell.baseline:
             if not isinstance(row.get("baseline"), dict) or not {"output", "token_ids"} <= set(row["baseline"]):

@@ -114,8 +114,7 @@ class Journal:
     def finish(self, out: Path) -> list[dict[str, Any]]:
         """Write every sample to ``out`` in the task's order (atomically); return them. The journal stays."""
         kept = self.recover()
-        missing = [i for i in self.ids if i not in kept]
-        if missing:
+        if missing := [i for i in self.ids if i not in kept]:
             raise ResultsError(f"{self.path}: {len(missing)} samples missing (first: {missing[0]!r})")
         ordered = [kept[i] for i in self.ids]
         write_atomic(out, b"".join(line + b"\n" for line in ordered))

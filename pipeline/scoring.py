@@ -42,8 +42,7 @@ def score_file(path: Path, task_name: str, data_dir: str | Path | None = None, w
     rows = read_generations(path)
     task = get_task(task_name)
     examples = {e.id: e for e in task.load("full", data_dir)}
-    missing = sorted({r["id"] for r in rows} - set(examples))
-    if missing:
+    if missing := sorted({r["id"] for r in rows} - set(examples)):
         raise TaskError(f"{len(missing)} ids of {path.name} are not in task {task_name!r} (first: {missing[0]!r})")
     with ThreadPoolExecutor(max_workers=workers) as pool:
         scores = list(pool.map(lambda r: task.score(examples[r["id"]], r["output"]), rows))

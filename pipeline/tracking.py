@@ -50,8 +50,7 @@ def cell_metrics(samples: Path) -> dict[str, Any]:
     out = {f"speed/{k}": v for k, v in speed.items() if isinstance(v, int | float)}
     if speed.get("flags") is not None:
         out["speed/flags"] = "; ".join(speed["flags"])
-    exact = speed.get("exactness")
-    if exact:
+    if exact := speed.get("exactness"):
         out["exactness/rate"] = exact["rate"]
         out["exactness/numerics"] = exact.get("numerics", 0)
         out["exactness/bugs"] = exact.get("bugs", 0)

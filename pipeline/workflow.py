@@ -146,11 +146,9 @@ def _accepted(error, schema: dict[str, Any]) -> str:
 def schema_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
     """Every schema violation of ``config``, one line each (empty: valid)."""
     lines = []
-    bad = non_finite(config)
-    if bad:
+    if bad := non_finite(config):
         lines.append(f"config key {_key(bad[0])}: {bad[1]} is not accepted; expected a finite number")
-    validator = _validator(schema)
-    for error in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path))):
+    for error in sorted(_validator(schema).iter_errors(config), key=lambda e: list(map(str, e.absolute_path))):
         where = _key(error.absolute_path)
         if error.validator == "additionalProperties":
             allowed = sorted(error.schema.get("properties", {}))
@@ -191,8 +189,7 @@ def check_config(config: dict[str, Any], schema: dict[str, Any] | None = None) -
     from tasks import TASKS
 
     schema = schema or load_schema()
-    errors = schema_errors(config, schema)
-    if errors:
+    if errors := schema_errors(config, schema):
         raise ConfigError(errors[0])
     config = fill_defaults(copy.deepcopy(config), schema)
     models = config["models"]
