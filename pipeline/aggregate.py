@@ -150,18 +150,15 @@ def _best(df: pd.DataFrame, value: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     d = df.dropna(subset=[value])
     if d.empty:
         return pd.DataFrame(), pd.DataFrame()
-    idx = d.groupby([*ROW, "dataset"])[value].idxmax()
-    best = d.loc[idx]
-    num = best.pivot_table(index=ROW, columns="dataset", values=value, aggfunc="first")
+    best = d.loc[d.groupby([*ROW, "dataset"])[value].idxmax()]
 
     def text(r):
         g = f" (γ={r['gamma']})" if r["gamma"] else ""
         low, high = r.get(f"{value}_low"), r.get(f"{value}_high")
         return fmt(r[value], low, high) + g + (" (unstable)" if r[f"{value}_unstable"] else "")
 
-    txt = best.assign(_t=best.apply(text, axis=1)).pivot_table(
-        index=ROW, columns="dataset", values="_t", aggfunc="first"
-    )
+    best = best.assign(_t=best.apply(text, axis=1))
+    num, txt = (best.pivot_table(index=ROW, columns="dataset", values=v, aggfunc="first") for v in (value, "_t"))
     return num, txt
 
 
