@@ -80,7 +80,7 @@ def collect(results: Path) -> pd.DataFrame:
             "unstable": bool(speed.get("unstable")),
             "flags": "; ".join(speed.get("flags", [])),
         }
-        rec.update({k: derived[k] if k in derived else speed.get(k) for k in COLUMNS})
+        rec.update({k: derived.get(k, speed.get(k)) for k in COLUMNS})
         for category, c in (speed.get("by_category") or {}).items():
             rec[f"cat:{category}"] = c.get("speedup_side_by_side")
             rec[f"cat:{category}:tps"] = c["tokens_per_s"]
@@ -150,18 +150,15 @@ def _best(df: pd.DataFrame, value: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     d = df.dropna(subset=[value])
     if d.empty:
         return pd.DataFrame(), pd.DataFrame()
-    idx = d.groupby([*ROW, "dataset"])[value].idxmax()
-    best = d.loc[idx]
-    num = best.pivot_table(index=ROW, columns="dataset", values=value, aggfunc="first")
+    best = d.loc[d.groupby([*ROW, "dataset"])[value].idxmax()]
 
     def text(r):
         g = f" (γ={r['gamma']})" if r["gamma"] else ""
         low, high = r.get(f"{value}_low"), r.get(f"{value}_high")
         return fmt(r[value], low, high) + g + (" (unstable)" if r[f"{value}_unstable"] else "")
 
-    txt = best.assign(_t=best.apply(text, axis=1)).pivot_table(
-        index=ROW, columns="dataset", values="_t", aggfunc="first"
-    )
+    best = best.assign(_t=best.apply(text, axis=1))
+    num, txt = (best.pivot_table(index=ROW, columns="dataset", values=v, aggfunc="first") for v in (value, "_t"))
     return num, txt
 
 
@@ -207,18 +204,15 @@ def _savefig(fig, path: Path) -> Path:
     return path
 
 
-def _errorbar(ax, x, rows: pd.DataFrame, columns: str, label, **kw):
+def _errorbar(ax, x, rows: pd.DataFrame, columns: str, label, **kw) -> None:
     """Points with their intervals (``columns``: the value's, the low end's and the high end's); unstable cells
     hollow."""
     y, low, high = (rows[c] for c in columns.split())
-    unstable = rows["unstable"]
     yerr = [(y - low).fillna(0).clip(lower=0), (high - y).fillna(0).clip(lower=0)]
     line = ax.errorbar(x, y, yerr=yerr, marker="o", capsize=3, label=label, **kw)
-    color = line[0].get_color()
-    hollow = unstable.astype(bool).to_numpy()
+    hollow = rows["unstable"].astype(bool).to_numpy()
     if hollow.any():
-        ax.scatter(x[hollow], y[hollow], s=70, facecolors="white", edgecolors=color, zorder=3)
-    return line
+        ax.scatter(x[hollow], y[hollow], s=70, facecolors="white", edgecolors=line[0].get_color(), zorder=3)
 
 
 def plot_speedup_vs_gamma(df: pd.DataFrame, path: Path) -> Path | None:
@@ -265,25 +259,22 @@ def _peers(df: pd.DataFrame, results: Path) -> pd.DataFrame:
     """Ours over transformers' own methods (``hf_*``): each speculative cell of ours against each peer cell of
     the same model set, dataset and T, as the ratio of their side-by-side speed-ups (``relative_speedup``)."""
     peers, ours = df[df["kind"] == "peer"], df[df["kind"].isin(["sd", "se"])]
-    out, key = [], ["model_set", "dataset", "temperature"]
+    out, key, generations = [], ["model_set", "dataset", "temperature"], results / "generations"
 
-    def rows(cell_id: str) -> list[dict[str, Any]]:
-        return read_jsonl(results / "generations" / f"{cell_id}.jsonl")
+    def label(r) -> str:
+        return f"{r['method']} (γ={r['gamma']})"
 
     for _, p in peers.iterrows():
-        theirs = rows(p["id"])
-        policy = Policy.from_dict(json.loads((results / "generations" / f"{p['id']}.speed.json").read_text())["policy"])
+        theirs = read_jsonl(generations / f"{p['id']}.jsonl")
+        policy = Policy.from_dict(json.loads((generations / f"{p['id']}.speed.json").read_text())["policy"])
         for _, o in ours[(ours[key] == p[key]).all(axis=1)].iterrows():
-            ratio = relative_speedup(rows(o["id"]), theirs, policy)
+            ratio = relative_speedup(read_jsonl(generations / f"{o['id']}.jsonl"), theirs, policy)
             if ratio is not None:
                 text = fmt(*ratio, unstable=bool(o["unstable"] or p["unstable"]))
-                out.append((o["model_set"], o["T"], o["dataset"], f"{o['method']} (γ={o['gamma']})", p, text))
+                out.append((o["model_set"], o["T"], o["dataset"], label(o), label(p), text))
     if not out:
         return pd.DataFrame()
-    table = pd.DataFrame(
-        [(*o[:4], f"{o[4]['method']} (γ={o[4]['gamma']})", o[5]) for o in out],
-        columns=["model_set", "T", "dataset", "ours", "peer", "ours_over_peer"],
-    )
+    table = pd.DataFrame(out, columns=["model_set", "T", "dataset", "ours", "peer", "ours_over_peer"])
     return table.pivot_table(
         index=["model_set", "T", "dataset", "ours"], columns="peer", values="ours_over_peer", aggfunc="first"
     )
@@ -389,13 +380,13 @@ def aggregate(results: Path) -> list[Path]:
     if not cats.empty:
         caption = f"Spec-Bench's six categories: speed-up over the standard method [{conf} interval], and τ.\n"
         tables.append(("spec_bench_categories", "Spec-Bench by category", caption, cats, _md(cats)))
-    flagged = df[df["unstable"]][["id", "samples", "pairs_interfered", "pairs_remeasured", "flags"]]
+    flagged = df[df["unstable"]][["id", "samples", "pairs_interfered", "pairs_remeasured", "flags"]].set_index("id")
     caption = (
         "Cells whose speed-up should not be trusted as it stands: interval wider than the bound, too many pairs "
         "interfered with after re-measuring, samples timed on different machines, or a measured speed-up far "
         "from the cost model's prediction. Run them again on a quiet machine (delete their generations).\n"
     )
-    tables.append(("flags", "Flags", caption, flagged.set_index("id"), _md(flagged.set_index("id"))))
+    tables.append(("flags", "Flags", caption, flagged, _md(flagged)))
     for name, title, caption, numbers, markdown in tables:
         write_atomic(out / f"{name}.csv", numbers.to_csv())
         write_atomic(out / f"{name}.md", markdown)

@@ -143,12 +143,17 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_json(path: str, what: str):
+    """A JSON file's content; a one-line UserError naming the file (``what`` it is) when it cannot be read."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise UserError(f"{what} {path}: {err}") from None
+
+
 def read_cell_file(path: str) -> dict:
     """A cell file: ``{"cell": {...}, "dims": {...}}`` as the workflow writes it."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise UserError(f"cell file {path}: {err}") from None
+    data = _read_json(path, "cell file")
     if not isinstance(data, dict) or not isinstance(data.get("cell"), dict):
         raise UserError(f'cell file {path}: expected an object {{"cell": {{...}}, "dims": {{...}}}}')
     return data
@@ -160,10 +165,7 @@ def load_cell(path: str, timing_file: str | None):
 
     data = read_cell_file(path)["cell"]
     if timing_file:
-        try:
-            data = {**data, "timing": json.loads(Path(timing_file).read_text())}
-        except (OSError, json.JSONDecodeError) as err:
-            raise UserError(f"timing file {timing_file}: {err}") from None
+        data = {**data, "timing": _read_json(timing_file, "timing file")}
     try:
         return cell_from_dict(data)
     except TypeError as err:

@@ -20,6 +20,7 @@ import hashlib
 import json
 import platform
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -76,8 +77,7 @@ def cell_from_dict(data: dict[str, Any]) -> Cell:
     models = [ModelSpec(m) if isinstance(m, str) else ModelSpec(**m) for m in data.pop("models", [])]
     if not models:
         raise UserError("a cell needs at least one model")
-    unknown = sorted(set(data) - set(Cell.__dataclass_fields__))
-    if unknown:
+    if unknown := sorted(set(data) - set(Cell.__dataclass_fields__)):
         raise UserError(f"unknown cell keys {unknown}; accepted: {', '.join(sorted(Cell.__dataclass_fields__))}")
     return Cell(models=models, **data)
 
@@ -112,8 +112,7 @@ def sample_check(cell: Cell):
         return f"'{where}stats' lacks {missing}" if missing else None
 
     def check(row: dict[str, Any]) -> str | None:
-        missing = [k for k in ("output", "token_ids", "stats") if k not in row]
-        if missing:
+        if missing := [k for k in ("output", "token_ids", "stats") if k not in row]:
             return f"missing fields {missing}"
         if cell.baseline:
             if not isinstance(row.get("baseline"), dict) or not {"output", "token_ids"} <= set(row["baseline"]):
@@ -157,46 +156,19 @@ def run_cell(
     log = Journal(journal, [ex.id for ex in examples], sample_check(cell))
     done = log.recover()  # before the models load: a journal problem costs nothing
     models, tokenizer = load_set(cell.models)
-    write_atomic(
-        out.with_suffix(".meta.json"),
-        json.dumps(
-            {
-                "environment": environment(),
-                "cell": {
-                    **{k: v for k, v in cell.__dict__.items() if k not in ("models", "policy")},
-                    "models": [m.name for m in cell.models],
-                },
-            },
-            indent=2,
-            default=str,
-        )
-        + "\n",
-    )
-
-    def run(method: str, args: dict, prompt_ids: list[int], stops: list[str], seed: int, max_new: int):
-        return generate(
-            models,
-            prompt_ids,
-            method,
-            gamma=cell.gamma,
-            gamma_schedule=cell.gamma_schedule,  # methods that do not speculate ignore it
-            max_new_tokens=max_new,
-            temperature=cell.temperature,
-            top_k=cell.top_k,
-            top_p=cell.top_p,
-            method_args=args,
-            seed=seed,
-            eos_token_id=tokenizer.eos_token_id,
-            stop_strings=stops,
-            tokenizer=tokenizer,
-        )
+    settings = {k: v for k, v in cell.__dict__.items() if k not in ("models", "policy")}
+    meta = {"environment": environment(), "cell": {**settings, "models": [m.name for m in cell.models]}}
+    write_atomic(out.with_suffix(".meta.json"), json.dumps(meta, indent=2, default=str) + "\n")
+    sampling = {k: settings[k] for k in ("gamma", "gamma_schedule", "max_new_tokens", "temperature", "top_k", "top_p")}
+    # every run of the cell: its models and settings (methods that do not speculate ignore gamma_schedule)
+    run = partial(generate, models, eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer, **sampling)
 
     rendered = [(ex, *render(task, ex, tokenizer, cell.chat)) for ex in examples]
     prompts = {ex.id: tokenizer(prompt).input_ids for ex, prompt, _ in rendered}
     first_ids = prompts[rendered[0][0].id]
-    run(cell.method, cell.method_args, first_ids, [], cell.seed, 8)  # warm-up, not recorded
+    run(first_ids, cell.method, method_args=cell.method_args, seed=cell.seed, max_new_tokens=8)  # warm-up, not recorded
     if cell.baseline:
-        run(cell.baseline, cell.baseline_args, first_ids, [], cell.seed, 8)
+        run(first_ids, cell.baseline, method_args=cell.baseline_args, seed=cell.seed, max_new_tokens=8)
     compile_ahead(models, [len(p) + cell.max_new_tokens + 1 for p in prompts.values()])
     here = provenance(next(models[0].parameters()).device, {engine_of(m)[0] for m in models})
     todo = [(i, r) for i, r in enumerate(rendered) if r[0].id not in done]
@@ -223,7 +195,9 @@ def run_cell(
             outcome, timing = {}, {}
             for role, method, args in order:
                 with Probe() as probe:
-                    outcome[role] = run(method, args, prompts[ex.id], stops, cell.seed + i, cell.max_new_tokens)
+                    outcome[role] = run(
+                        prompts[ex.id], method, method_args=args, seed=cell.seed + i, stop_strings=stops
+                    )
                 timing[role] = {**probe.result, "interfered": cell.policy.thresholds.interfered(probe.result)}
             attempts.append({"interfered": any(t["interfered"] for t in timing.values()), **timing})
             results.append(outcome)
@@ -295,7 +269,6 @@ def interference(attempt: dict[str, Any], policy: Policy) -> float:
     return worst
 
 
-def speed_summary(rows: list[dict[str, Any]] | Path, policy: Policy | None = None) -> dict[str, Any]:
-    """The speed summary of a generations file or its rows (``speed.summarize``)."""
-    rows = read_jsonl(rows) if isinstance(rows, Path) else rows
-    return summarize(rows, policy or Policy())
+def speed_summary(path: Path) -> dict[str, Any]:
+    """The speed summary of a generations file (``speed.summarize``, default timing policy)."""
+    return summarize(read_jsonl(path), Policy())

@@ -26,7 +26,7 @@ Check = Callable[[dict[str, Any]], str | None]  # a sample's problem in words, o
 
 
 class Journal:
-    def __init__(self, path: Path, ids: Iterable[str], check: Check | None = None):
+    def __init__(self, path: Path, ids: Iterable[str], check: Check):
         self.path = Path(path)
         self.ids = list(ids)
         self._known = set(self.ids)
@@ -49,7 +49,7 @@ class Journal:
             return None, f"id {sample_id!r} is not an example of this cell"
         if sample_id in seen:
             return None, f"a second line for id {sample_id!r} (the first is kept)"
-        problem = self.check(row) if self.check else None
+        problem = self.check(row)
         return (None, problem) if problem else (sample_id, None)
 
     def recover(self) -> dict[str, bytes]:
@@ -114,8 +114,7 @@ class Journal:
     def finish(self, out: Path) -> list[dict[str, Any]]:
         """Write every sample to ``out`` in the task's order (atomically); return them. The journal stays."""
         kept = self.recover()
-        missing = [i for i in self.ids if i not in kept]
-        if missing:
+        if missing := [i for i in self.ids if i not in kept]:
             raise ResultsError(f"{self.path}: {len(missing)} samples missing (first: {missing[0]!r})")
         ordered = [kept[i] for i in self.ids]
         write_atomic(out, b"".join(line + b"\n" for line in ordered))

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from tasks.base import cut_at_stops
 
 from .decoding import generate
-from .models import ModelSpec, load_set, parse_model
+from .models import load_set, parse_model
 
 IGNORED = {"batch_size", "max_batch_size", "device"}  # lm-eval passes these to every model
 
@@ -46,16 +46,14 @@ class SpecEnsLM(LM):
         **kwargs: Any,
     ):
         super().__init__()
-        specs: list[ModelSpec] = [parse_model(m) for m in _split(models)]
-        self.models, self.tokenizer = load_set(specs)
+        self.models, self.tokenizer = load_set([parse_model(m) for m in _split(models)])
         self.method = method
         self.gamma = _split(gamma, int) if "+" in str(gamma) else int(gamma)
         self.seed = seed
         self.max_gen_toks = max_gen_toks
-        args = {k: v for k, v in kwargs.items() if k not in IGNORED}
-        if "weights" in args:
-            args["weights"] = _split(args["weights"], float)
-        self.method_args = args
+        self.method_args = {k: v for k, v in kwargs.items() if k not in IGNORED}
+        if "weights" in self.method_args:
+            self.method_args["weights"] = _split(self.method_args["weights"], float)
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         out = []
@@ -63,14 +61,13 @@ class SpecEnsLM(LM):
             context, gen_kwargs = request.args
             until = gen_kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
-            do_sample = gen_kwargs.get("do_sample", False)
             result = generate(
                 self.models,
                 self.tokenizer(context).input_ids,
                 self.method,
                 gamma=self.gamma,
                 max_new_tokens=int(gen_kwargs.get("max_gen_toks", self.max_gen_toks)),
-                temperature=float(gen_kwargs.get("temperature", 1.0 if do_sample else 0.0)) if do_sample else 0.0,
+                temperature=float(gen_kwargs.get("temperature", 1.0)) if gen_kwargs.get("do_sample", False) else 0.0,
                 top_p=float(gen_kwargs.get("top_p", 1.0)),
                 top_k=int(gen_kwargs.get("top_k", 0) or 0),
                 method_args=self.method_args,

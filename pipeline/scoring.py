@@ -42,17 +42,12 @@ def score_file(path: Path, task_name: str, data_dir: str | Path | None = None, w
     rows = read_generations(path)
     task = get_task(task_name)
     examples = {e.id: e for e in task.load("full", data_dir)}
-    missing = sorted({r["id"] for r in rows} - set(examples))
-    if missing:
+    if missing := sorted({r["id"] for r in rows} - set(examples)):
         raise TaskError(f"{len(missing)} ids of {path.name} are not in task {task_name!r} (first: {missing[0]!r})")
     with ThreadPoolExecutor(max_workers=workers) as pool:
         scores = list(pool.map(lambda r: task.score(examples[r["id"]], r["output"]), rows))
     lines = "".join(json.dumps({"id": r["id"], **s}) + "\n" for r, s in zip(rows, scores))
     write_atomic(path.with_suffix(".scores.jsonl"), lines)
-    summary: dict[str, Any] = {
-        "task": task_name,
-        "samples": len(rows),
-        **task.aggregate(scores, [r["id"] for r in rows]),
-    }
+    summary = {"task": task_name, "samples": len(rows), **task.aggregate(scores, [r["id"] for r in rows])}
     write_atomic(path.with_suffix(".summary.json"), json.dumps(summary, indent=2) + "\n")
     return summary

@@ -50,8 +50,7 @@ def cell_metrics(samples: Path) -> dict[str, Any]:
     out = {f"speed/{k}": v for k, v in speed.items() if isinstance(v, int | float)}
     if speed.get("flags") is not None:
         out["speed/flags"] = "; ".join(speed["flags"])
-    exact = speed.get("exactness")
-    if exact:
+    if exact := speed.get("exactness"):
         out["exactness/rate"] = exact["rate"]
         out["exactness/numerics"] = exact.get("numerics", 0)
         out["exactness/bugs"] = exact.get("bugs", 0)
@@ -64,12 +63,6 @@ def cell_metrics(samples: Path) -> dict[str, Any]:
 
 class WandbFailed(RuntimeError):
     """Logging a cell failed; the job fails so that the next workflow run retries it (results/ is untouched)."""
-
-
-def _drop_run_dirs(wandb_dir: Path, run_id: str) -> None:
-    """Remove what a run left under ``wandb_dir/wandb`` (a failed init leaves a stub with nothing to sync)."""
-    for path in (wandb_dir / "wandb").glob(f"*run-*-{run_id}"):
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def log_cell(
@@ -160,8 +153,7 @@ def _log_run(samples, dims, cell, experiment, project, entity, mode, wandb_dir, 
             mode=mode,
             settings=wandb.Settings(silent=True, x_disable_stats=True, console="off", init_timeout=timeout),
         )
-        columns = ["id", "output", "new_tokens", "tokens_per_s", "tau", "baseline_output", "score"]
-        table = wandb.Table(columns=columns)
+        table = wandb.Table(columns=["id", "output", "new_tokens", "tokens_per_s", "tau", "baseline_output", "score"])
         for i, row in enumerate(rows):
             st = row["stats"]
             tps = st["new_tokens"] / st["wall_time_s"] if st["wall_time_s"] else None
@@ -188,5 +180,6 @@ def _log_run(samples, dims, cell, experiment, project, entity, mode, wandb_dir, 
         if run is not None:
             with contextlib.suppress(Exception):
                 run.finish(exit_code=1)
-        _drop_run_dirs(wandb_dir, run_id)
+        for path in (wandb_dir / "wandb").glob(f"*run-*-{run_id}"):  # a failed init's stub: nothing to sync
+            shutil.rmtree(path, ignore_errors=True)
         raise

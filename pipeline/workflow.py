@@ -12,6 +12,7 @@ first model alone and is shared by every set that starts with it.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import math
 import sys
@@ -23,16 +24,7 @@ import yaml
 from .errors import UserError
 
 SCHEMA = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "config.schema.yaml"
-GRID_KEYS = (
-    "datasets",
-    "gamma",
-    "gamma_schedule",
-    "temperature",
-    "max_new_tokens",
-    "method_args",
-    "proposer",
-    "se_large_gamma",
-)
+GRID_KEYS = "datasets gamma gamma_schedule temperature max_new_tokens method_args proposer se_large_gamma".split()
 
 
 class ConfigError(UserError):
@@ -154,25 +146,21 @@ def _accepted(error, schema: dict[str, Any]) -> str:
 def schema_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
     """Every schema violation of ``config``, one line each (empty: valid)."""
     lines = []
-    bad = non_finite(config)
-    if bad:
+    if bad := non_finite(config):
         lines.append(f"config key {_key(bad[0])}: {bad[1]} is not accepted; expected a finite number")
-    validator = _validator(schema)
-    for error in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path))):
+    for error in sorted(_validator(schema).iter_errors(config), key=lambda e: list(map(str, e.absolute_path))):
         where = _key(error.absolute_path)
         if error.validator == "additionalProperties":
             allowed = sorted(error.schema.get("properties", {}))
             extra = sorted(set(error.instance) - set(allowed))
             place = "" if where == "(top level)" else f" in {where}"
             lines.append(f"unknown config key {extra[0]!r}{place}; accepted: {', '.join(allowed)}")
-            continue
-        if error.validator == "required":
+        elif error.validator == "required":
             lines.append(f"config key {where}: {error.message}; it needs {_accepted(error, schema)}")
-            continue
-        value = json.dumps(error.instance, default=str)
-        if len(value) > 60:
-            value = value[:57] + "..."
-        lines.append(f"config key {where}: {value} is not accepted; expected {_accepted(error, schema)}")
+        else:
+            value = json.dumps(error.instance, default=str)
+            value = value[:57] + "..." if len(value) > 60 else value
+            lines.append(f"config key {where}: {value} is not accepted; expected {_accepted(error, schema)}")
     return lines
 
 
@@ -201,8 +189,7 @@ def check_config(config: dict[str, Any], schema: dict[str, Any] | None = None) -
     from tasks import TASKS
 
     schema = schema or load_schema()
-    errors = schema_errors(config, schema)
-    if errors:
+    if errors := schema_errors(config, schema):
         raise ConfigError(errors[0])
     config = fill_defaults(copy.deepcopy(config), schema)
     models = config["models"]
@@ -317,15 +304,13 @@ def check_local(config: dict[str, Any], cells: dict[str, dict[str, Any]]) -> Non
             raise ConfigError(f"config key datasets.{cell['task']}: cannot read its data: {err}") from None
 
 
-def fill_defaults(config: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
-    """Fill top-level defaults from the schema (what Snakemake's ``validate(set_default=True)`` does)."""
+def fill_defaults(config: dict[str, Any], schema: dict[str, Any], depth: int = 2) -> dict[str, Any]:
+    """Fill defaults from the schema, top level and one below (as Snakemake's ``validate(set_default=True)``)."""
     for key, sub in schema["properties"].items():
         if key not in config and "default" in sub:
             config[key] = copy.deepcopy(sub["default"])
-        if isinstance(config.get(key), dict) and "properties" in sub:
-            for k, s in sub["properties"].items():
-                if k not in config[key] and "default" in s:
-                    config[key][k] = copy.deepcopy(s["default"])
+        if depth > 1 and isinstance(config.get(key), dict) and "properties" in sub:
+            fill_defaults(config[key], sub, depth - 1)
     return config
 
 
@@ -339,14 +324,9 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 spec = _spec(method)
                 if not spec.fits(len(members), g["proposer"]):
                     continue
-                base, kind, speculative = spec.base, spec.kind, spec.speculative
-                if method == "large_model":
-                    names, label = members[:1], members[0]
-                elif method == "small_model":
-                    names, label = members[-1:], members[-1]
-                else:
-                    names, label = list(members), set_name
-                gammas = _gammas(g["gamma"], kind, len(names), grid["name"]) if speculative else [None]
+                alone = {"large_model": members[:1], "small_model": members[-1:]}.get(method)  # one model of the set
+                names, label = (alone, alone[0]) if alone else (list(members), set_name)
+                gammas = _gammas(g["gamma"], spec.kind, len(names), grid["name"]) if spec.speculative else [None]
                 if not gammas:
                     raise ConfigError(
                         f"config key gamma: {g['gamma']} has no integer for {method!r} (grid {grid['name']!r}); "
@@ -360,14 +340,14 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
                     spec.check(len(names), args, restricted)
                 except ValueError as err:
                     raise ConfigError(f"grid {grid['name']!r}, set {set_name!r}: {err}") from None
+                schedules = g["gamma_schedule"] if spec.kind in ("sd", "se") else ["fixed"]  # ours only
                 for dataset, dopts in g["datasets"].items():
                     for t in g["temperature"]:
                         try:
                             spec.check_temperature(float(t))
                         except ValueError as err:
                             raise ConfigError(f"grid {grid['name']!r}: {err}") from None
-                        schedules = g["gamma_schedule"] if kind in ("sd", "se") else ["fixed"]  # ours only
-                        for gamma, schedule in [(gm, sc) for gm in gammas for sc in schedules]:
+                        for gamma, schedule in itertools.product(gammas, schedules):
                             cell_id, cell = _cell(
                                 config, g, spec, args, names, label, dataset, dopts, t, gamma, schedule
                             )
@@ -379,12 +359,12 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
                                 "models": names,
                                 "large_model": names[0] if method != "small_model" else None,
                                 "method": method,
-                                "family": base if base not in ("large_model", "small_model") else "single",
-                                "kind": kind,
+                                "family": spec.base if spec.base not in ("large_model", "small_model") else "single",
+                                "kind": spec.kind,
                                 "dataset": dataset,
                                 "temperature": float(t),
-                                "gamma": _fmt_gamma(cell["gamma"], schedule) if speculative else None,
-                                "gamma_schedule": schedule if speculative else None,
+                                "gamma": _fmt_gamma(cell["gamma"], schedule) if spec.speculative else None,
+                                "gamma_schedule": schedule if spec.speculative else None,
                                 "baseline": cell.get("baseline"),
                                 "standard": _standard(spec),
                             }
@@ -477,8 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    for cell_id in cells:
-        print(cell_id)
+    print("\n".join(cells))
     print(f"{len(cells)} cells", file=sys.stderr)
     return 0
 
