@@ -19,6 +19,12 @@ each engine, it measures:
   γ·c_draft(1) + c_target(γ+1)), and the decoder's own time per round (wall
   time outside model forwards).
 
+The engines of one shape are all built and compiled first, then measured
+in rounds, the order rotated each round, so that a drift of a shared machine
+hits every engine alike; each engine after the first gets its speed-up over
+the first (tokens/s and a one-token forward) with a 95% paired-bootstrap
+interval over rounds.
+
 Engines: ``eager`` (transformers, dynamic cache), ``eager+pack`` (oneDNN
 prepacked linears, CPU), ``compiled`` (static cache, ``torch.compile``:
 CUDA graphs on a GPU, inductor on a CPU), ``compiled+freeze`` (inductor
@@ -50,6 +56,8 @@ from .decoding import generate
 from .decoding.runner import set_engine
 from .decoding.static import make_runner
 from .decoding.stats import ModelStats
+from .speed import fmt as speed_fmt
+from .speed import ratio_interval
 
 SHAPES = {  # Llama-shaped: hidden, layers, heads, kv heads, intermediate, vocabulary
     "tiny": (64, 2, 4, 2, 128, 512),
@@ -114,31 +122,65 @@ def bandwidth(device: torch.device, mib: int = 1024, repeats: int = 10) -> float
     return 2 * src.numel() * repeats / (time.perf_counter() - start) / 1e9
 
 
+class Probe:
+    """One model on one engine, made ready to measure: every graph compiled, a runner holding ``context``
+    tokens (forwards of k new tokens after them) and a prompt for generations of ``new`` tokens."""
+
+    def __init__(self, model: nn.Module, engine: str, ks: list[int], context: int, new: int = 0):
+        self.model, self.engine, self.ks, self.context = model, engine, ks, context
+        rng = random.Random(1)
+        self.ids = [rng.randrange(model.config.vocab_size) for _ in range(context + max(ks))]
+        device = next(model.parameters()).device
+        with compiling(engine), torch.inference_mode():
+            self.runner = make_runner(model, model.config.vocab_size, ModelStats(), context + max(ks) + 1, device)
+            self.runner.extend(self.ids[:context], 1)
+        if new:
+            self.generation(new)  # warm-up, and the graphs of a generation's cache size
+
+    def forwards(self) -> dict[int, float]:
+        """Seconds of one forward of each k new tokens."""
+        out = {}
+        with compiling(self.engine), torch.inference_mode():
+            for k in self.ks:
+                start = time.perf_counter()
+                self.runner.extend(self.ids[self.context : self.context + k], 1)  # synchronises the device
+                out[k] = time.perf_counter() - start
+                self.runner.crop(self.context)
+        return out
+
+    def generation(self, new: int) -> tuple[int, float]:
+        """(new tokens, wall seconds) of ``large_model`` decoding after the context as a prompt."""
+        with compiling(self.engine):
+            stats = generate([self.model], self.ids[: self.context], "large_model", max_new_tokens=new).stats
+        return stats.new_tokens, stats.wall_time_s
+
+
+def interleaved(probes: list[Probe], repeats: int, new: int) -> tuple[dict, dict]:
+    """Every probe's forwards and one generation in turn, the order rotated each round, after two warm-up
+    rounds, so that a drift of a shared machine hits every engine alike. Returns, by engine, the seconds of
+    each k's forwards and the (tokens, seconds) of each generation."""
+    forwards = {p.engine: {k: [] for k in p.ks} for p in probes}
+    runs: dict[str, list] = {p.engine: [] for p in probes}
+    for rep in range(repeats + 2):
+        for p in probes[rep % len(probes) :] + probes[: rep % len(probes)]:
+            times, run = p.forwards(), p.generation(new) if new else None
+            if rep >= 2:
+                for k, seconds in times.items():
+                    forwards[p.engine][k].append(seconds)
+                runs[p.engine].append(run)
+    return forwards, runs
+
+
 def forward_costs(model: nn.Module, engine: str, ks: list[int], context: int, repeats: int) -> dict[int, float]:
     """Median ms of one forward of k new tokens after ``context`` tokens, k interleaved."""
-    device = next(model.parameters()).device
-    vocab = model.config.vocab_size
-    ids = [random.Random(1).randrange(vocab) for _ in range(context + max(ks))]
-    times: dict[int, list[float]] = {k: [] for k in ks}
-    with compiling(engine), torch.inference_mode():
-        runner = make_runner(model, vocab, ModelStats(), context + max(ks) + 1, device)
-        runner.extend(ids[:context], 1)
-        for rep in range(repeats + 2):
-            for k in ks:
-                start = time.perf_counter()
-                runner.extend(ids[context : context + k], 1)  # synchronises the device before returning
-                if rep >= 2:  # two warm-up rounds
-                    times[k].append((time.perf_counter() - start) * 1000)
-                runner.crop(context)
-    return {k: statistics.median(v) for k, v in times.items()}
+    forwards, _ = interleaved([Probe(model, engine, ks, context)], repeats, 0)
+    return {k: statistics.median(v) * 1000 for k, v in forwards[engine].items()}
 
 
-def tokens_per_s(model: nn.Module, engine: str, prompt_len: int, new: int) -> float:
-    prompt = [random.Random(2).randrange(model.config.vocab_size) for _ in range(prompt_len)]
-    with compiling(engine):
-        generate([model], prompt, "large_model", max_new_tokens=8)  # warm-up (and compilation)
-        result = generate([model], prompt, "large_model", max_new_tokens=new)
-    return result.stats.new_tokens / result.stats.wall_time_s
+def speedup(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> list[float | None]:
+    """[ratio, low, high]: ``a``'s tokens per second over ``b``'s, paired by round, with its 95% interval."""
+    ratio = (sum(t for t, _ in a) / sum(w for _, w in a)) / (sum(t for t, _ in b) / sum(w for _, w in b))
+    return [ratio, *ratio_interval(*zip(*a), *zip(*b))[:2]]
 
 
 class OracleDraft(nn.Module):
@@ -172,7 +214,8 @@ class OracleDraft(nn.Module):
 
 def oracle_pair(target: nn.Module, draft: nn.Module, a: float, gamma: int, prompt_len: int, new: int, repeats: int):
     """``sd`` over ``large_model`` (median of interleaved runs) for an oracle draft of acceptance ``a``."""
-    prompt = [random.Random(3).randrange(target.config.vocab_size) for _ in range(prompt_len)]
+    rng = random.Random(3)
+    prompt = [rng.randrange(target.config.vocab_size) for _ in range(prompt_len)]
     reference = prompt + generate([target], prompt, "large_model", max_new_tokens=new).token_ids
     oracle = OracleDraft(draft, reference, a)
     kw = dict(max_new_tokens=new, gamma=gamma, method_args={"proposer": "draft"})
@@ -225,15 +268,16 @@ def main(argv: list[str] | None = None) -> int:
         return with_engine(build(shape, DTYPES[dtype], args.device), engine)
 
     report["engines"], report["pairs"], costs = [], [], {}
-    for dtype, shape, engine in product(args.dtype, args.shapes, args.engines):
-        m = model(shape, dtype, engine)
-        gb = weight_bytes(m) / 1e9
+    for dtype, shape in product(args.dtype, args.shapes):
         start = time.perf_counter()
-        cost = costs[shape, dtype, engine] = forward_costs(m, engine, args.ks, args.context, args.repeats)
-        tps = tokens_per_s(m, engine, args.context, args.new_tokens)
-        del m
-        report["engines"].append(
-            {
+        probes = [Probe(model(shape, dtype, e), e, args.ks, args.context, args.new_tokens) for e in args.engines]
+        gb = weight_bytes(probes[0].model) / 1e9
+        forwards, runs = interleaved(probes, args.repeats, args.new_tokens)
+        first = args.engines[0]
+        for engine in args.engines:
+            cost = costs[shape, dtype, engine] = {k: statistics.median(v) * 1000 for k, v in forwards[engine].items()}
+            tps = sum(t for t, _ in runs[engine]) / sum(w for _, w in runs[engine])
+            row = {
                 "shape": shape,
                 "dtype": dtype,
                 "engine": engine,
@@ -243,13 +287,20 @@ def main(argv: list[str] | None = None) -> int:
                 "ms_per_forward": cost,
                 "seconds": time.perf_counter() - start,
             }
-        )
-        ratios = " ".join(f"{cost[k] / cost[1]:.2f}" for k in args.ks)
-        print(
-            f"{shape:10} {dtype:9} {engine:16} {tps:7.1f} tok/s (bound {bw / gb:7.1f}, "
-            f"{tps * gb / bw:4.0%})  1 token {cost[1]:7.2f} ms  k={args.ks[0]}..{args.ks[-1]}: {ratios}",
-            flush=True,
-        )
+            line = (
+                f"{shape:10} {dtype:9} {engine:16} {tps:7.1f} tok/s (bound {bw / gb:7.1f}, {tps * gb / bw:4.0%})  "
+                f"1 token {cost[1]:7.2f} ms  k={args.ks[0]}..{args.ks[-1]}: "
+                + " ".join(f"{cost[k] / cost[1]:.2f}" for k in args.ks)
+            )
+            if engine != first:  # paired by round: the same rounds of the machine
+                row["speedup"] = speedup(runs[engine], runs[first])
+                one_token = [list(zip([1] * len(forwards[e][1]), forwards[e][1])) for e in (engine, first)]
+                row["forward_speedup"] = speedup(*one_token)
+                line += f"  over {first}: tokens/s {speed_fmt(*row['speedup'])}, "
+                line += f"1 token {speed_fmt(*row['forward_speedup'])}"
+            report["engines"].append(row)
+            print(line, flush=True)
+        del probes
     for pair, dtype, engine in product(args.pairs, args.dtype, args.engines):
         t_shape, d_shape = pair.split(":")
         target, draft = model(t_shape, dtype, engine), model(d_shape, dtype, engine)

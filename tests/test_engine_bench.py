@@ -24,6 +24,17 @@ def test_engine_bench_reports_costs_and_oracle_pairs(tmp_path, capsys):
     assert "copy bandwidth" in capsys.readouterr().out
 
 
+def test_engines_are_measured_interleaved_with_an_interval(tmp_path):
+    out = tmp_path / "engines.json"
+    argv = ["--shapes", "tiny", "--engines", "eager", "eager+pack", "--ks", "1", "2", "--repeats", "4"]
+    assert engine_bench.main([*argv, "--new-tokens", "8", "--json", str(out)]) == 0
+    first, second = json.loads(out.read_text())["engines"]
+    assert (first["engine"], second["engine"]) == ("eager", "eager+pack") and "speedup" not in first
+    for key in ("speedup", "forward_speedup"):
+        ratio, low, high = second[key]
+        assert 0 < low <= ratio <= high
+
+
 def test_the_oracle_draft_proposes_the_reference_at_the_rate_asked():
     import random
 

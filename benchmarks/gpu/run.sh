@@ -12,7 +12,8 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$OUT/
 $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 # 1. tokens/s, the bandwidth bound and the cost of k new tokens, per size and engine; oracle drafts vs the cost model
 timeout 420 $PY -m pipeline.engine_bench --device cuda --shapes llama-68m llama-1b llama-7b --dtype bfloat16 \
-  --engines eager compiled --pairs llama-7b:llama-68m llama-1b:llama-68m --accept 0.5 0.8 0.95 --gamma 3 \
+  --engines eager compiled --repeats 5 --new-tokens 64 --pairs llama-7b:llama-68m llama-1b:llama-68m \
+  --accept 0.5 0.8 0.95 --gamma 3 \
   --json "$OUT/engines.json" 2>&1 | tee "$OUT/engines.txt"
 # 2. the product path: generation jobs on grid cells, side by side, with exactness
 timeout 300 $PY benchmarks/gpu/product_path.py --carry .gpu-carry --out "$OUT/product" --device cuda \
