@@ -28,7 +28,9 @@ interval over rounds.
 Engines: ``eager`` (transformers, dynamic cache), ``eager+pack`` (oneDNN
 prepacked linears, CPU), ``compiled`` (static cache, ``torch.compile``:
 CUDA graphs on a GPU, inductor on a CPU), ``compiled+freeze`` (inductor
-with weight freezing, which also prepacks on a CPU).
+with weight freezing, which also prepacks on a CPU), ``compiled+autotune``
+(the engine of that name: inductor's autotuned matrix products; on a CPU its
+own C++ kernels over frozen weights).
 
     python -m pipeline.engine_bench --shapes bundled --dtype float32 bfloat16 \\
         --engines eager eager+pack compiled compiled+freeze
@@ -53,6 +55,7 @@ import torch
 from torch import nn
 
 from .decoding import generate
+from .decoding.runner import ENGINES as RUNNER_ENGINES
 from .decoding.runner import set_engine
 from .decoding.static import make_runner
 from .decoding.stats import ModelStats
@@ -65,7 +68,7 @@ SHAPES = {  # Llama-shaped: hidden, layers, heads, kv heads, intermediate, vocab
     "llama-1b": (2048, 22, 32, 4, 5632, 32000),
     "llama-7b": (4096, 32, 32, 32, 11008, 32000),
 }
-ENGINES = ("eager", "eager+pack", "compiled", "compiled+freeze")
+ENGINES = ("eager", "eager+pack", "compiled", "compiled+freeze", "compiled+autotune")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -97,7 +100,7 @@ def with_engine(model: nn.Module, engine: str) -> nn.Module:
 
         if not cpu_kernels.pack_linears(model):
             raise SystemExit("error: eager+pack needs float32 or bfloat16 weights on a CPU with oneDNN")
-    return set_engine(model, engine.split("+")[0])
+    return set_engine(model, engine if engine in RUNNER_ENGINES else engine.split("+")[0])
 
 
 def compiling(engine: str):

@@ -115,6 +115,25 @@ def test_inductor_on_the_cpu_matches_eager():
             assert generate([fast] * len(models), prompt, method, **kw).token_ids == want.token_ids
 
 
+def test_autotuned_cpu_kernels_emit_the_eager_runners_tokens():
+    """``compiled+autotune``: inductor's own C++ matrix kernels over frozen float32 weights (counted), the
+    eager runner's tokens greedy and sampled, nothing compiled again while decoding."""
+    from torch._dynamo.utils import counters
+
+    model = tiny_llama(5, layers=1, hidden=16).float()
+    fast = set_engine(copy.deepcopy(model), "compiled+autotune")
+    before = counters["inductor"]["cpp_templated_kernel_counter"]
+    StaticRunner(fast, 32, max_len=60)  # compiles every bucket, for the cache size the generations use
+    assert counters["inductor"]["cpp_templated_kernel_counter"] >= len(BUCKETS) > before
+    for temperature in (0.0, 1.0):
+        for method, args in [("large_model", {}), ("sd", {"proposer": "lookup"})]:
+            for prompt in PROMPTS[:4]:
+                kw = dict(gamma=3, max_new_tokens=30, method_args=args, temperature=temperature, seed=3)
+                want = generate([model], prompt, method, **kw)
+                with torch._dynamo.config.patch(error_on_recompile=True):
+                    assert generate([fast], prompt, method, **kw).token_ids == want.token_ids
+
+
 def test_buckets_and_cache_sizes():
     assert [bucket(k) for k in (1, 2, 3, 5, 16, 17)] == [1, 2, 4, 8, 16, None]
     assert cache_len(10) == 256 and cache_len(257) == 512 and cache_len(512) == 512

@@ -18,7 +18,7 @@ from torch import Tensor
 from ..errors import ArgumentError
 from .stats import ModelStats
 
-ENGINES = ("eager", "compiled")
+ENGINES = ("eager", "compiled", "compiled+autotune")  # every engine but eager runs a StaticRunner
 
 
 class Runner(Protocol):
@@ -82,8 +82,9 @@ def as_rows(logits: Tensor, device: torch.device, copy: bool = False) -> Tensor:
 
 
 def set_engine(model: torch.nn.Module, engine: str, backend: str | None = None) -> torch.nn.Module:
-    """Choose the runner a model decodes with: ``eager`` (``HFRunner``) or ``compiled`` (``StaticRunner``;
-    ``backend``: a ``torch.compile`` backend, default inductor)."""
+    """Choose the runner a model decodes with: ``eager`` (``HFRunner``), ``compiled`` (``StaticRunner``;
+    ``backend``: a ``torch.compile`` backend, default inductor) or ``compiled+autotune`` (the same, its
+    matrix products chosen by inductor's autotuning; see ``static.py``)."""
     if engine not in ENGINES:
         raise ArgumentError(f"engine={engine!r}: expected one of {', '.join(ENGINES)}")
     model.__dict__["_specens_engine"] = (engine, backend)

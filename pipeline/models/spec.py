@@ -30,7 +30,7 @@ class ModelSpec:
     distill: dict[str, Any] | None = None  # {teacher: <model name>, layers, head_tokens, steps, seed}
     full_head: bool = False  # a distilled draft with its teacher's full output head (e.g. a CD amateur)
     pack: bool | None = None  # oneDNN-prepacked linear layers (default: on for float32 on the CPU, eager engine)
-    engine: str = "eager"  # eager (a dynamic cache) or compiled (a static cache, torch.compile'd forwards)
+    engine: str = "eager"  # eager (a dynamic cache), compiled (a static cache, compiled forwards), compiled+autotune
 
     def resolved_device(self) -> str:
         device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
