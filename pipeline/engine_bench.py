@@ -1,8 +1,8 @@
 """What a forward costs on this machine, per engine: the numbers a speed-up is made of.
 
-For each model shape (the bundled model, or random-weight Llama shapes of
-about 68M, 1B and 7B parameters: cost does not depend on the weights) and
-each engine, it measures:
+For each model shape (the bundled model, ``draft``: its distilled 2-layer
+draft, or random-weight Llama shapes of about 68M, 1B and 7B parameters:
+cost does not depend on the weights) and each engine, it measures:
 
 * the memory bandwidth (a large device-to-device copy) and the bound it sets:
   tokens/s <= bandwidth / bytes of weights, since every token reads them all;
@@ -78,10 +78,13 @@ def sync(device: torch.device) -> None:
 
 
 def build(shape: str, dtype: torch.dtype, device: str, vocab: int | None = None) -> nn.Module:
-    """The bundled model, or a random-weight Llama of a named shape (``vocab``: another vocabulary size)."""
-    if shape == "bundled":
-        from .models import load_bundled
+    """The bundled model or its draft, or a random-weight Llama of a named shape (``vocab``: another vocabulary
+    size)."""
+    if shape in ("bundled", "draft"):
+        from .models import BUNDLED, Recipe, ensure_draft, load, load_bundled
 
+        if shape == "draft":  # the benchmark's distilled 2-layer draft of the bundled model (distilled on first use)
+            return load(ensure_draft(BUNDLED, Recipe(layers=2)), dtype, device, pack=False)[0]
         return load_bundled(dtype, device, pack=False)[0]
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -245,7 +248,7 @@ def predicted(a: float, gamma: int, target_cost: dict[int, float], draft_cost: d
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipeline.engine_bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shapes", nargs="+", default=["bundled"], choices=["bundled", *SHAPES])
+    ap.add_argument("--shapes", nargs="+", default=["bundled"], choices=["bundled", "draft", *SHAPES])
     ap.add_argument("--dtype", nargs="+", default=["float32"], choices=list(DTYPES))
     ap.add_argument("--engines", nargs="+", default=["eager", "compiled"], choices=ENGINES)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
