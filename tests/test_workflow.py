@@ -238,6 +238,16 @@ def test_dry_run_of_the_default_grid_lists_exactly_its_jobs(tmp_path):
     }
 
 
+def test_a_parallel_cell_reserves_a_thread_per_model(tmp_path):
+    config = with_change("grids.0.methods", [*DEFAULT["grids"][0]["methods"], "we_p"])
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(config))
+    run = snakemake(tmp_path, "-n", "-p", "--cores", "2", "--configfile", str(tmp_path / "p.yaml"))
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-2000:]
+    threads = dict(re.findall(r"pipeline\.cli generate \S*/([\w.+-]+)\.json .*?--threads (\d+)", out))
+    assert threads["we_p-T1"] == "2" and threads["we-T1"] == "1"  # its members' forwards run at once
+
+
 def test_snakemake_lint_is_clean(tmp_path):
     run = snakemake(tmp_path, "--lint")
     out = run.stdout + run.stderr

@@ -68,6 +68,15 @@ def cell_dims(wildcards):
     return CELLS[wildcards.cell]["dims"]
 
 
+def generate_threads(wildcards):
+    """A generation job's threads: the config's; an E_p cell's at least one per model (its members'
+    forwards run at once, pipeline/decoding/parallel.py)."""
+    dims = cell_dims(wildcards)
+    if dims["kind"] == "parallel":
+        return max(_checked["threads"], len(dims["models"]))
+    return _checked["threads"]
+
+
 def write_json(out, data, log):
     """A small file a local rule writes (a cell file, the grid index, the timing settings), atomically."""
     from pipeline.files import write_atomic

@@ -18,7 +18,7 @@ rule generate:
         journal=lambda w: f"{RESULTS}/journal/{Path(w.cell).parent}",
     log:
         f"{RESULTS}/logs/generate/{{cell}}.log",
-    threads: _checked["threads"]
+    threads: generate_threads
     resources:
         gpu=1,
         mem_mb=32000,
