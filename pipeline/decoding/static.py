@@ -24,11 +24,12 @@ What that takes, and how this runner does it:
 ``compiled+autotune`` compiles the same graphs with inductor's autotuning of
 matrix products (``max-autotune``). On a CPU it freezes the weights into the
 graph and packs them for inductor's own C++ matrix kernels, which on a
-matrix-vector product use every thread and read the weights at about the
-copy bandwidth (the bundled model, 2 cores: twice the tokens/s of the eager
-engine with oneDNN-prepacked layers). The price: compiling takes minutes per
-model (about 18 for SmolLM2-135M on 2 cores; seconds to a minute for a small
-draft) and each bucket's graph holds its own packed copy of the weights.
+matrix-vector product read the weights about as fast as a plain sum does
+(the bundled model, 2 cores: 1.64x the tokens/s of the eager engine with
+oneDNN-prepacked layers, 1.94x per one-token forward; README, "Engines and
+devices"). The price: compiling takes minutes per model (about 18 for
+SmolLM2-135M on 2 cores, 3 for its 2-layer draft) and each bucket's graph
+holds its own packed copy of the weights.
 
 Sliding-window layers roll their buffer and cannot be rolled back, so
 models with them are refused; run them with ``engine: eager``.
