@@ -43,7 +43,7 @@ from pipeline.decoding.spec import PEERS, parse_method
 from pipeline.files import ResultsError
 from pipeline.models import BUNDLED, ModelError, Recipe, cpu_kernels, ensure_draft, load, load_bundled, truncated_copy
 from pipeline.speed import fmt as speed_fmt
-from pipeline.speed import predicted_speedup, ratio_interval, speedup_ratio
+from pipeline.speed import predicted_speedup, series_speedup, speedup_ratio
 
 FALLBACK_PROMPTS = [
     'def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n',
@@ -184,8 +184,8 @@ def measure(target, draft, tokenizer, prompts, vs: list[Variant], max_new: int) 
 
 def _speedup(t: Totals, base: Totals) -> tuple[float, list[float | None]]:
     """``t``'s speed over ``base``'s with its paired-bootstrap interval over prompts, ``[low, high]``."""
-    low, high, _ = ratio_interval(*zip(*t.per_prompt), *zip(*base.per_prompt))
-    return (t.tokens / t.wall) / (base.tokens / base.wall), [low, high]
+    ratio, low, high = series_speedup(t.per_prompt, base.per_prompt)
+    return ratio, [low, high]
 
 
 def best_fixed(v: Variant, vs: list[Variant], totals: dict[str, Totals]) -> Variant | None:

@@ -60,7 +60,7 @@ from .decoding.runner import set_engine
 from .decoding.static import make_runner
 from .decoding.stats import ModelStats
 from .speed import fmt as speed_fmt
-from .speed import ratio_interval
+from .speed import series_speedup
 
 SHAPES = {  # Llama-shaped: hidden, layers, heads, kv heads, intermediate, vocabulary
     "tiny": (64, 2, 4, 2, 128, 512),
@@ -169,11 +169,13 @@ def interleaved(probes: list[Probe], repeats: int, new: int) -> tuple[dict, dict
     runs: dict[str, list] = {p.engine: [] for p in probes}
     for rep in range(repeats + 2):
         for p in probes[rep % len(probes) :] + probes[: rep % len(probes)]:
-            times, run = p.forwards(), p.generation(new) if new else None
+            times = p.forwards()
+            run = p.generation(new) if new else None
             if rep >= 2:
                 for k, seconds in times.items():
                     forwards[p.engine][k].append(seconds)
-                runs[p.engine].append(run)
+                if run is not None:
+                    runs[p.engine].append(run)
     return forwards, runs
 
 
@@ -181,12 +183,6 @@ def forward_costs(model: nn.Module, engine: str, ks: list[int], context: int, re
     """Median ms of one forward of k new tokens after ``context`` tokens, k interleaved."""
     forwards, _ = interleaved([Probe(model, engine, ks, context)], repeats, 0)
     return {k: statistics.median(v) * 1000 for k, v in forwards[engine].items()}
-
-
-def speedup(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> list[float | None]:
-    """[ratio, low, high]: ``a``'s tokens per second over ``b``'s, paired by round, with its 95% interval."""
-    ratio = (sum(t for t, _ in a) / sum(w for _, w in a)) / (sum(t for t, _ in b) / sum(w for _, w in b))
-    return [ratio, *ratio_interval(*zip(*a), *zip(*b))[:2]]
 
 
 class OracleDraft(nn.Module):
@@ -299,9 +295,9 @@ def main(argv: list[str] | None = None) -> int:
                 + " ".join(f"{cost[k] / cost[1]:.2f}" for k in args.ks)
             )
             if engine != first:  # paired by round: the same rounds of the machine
-                row["speedup"] = speedup(runs[engine], runs[first])
+                row["speedup"] = list(series_speedup(runs[engine], runs[first]))
                 one_token = [list(zip([1] * len(forwards[e][1]), forwards[e][1])) for e in (engine, first)]
-                row["forward_speedup"] = speedup(*one_token)
+                row["forward_speedup"] = list(series_speedup(*one_token))
                 line += f"  over {first}: tokens/s {speed_fmt(*row['speedup'])}, "
                 line += f"1 token {speed_fmt(*row['forward_speedup'])}"
             report["engines"].append(row)

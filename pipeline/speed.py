@@ -102,6 +102,16 @@ def ratio_interval(
     return _interval([tokens_m, wall_m, tokens_b, wall_b], _ratio, policy)
 
 
+def series_speedup(
+    a: list[tuple[int, float]], b: list[tuple[int, float]], policy: Policy = Policy()
+) -> tuple[float, float | None, float | None]:
+    """``(ratio, low, high)``: ``a``'s total tokens per total second over ``b``'s, two series of
+    (tokens, seconds) paired by position (prompts, or rounds of a benchmark), with its paired-bootstrap interval."""
+    (ta, wa), (tb, wb) = zip(*a), zip(*b)
+    low, high, _ = ratio_interval(ta, wa, tb, wb, policy)
+    return float(_ratio(ta, wa, tb, wb)), low, high
+
+
 def _ratio_of_ratios(ta, wa, tab, wab, tb, wb, tbb, wbb, axis=-1):
     return _ratio(ta, wa, tab, wab, axis=axis) / _ratio(tb, wb, tbb, wbb, axis=axis)
 
