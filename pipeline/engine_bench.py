@@ -259,12 +259,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gamma", type=int, nargs="+", default=[3])
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    half = [d for d in args.dtype if DTYPES[d].itemsize < 4]
+    if args.pairs and half:
+        ap.error(
+            f"--pairs with --dtype {' '.join(half)}: oracle pairs need float32 or float64 (in 16 bits a forward of "
+            "k tokens rounds differently from k forwards of one, so sd's greedy tokens drift from the target's); "
+            "run the pairs in a second call with --dtype float32"
+        )
     device = torch.device(args.device)
     report: dict[str, Any] = {"device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads()}
     if device.type == "cuda":
         report["gpu"] = torch.cuda.get_device_name(device)
     report["bandwidth_gb_s"] = bw = bandwidth(device)
     print(f"{report.get('gpu', device)}: copy bandwidth {bw:.0f} GB/s; torch {torch.__version__}", flush=True)
+
+    def save() -> None:  # after every section, so that a run cut short keeps what it measured
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(report, indent=2, default=str))
 
     def model(shape: str, dtype: str, engine: str) -> nn.Module:
         return with_engine(build(shape, DTYPES[dtype], args.device), engine)
@@ -303,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             report["engines"].append(row)
             print(line, flush=True)
         del probes
+        save()
     for pair, dtype, engine in product(args.pairs, args.dtype, args.engines):
         t_shape, d_shape = pair.split(":")
         target, draft = model(t_shape, dtype, engine), model(d_shape, dtype, engine)
@@ -331,9 +344,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"(predicted {ptxt}; acceptance {acc:.2f}; decoder {over:.2f} ms per round)",
                 flush=True,
             )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2, default=str))
+            save()
     return 0
 
 

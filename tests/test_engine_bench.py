@@ -49,3 +49,13 @@ def test_the_oracle_draft_proposes_the_reference_at_the_rate_asked():
         logits = draft(torch.tensor([reference[:300]]), position_ids=torch.arange(300)[None]).logits[0]
     hits = (logits.argmax(-1)[:-1] == torch.tensor(reference[1:300])).float().mean().item()
     assert hits == pytest.approx(0.7, abs=0.08)
+
+
+def test_oracle_pairs_in_sixteen_bits_are_refused_in_one_line(capsys):
+    with pytest.raises(SystemExit) as exit:
+        engine_bench.main(
+            ["--shapes", "llama-68m", "--dtype", "bfloat16", "--pairs", "llama-68m:llama-68m", "--device", "cpu"]
+        )
+    assert exit.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--pairs with --dtype bfloat16: oracle pairs need float32 or float64" in err

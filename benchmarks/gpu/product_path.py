@@ -29,7 +29,15 @@ sys.path.insert(0, str(ROOT))
 
 from pipeline.engine_bench import build  # noqa: E402
 
-METHODS = [("sd", "large_model", {}, 3), ("we_sd", "we", {"lambda": 0.5}, 3), ("we_se", "we", {"lambda": 0.5}, [1, 3])]
+# (method, baseline, method arguments, gamma); we_p runs the members' forwards on their own CUDA streams
+METHODS = [
+    ("sd", "large_model", {}, 3),
+    ("we_sd", "we", {"lambda": 0.5}, 3),
+    ("we_se", "we", {"lambda": 0.5}, [1, 3]),
+    ("we_p", "we", {"lambda": 0.5}, 1),
+]
+# an engine row on accelerate's device_map="auto" (one GPU: all of it on cuda:0)
+DEVICES = {"eager+auto": ("eager", "auto")}
 
 
 def prepare(carry: Path, data_dir: Path) -> None:
@@ -66,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--target", default="llama-1b")
     ap.add_argument("--draft", default="llama-68m")
-    ap.add_argument("--engines", nargs="+", default=["eager", "compiled"])
+    ap.add_argument("--engines", nargs="+", default=["eager", "compiled", "eager+auto"])
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     args = ap.parse_args(argv)
@@ -86,8 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     results = []
     for engine in args.engines:
+        runner, device = DEVICES.get(engine, (engine, args.device))
         specs = [
-            {"name": s, "source": str(d), "dtype": args.dtype, "device": args.device, "engine": engine}
+            {"name": s, "source": str(d), "dtype": args.dtype, "device": device, "engine": runner}
             for s, d in dirs.items()
         ]
         for method, baseline, margs, gamma in METHODS:
@@ -100,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                 "data_dir": str(args.carry / "data"),
                 "max_new_tokens": args.max_new_tokens,
                 "temperature": 0.0,
-                "method_args": {**margs, "proposer": "draft"},
+                "method_args": {**margs, **({} if method.endswith("_p") else {"proposer": "draft"})},
                 "baseline": baseline,
                 "baseline_args": margs,
             }
@@ -126,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"exact {exact}/{len(rows)} ({time.perf_counter() - start:.0f} s)",
                 flush=True,
             )
-    (args.out / "product_path.json").write_text(json.dumps(results, indent=2, default=str))
+            (args.out / "product_path.json").write_text(json.dumps(results, indent=2, default=str))  # kept if cut short
     return 0
 
 

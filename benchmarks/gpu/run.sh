@@ -1,22 +1,41 @@
 #!/usr/bin/env bash
-# The GPU measurements, in one call of about 15 minutes (see README: Engines and devices).
+# The GPU measurements, in three calls of under 10 minutes each (see README: Engines and devices).
 # Prepare here first (CPU): python benchmarks/gpu/product_path.py --prepare .gpu-carry
-# Then on the GPU machine, from the repository root, with .gpu-carry carried:  bash benchmarks/gpu/run.sh
-# Everything is written under $OUT (default /tmp/gpu-out) and printed.
+# Then on the GPU machine, from the repository root, with .gpu-carry carried:
+#   bash benchmarks/gpu/run.sh tests     # the GPU tests (~3 min on an H100)
+#   bash benchmarks/gpu/run.sh product   # generation jobs per engine, side by side, with exactness (~8 min)
+#   bash benchmarks/gpu/run.sh speed     # what a forward costs per engine and size, oracle drafts (~8 min)
+#   bash benchmarks/gpu/run.sh           # all three (~20 min: too long for one call)
+# Results of the last GPU session: benchmarks/gpu/results/.
+# Everything is written under $OUT (default /tmp/gpu-out, at most 8 files) and printed.
 set -uo pipefail
+PART=${1:-all}
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD
-PY=${PY:-python}
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+PY=${PY:-python3}
+part() { [ "$PART" = all ] || [ "$PART" = "$1" ]; }
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv | tee -a "$OUT/gpu.txt"
 $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
-# 1. tokens/s, the bandwidth bound and the cost of k new tokens, per size and engine; oracle drafts vs the cost model
-timeout 420 $PY -m pipeline.engine_bench --device cuda --shapes llama-68m llama-1b llama-7b --dtype bfloat16 \
-  --engines eager compiled --repeats 5 --new-tokens 64 --pairs llama-7b:llama-68m llama-1b:llama-68m \
-  --accept 0.5 0.8 0.95 --gamma 3 \
-  --json "$OUT/engines.json" 2>&1 | tee "$OUT/engines.txt"
-# 2. the product path: generation jobs on grid cells, side by side, with exactness
-timeout 300 $PY benchmarks/gpu/product_path.py --carry .gpu-carry --out "$OUT/product" --device cuda \
-  2>&1 | grep -v "^ *[0-9]*%|" | tee "$OUT/product.txt"
-# 3. the tests that need a GPU
-timeout 120 $PY -m pytest tests/test_static_runner.py -q -m gpu -p no:cacheprovider 2>&1 | tail -5 | tee "$OUT/tests.txt"
+if part tests; then
+  # 1. the tests that need a GPU: the real compiled engines and the members' streams against the eager runner
+  timeout 220 $PY -m pytest tests/test_gpu.py tests/test_static_runner.py -m gpu -q -p no:cacheprovider 2>&1 \
+    | tail -25 | tee "$OUT/tests.txt"
+fi
+if part product; then
+  # 2. the product path: generation jobs on grid cells per engine (eager, compiled, eager on device_map=auto), in float32,
+  #    side by side with the standard method, with exactness (models written outside $OUT)
+  timeout 560 $PY benchmarks/gpu/product_path.py --carry .gpu-carry --out /tmp/product --device cuda --dtype float32 \
+    2>&1 | grep -v "^ *[0-9]*%|" | tee "$OUT/product.txt"
+  cp /tmp/product/product_path.json "$OUT/" 2>/dev/null
+fi
+if part speed; then
+  # 3. tokens/s, the bandwidth bound and the cost of k new tokens, per size and engine, in bfloat16
+  timeout 400 $PY -m pipeline.engine_bench --device cuda --shapes llama-68m llama-1b llama-7b --dtype bfloat16 \
+    --engines eager compiled --repeats 5 --new-tokens 64 \
+    --json "$OUT/engines.json" 2>&1 | grep -v "it/s\]" | tee "$OUT/engines.txt"
+  # 4. oracle drafts against the cost model, in float32 (in bfloat16 sd's greedy tokens drift from the target's)
+  timeout 170 $PY -m pipeline.engine_bench --device cuda --shapes llama-68m llama-1b --dtype float32 \
+    --engines eager --repeats 3 --new-tokens 64 --ks 1 4 --pairs llama-1b:llama-68m --accept 0.5 0.8 0.95 --gamma 3 \
+    --json "$OUT/pairs.json" 2>&1 | grep -v "it/s\]" | tee "$OUT/pairs.txt"
+fi

@@ -5,19 +5,29 @@ exactly the rows it computes there, only the scheduling of the forwards
 differs, and the target is formed and sampled on the calling thread after
 all of them are done.
 
-* CPU: a pool of one thread per member (torch releases the GIL inside its
+* CUDA: each member's forward is launched from the calling thread on its own
+  stream (after the work already queued on its device's current stream),
+  without the per-forward device synchronisation the runners otherwise time
+  with: kernel launches return at once, so the members' kernels overlap on
+  the device (or on several devices) while the host launches the next one.
+  Threads are not used for GPU members: a forward launched from a second
+  thread gains nothing over an asynchronous launch, contends for the GIL with
+  the first, and CUDA graphs recorded on one thread (the compiled engines')
+  are not to be replayed or re-recorded from another. Once every member is
+  launched, the calling thread waits for each member's stream; a member's
+  ``forward_time_s`` is its launch time plus that common wait, so overlapping
+  forwards are counted in each.
+* CPU: a pool of one thread per CPU member (torch releases the GIL inside its
   ops). Intra-op threads are counted per process, so the process's thread
   budget (``torch.get_num_threads()``) is split evenly between the members,
   at least one thread each: with a budget of one thread the members still
   run one thread each, so ``E_p`` then uses as many threads as it has
   members while ``E`` uses one. The budget is restored when decoding ends.
-* CUDA: each member's forward is issued on its own stream, and the calling
-  thread's stream waits for all of them. Members on different devices run
-  concurrently by the threads alone.
 """
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -32,41 +42,61 @@ def _device(member: Member) -> torch.device:
 
 
 class ConcurrentForwards:
-    """Catch every member up at once; a context manager that owns the thread pool."""
+    """Catch every member up at once; a context manager that owns the CPU members' thread pool."""
 
     def __init__(self, members: list[Member]):
         self.members = members
+        self.gpu = [i for i, m in enumerate(members) if _device(m).type == "cuda"]
+        self.cpu = [i for i, m in enumerate(members) if _device(m).type != "cuda"]
         self.budget = torch.get_num_threads()
         self.threads_per_member = max(1, self.budget // len(members))
-        self.streams = [torch.cuda.Stream(_device(m)) if _device(m).type == "cuda" else None for m in members]
+        self.streams = {i: torch.cuda.Stream(_device(members[i])) for i in self.gpu}
         self.pool: ThreadPoolExecutor | None = None
+        self._synced: dict[int, bool] = {}
 
     def __enter__(self) -> ConcurrentForwards:
-        self.pool = ThreadPoolExecutor(
-            len(self.members), initializer=torch.set_num_threads, initargs=(self.threads_per_member,)
-        )
+        if self.cpu:
+            self.pool = ThreadPoolExecutor(
+                len(self.cpu), initializer=torch.set_num_threads, initargs=(self.threads_per_member,)
+            )
+        for i in self.gpu:  # the streams' wait below replaces each forward's own synchronisation
+            runner = self.members[i].runner
+            if hasattr(runner, "sync"):
+                self._synced[i], runner.sync = runner.sync, False
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.pool.shutdown()
-        self.pool = None
-        torch.set_num_threads(self.budget)
+        if self.pool is not None:
+            self.pool.shutdown()
+            self.pool = None
+            torch.set_num_threads(self.budget)
+        for i, sync in self._synced.items():
+            self.members[i].runner.sync = sync
+        self._synced.clear()
 
     def catch_up(self, tokens: list[int], committed: int) -> None:
         """``Member.catch_up`` of every member, concurrently; returns when all rows are ready."""
-        futures = [self.pool.submit(self._one, i, tokens, committed) for i in range(len(self.members))]
-        for f in futures:
-            f.result()  # re-raises a member's error here
-        for member, stream in zip(self.members, self.streams):
-            if stream is not None:
-                torch.cuda.current_stream(_device(member)).wait_stream(stream)
-
-    def _one(self, i: int, tokens: list[int], committed: int) -> None:
-        member, stream = self.members[i], self.streams[i]
-        with torch.inference_mode():  # the mode is per thread: the pool's threads start without it
-            if stream is None:
-                member.catch_up(tokens, committed)
-                return
-            stream.wait_stream(torch.cuda.default_stream(_device(member)))
+        futures = [self.pool.submit(self._on_cpu, i, tokens, committed) for i in self.cpu]
+        launched = {}
+        for i in self.gpu:
+            member, stream = self.members[i], self.streams[i]
+            before = member.runner.stats.forward_time_s
+            stream.wait_stream(torch.cuda.current_stream(_device(member)))
             with torch.cuda.stream(stream):
                 member.catch_up(tokens, committed)
+            launched[i] = member.runner.stats.forward_time_s != before
+        for f in futures:
+            f.result()  # re-raises a member's error here
+        start = time.perf_counter()
+        for i in self.gpu:
+            self.streams[i].synchronize()
+        waited = time.perf_counter() - start
+        for i in self.gpu:
+            member = self.members[i]
+            torch.cuda.current_stream(_device(member)).wait_stream(self.streams[i])
+            if launched[i]:
+                member.runner.stats.forward_time_s += waited
+
+    def _on_cpu(self, i: int, tokens: list[int], committed: int) -> None:
+        with torch.inference_mode():  # the mode is per thread: the pool's threads start without it
+            self.members[i].catch_up(tokens, committed)

@@ -49,7 +49,7 @@ class HFRunner:
         self.cache = DynamicCache()
         self.length = 0
         self.stats = stats if stats is not None else ModelStats()
-        self._sync = self.device.type == "cuda"
+        self.sync = self.device.type == "cuda"  # synchronise after each forward, so that forward_time_s times it
         self._keep_arg = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     def extend(self, tokens: list[int], keep: int) -> Tensor:
@@ -59,7 +59,7 @@ class HFRunner:
         start = time.perf_counter()
         out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, **kwargs)
         logits = as_rows(out.logits[0, -keep:, : self.vocab_size], self.out_device)
-        if self._sync:
+        if self.sync:
             torch.cuda.synchronize(self.device)
         self.stats.forward_time_s += time.perf_counter() - start
         self.stats.forward_calls += 1

@@ -166,7 +166,7 @@ class StaticRunner:
         self.length = 0
         self.stats = stats if stats is not None else ModelStats()
         self.pad_id = pad_id
-        self._sync = self.device.type == "cuda"
+        self.sync = self.device.type == "cuda"  # synchronise after each forward, so that forward_time_s times it
 
     def extend(self, tokens: list[int], keep: int) -> Tensor:
         """Feed ``tokens``; return ``[keep, V]`` logits for the last ``keep`` of them."""
@@ -181,7 +181,7 @@ class StaticRunner:
         self.graphs.at(self.length)
         logits = (self.graphs.compiled if size else self.graphs.forward)(ids, positions)
         rows = as_rows(logits[0, k - keep : k, : self.vocab_size], self.out_device, copy=True)
-        if self._sync:
+        if self.sync:
             torch.cuda.synchronize(self.device)
         self.stats.forward_time_s += time.perf_counter() - start
         self.stats.forward_calls += 1

@@ -1,0 +1,71 @@
+"""On a CUDA device: the real compiled engines (inductor's kernels, CUDA graphs) and the members' own streams
+(``E_p``) emit the eager runner's tokens, in float64 so that no rounding can flip a token. Skipped without a
+GPU; ``benchmarks/gpu/run.sh`` runs them on one."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from pipeline.decoding import generate
+from pipeline.decoding.runner import set_engine
+from pipeline.decoding.static import StaticRunner
+
+from .conftest import perturbed, tiny_llama
+from .test_static_runner import CASES, PROMPTS
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+@pytest.fixture(scope="module")
+def cuda_models():
+    """Eager models on the GPU and copies of them on the ``compiled`` engine, every bucket compiled up front."""
+    target = tiny_llama(0, layers=2, hidden=32)
+    eager = [m.to("cuda") for m in (target, perturbed(target, 0.08, seed=1), tiny_llama(2))]
+    compiled = [set_engine(copy.deepcopy(m), "compiled") for m in eager]
+    for m in compiled:
+        StaticRunner(m, 32, max_len=60)
+    return eager, compiled
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("method,which,gamma,args", CASES)
+def test_compiled_engine_on_cuda_emits_the_eager_runners_tokens(cuda_models, method, which, gamma, args, temperature):
+    from pipeline.decoding.spec import parse_method
+
+    eager, compiled = cuda_models
+    if temperature == 0 and not parse_method(method).greedy_ok:
+        pytest.skip(f"{method} samples only")
+    for prompt in PROMPTS:
+        kw = dict(gamma=gamma, max_new_tokens=40, method_args=args, temperature=temperature, seed=7)
+        want = generate([eager[i] for i in which], prompt, method, **kw)
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            got = generate([compiled[i] for i in which], prompt, method, **kw)
+        assert got.token_ids == want.token_ids, (method, prompt)
+
+
+def test_members_on_their_own_streams_emit_the_standard_ensembles_tokens(cuda_models):
+    eager, _ = cuda_models
+    for temperature in (0.0, 1.0):
+        for prompt in PROMPTS:
+            kw = dict(max_new_tokens=40, method_args={"lambda": 0.4}, temperature=temperature, seed=5)
+            want = generate(eager[:2], prompt, "we", **kw)
+            assert generate(eager[:2], prompt, "we_p", **kw).token_ids == want.token_ids
+
+
+def test_autotuned_engine_on_cuda_emits_the_eager_runners_tokens():
+    model = tiny_llama(5, layers=1, hidden=16).to("cuda")
+    fast = set_engine(copy.deepcopy(model), "compiled+autotune")
+    StaticRunner(fast, 32, max_len=60)
+    for temperature in (0.0, 1.0):
+        for method, args in [("large_model", {}), ("sd", {"proposer": "lookup"})]:
+            for prompt in PROMPTS[:4]:
+                kw = dict(gamma=3, max_new_tokens=30, method_args=args, temperature=temperature, seed=3)
+                want = generate([model], prompt, method, **kw)
+                with torch._dynamo.config.patch(error_on_recompile=True):
+                    assert generate([fast], prompt, method, **kw).token_ids == want.token_ids
