@@ -273,6 +273,36 @@ def cmd_grid(args: argparse.Namespace) -> int:
 
 
 @command(
+    "preflight",
+    "check a config's models and model sets from their files (no weights), every problem at once",
+    arg("config", type=Path),
+    arg("--gpu", help="the GPU of a generation job (as in 'pipeline estimate'); default: the profile's gpu_model"),
+    arg("--profile", type=Path, default=Path("workflow/profiles/slurm/config.yaml"), help="a Snakemake profile"),
+)
+def cmd_preflight(args: argparse.Namespace) -> int:
+    from .preflight import command
+
+    return command(args)
+
+
+@command(
+    "estimate",
+    "forecast a config's jobs per rule and GPU-hours before it is submitted",
+    arg("config", type=Path),
+    arg("--gpu", default="a100-80gb", help="a GPU of the table (an unknown one: the closest and --bandwidth)"),
+    arg("--bandwidth", type=float, help="memory bandwidth in GB/s, for a GPU not in the table"),
+    arg("--acceptance", type=float, help="assumed acceptance of a proposed token (default: printed)"),
+    arg("--efficiency", type=float, help="fraction of the bandwidth bound forwards reach (default: printed)"),
+    arg("--floor-ms", type=float, help="least time of a forward (default: 2.4 ms on a GPU, 0 on the cpu)"),
+    arg("--json", action="store_true", help="machine-readable output"),
+)
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from .estimate import command
+
+    return command(args)
+
+
+@command(
     "score",
     "score a generations file (JSONL with id and output)",
     arg("file", type=Path),

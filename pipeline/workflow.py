@@ -277,21 +277,28 @@ def model_entry(config: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def check_local(config: dict[str, Any], cells: dict[str, dict[str, Any]]) -> None:
-    """What can be checked on this machine before any job starts: data, model files, dataset sizes.
+    """What can be checked on this machine before any job starts, every problem at once (one line each)."""
+    problems = local_problems(config, cells)[1]
+    if len(problems) > 1:
+        raise ConfigError(f"{len(problems)} problems before any job:\n" + "\n".join(f"  {p}" for p in problems))
+    if problems:
+        raise ConfigError(problems[0])
+
+
+def local_problems(config: dict[str, Any], cells: dict[str, dict[str, Any]], gpu: str | None = None):
+    """The models' preflight infos and every problem of data, model files, model sets and dataset sizes.
 
     Hub sources are checked only when the hub is offline (then they must be in the local hub cache).
     """
-    from pipeline.models import ModelError, ModelSpec, locate
+    from pipeline import preflight
     from tasks import HubSkipped, TaskError, get_task
 
+    problems = []
     data_dir = config["data_dir"]
     if data_dir is not None and not Path(data_dir).expanduser().is_dir():
-        raise ConfigError(f"config key data_dir: directory {data_dir!r} not found")
-    for name in models_to_prepare(config, cells):
-        try:
-            locate(ModelSpec(**model_entry(config, name)))
-        except ModelError as err:
-            raise ConfigError(f"config key models.{name}: {err}") from None
+        problems.append(f"config key data_dir: directory {data_dir!r} not found")
+        data_dir = None
+    infos, found = preflight.run(config, cells, gpu)
     datasets = {(c["cell"]["task"], json.dumps(c["cell"]["size"])): c["cell"] for c in cells.values()}
     for cell in datasets.values():  # each dataset and size once (the seed is the config's)
         try:
@@ -299,9 +306,10 @@ def check_local(config: dict[str, Any], cells: dict[str, dict[str, Any]]) -> Non
         except HubSkipped:
             continue  # from the hub: fetched, and its size checked, when the job runs
         except TaskError as err:
-            raise ConfigError(f"config key datasets.{cell['task']}: {err}") from None
+            found.append(f"config key datasets.{cell['task']}: {err}")
         except (OSError, ValueError) as err:  # a damaged local file
-            raise ConfigError(f"config key datasets.{cell['task']}: cannot read its data: {err}") from None
+            found.append(f"config key datasets.{cell['task']}: cannot read its data: {err}")
+    return infos, problems + found
 
 
 def fill_defaults(config: dict[str, Any], schema: dict[str, Any], depth: int = 2) -> dict[str, Any]:

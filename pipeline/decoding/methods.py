@@ -62,8 +62,9 @@ def _vocab_size(models: Sequence[torch.nn.Module], vocab_size: int | None) -> in
     if len(set(sizes)) > 1:
         desc = ", ".join(f"model {i}: {s}" for i, s in enumerate(sizes))
         raise ArgumentError(
-            f"models have different vocabularies ({desc}); an ensemble needs one shared tokenizer "
-            "(pass vocab_size=<tokenizer size> if only the embedding matrices are padded)"
+            f"models have different vocabularies ({desc}); an ensemble needs one shared tokenizer: choose "
+            "models of one family ('python -m pipeline preflight CONFIG' checks every set before any job); "
+            "only where the tokenizer is shared and an embedding matrix is padded, generate(vocab_size=...) joins them"
         )
     return sizes[0]
 

@@ -1,0 +1,205 @@
+"""A config's cost before it is submitted: jobs per rule and GPU-hours of its generation jobs.
+
+Decoding one sequence is bound by memory bandwidth: every forward reads the weights, so a forward
+costs at least ``bytes read / bandwidth`` (``engine_bench`` measures how close an engine gets). A
+cell generates ``prompts x max_new_tokens`` tokens (an upper bound: stop strings end answers
+sooner), and its side-by-side baseline as many again. A speculative method's tokens per forward
+come from the cost model of ``engine_bench.predicted`` (Leviathan et al. 2023) at an assumed
+acceptance rate. The parameter counts are the preflight's (config.json shapes, no weights).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import UserError
+
+
+@dataclass(frozen=True)
+class Gpu:
+    memory_gb: float
+    bandwidth_gb_s: float  # memory bandwidth
+    tflops: float  # dense bfloat16 tensor throughput (V100: float16, it has no bfloat16)
+
+
+# From the public datasheets: NVIDIA A100 (SXM, 40/80 GB), H100 (SXM5), H200 (SXM), L40S, A10 (the A10G is
+# its cloud variant: same 24 GB and 600 GB/s), V100 (SXM2 32 GB), and the Ada Lovelace whitepaper (GeForce
+# RTX 4090, bfloat16 with float32 accumulation). 'cpu': this project's 2-core machine, as measured with
+# pipeline.engine_bench.bandwidth (16 GB/s for one thread, one generation job of the default config) and a
+# float32 matrix product (0.16 TFLOP/s for one thread).
+GPUS = {
+    "a100-40gb": Gpu(40, 1555, 312),
+    "a100-80gb": Gpu(80, 2039, 312),
+    "h100-80gb": Gpu(80, 3350, 989),
+    "h200": Gpu(141, 4800, 989),
+    "l40s": Gpu(48, 864, 362),
+    "a10g": Gpu(24, 600, 125),
+    "v100": Gpu(32, 900, 125),
+    "rtx4090": Gpu(24, 1008, 165),
+    "cpu": Gpu(23, 16, 0.16),
+}
+ACCEPTANCE = 0.7  # assumed per-token acceptance of a proposal when nothing better is known
+EFFICIENCY = 0.25  # the fraction of the bandwidth bound the default eager engine reaches: 0.24 for the bundled
+# model on the 'cpu' above, 0.20 for the 7B shape on an H100 (README: Engines and devices)
+FLOOR_MS = {"cpu": 0.0}  # the least a forward costs: eager kernel launches, 2.4 ms on an H100 (68M shape)
+GPU_FLOOR_MS = 2.4
+PROMPT_TOKENS = 512  # prompt tokens per example, for the prefill (compute bound)
+FULL_SIZES = {"humaneval": 164, "gsm8k": 1319, "mmlu": 14042, "cnndm": 11490}  # the public test splits
+PER_CELL = ("cell", "generate", "speed", "score", "wandb_log")  # the workflow's rules: one job per cell
+ONCE = ("timing", "grid", "aggregate", "notebook", "all")
+
+
+def gpu_spec(name: str) -> Gpu:
+    key = match_gpu(name)
+    if key is None:
+        raise UserError(f"GPU {name!r} is not in the table; accepted: {', '.join(GPUS)} (or give --bandwidth)")
+    return GPUS[key]
+
+
+def match_gpu(name: str) -> str | None:
+    """A table key for a GPU name (``A100``, ``h100``, ``a100-80gb``): the exact key, else the one with
+    the least memory among those it starts (the conservative reading of a SLURM gpu_model)."""
+    norm = name.lower().replace("_", "").replace("-", "").replace(" ", "")
+    keys = {k.replace("-", ""): k for k in GPUS}
+    if norm in keys:
+        return keys[norm]
+    found = [k for n, k in keys.items() if n.startswith(norm)]
+    return min(found, key=lambda k: GPUS[k].memory_gb) if found else None
+
+
+def profile_gpu(profile: Path) -> str | None:
+    """The GPU model a SLURM profile asks for generation jobs (``gpu_model``), when it names one."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(profile).read_text()) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise UserError(f"profile {profile}: {err}") from None
+    model = ((data.get("set-resources") or {}).get("generate") or {}).get("gpu_model")
+    return match_gpu(str(model)) if model else None
+
+
+def prompts(cell: dict[str, Any]) -> int:
+    size = cell["size"]
+    full = FULL_SIZES.get(cell["task"])
+    if size == "tiny":
+        return 5
+    if size == "small":
+        return min(200, full or 200)
+    if size == "full":
+        if full is None:
+            raise UserError(f"datasets.{cell['task']}: size full has no known count here; give a number")
+        return full
+    return int(size)
+
+
+def token_seconds(method: str, t: list[float], gamma: Any, proposer: str, acceptance: float) -> float:
+    """Seconds per generated token of ``method`` over members whose forwards cost ``t`` seconds each."""
+    from .decoding.spec import parse_method
+    from .engine_bench import predicted
+
+    spec = parse_method(method)
+    if not spec.speculative:
+        return sum(t) / len(t) if spec.kind == "me" else sum(t)
+    if spec.kind == "peer":
+        target = sum(t) if spec.ensemble else t[0]
+        draft = 0.0 if spec.peer_proposer == "lookup" else t[-1]
+    else:
+        target = t[0] if spec.name == "sd" else sum(t) / len(t) if spec.kind == "me_sd" else sum(t)
+        draft = min(t) if "draft" in proposer.split("+") and len(t) > 1 else 0.0
+    g = gamma[-1] if isinstance(gamma, list) else gamma  # a *_se list: the small model's gamma
+    return target / predicted(acceptance, g, {1: target}, {1: draft})
+
+
+def forecast(config, cells, infos, gpu: Gpu, efficiency: float, floor_ms: float, acceptance: float) -> dict:
+    """Jobs per rule, and the hours of each cell's generation job and of all of them."""
+    hours: dict[str, float] = {}
+    for cell_id, c in cells.items():
+        cell, members = c["cell"], [infos[n] for n in c["dims"]["models"]]
+        if any(m.read_bytes() is None for m in members):
+            raise UserError(f"cell {cell_id}: the shapes of {', '.join(m.name for m in members)} are not known here")
+        t = [max(m.read_bytes() / (gpu.bandwidth_gb_s * 1e9 * efficiency), floor_ms / 1e3) for m in members]
+        proposer = cell["method_args"].get("proposer", "draft")
+        runs = [cell["method"]] + ([cell["baseline"]] if cell.get("baseline") else [])
+        per_token = sum(token_seconds(r, t, cell["gamma"], proposer, acceptance) for r in runs)
+        prefill = len(runs) * PROMPT_TOKENS * 2 * sum(m.parameters for m in members) / (gpu.tflops * 1e12)
+        hours[cell_id] = prompts(cell) * (cell["max_new_tokens"] * per_token + prefill) / 3600
+    jobs = {rule: len(cells) for rule in PER_CELL if rule != "wandb_log" or config["wandb"]["mode"] != "disabled"}
+    jobs["prepare_model"] = len(infos)
+    jobs |= {rule: 1 for rule in ONCE if rule != "notebook" or config["notebook"]}
+    return {"jobs": jobs, "cell_hours": hours, "generate_hours": sum(hours.values())}
+
+
+def report(result: dict, label: str) -> list[str]:
+    rows = ["| rule | jobs | GPU-hours |", "|---|---|---|"]
+    for rule, n in sorted(result["jobs"].items(), key=lambda kv: -kv[1]):
+        rows.append(
+            f"| {rule} | {n} | {result['generate_hours']:.1f} |" if rule == "generate" else f"| {rule} | {n} | |"
+        )
+    by_set: dict[str, float] = {}
+    for cell_id, h in result["cell_hours"].items():
+        key = cell_id.split("/")[1]
+        by_set[key] = by_set.get(key, 0) + h
+    rows += ["", "| model set (all its cells) | GPU-hours |", "|---|---|"]
+    rows += [f"| {k} | {v:.2f} |" for k, v in sorted(by_set.items(), key=lambda kv: -kv[1])]
+    total = sum(result["jobs"].values())
+    rows.append(f"\ntotal: {total} jobs, {result['generate_hours']:.1f} GPU-hours of generation on {label}")
+    return rows
+
+
+def settings_line(name: str, gpu: Gpu, efficiency: float, floor_ms: float, acceptance: float) -> str:
+    return (
+        f"{name}: {gpu.bandwidth_gb_s:g} GB/s, {gpu.memory_gb:g} GB, {gpu.tflops:g} TFLOP/s; forwards at "
+        f"{efficiency:.0%} of the bandwidth bound, at least {floor_ms:g} ms; acceptance {acceptance:g} (assumed); "
+        f"every answer {PROMPT_TOKENS} prompt tokens and max_new_tokens long"
+    )
+
+
+def settings(args) -> tuple[str, Gpu, float]:
+    """The GPU of ``--gpu`` / ``--bandwidth`` and its least forward time in ms."""
+    key = match_gpu(args.gpu)
+    gpu = gpu_spec(args.gpu)
+    floor = args.floor_ms if args.floor_ms is not None else FLOOR_MS.get(key, GPU_FLOOR_MS)
+    if args.bandwidth:
+        gpu, key = Gpu(gpu.memory_gb, args.bandwidth, gpu.tflops), f"{key} at {args.bandwidth:g} GB/s"
+    return key, gpu, floor
+
+
+def command(args) -> int:
+    """``pipeline estimate CONFIG --gpu NAME``: the forecast as a table, or JSON."""
+    import json
+
+    from .preflight import inspect_config, load_checked
+    from .workflow import models_to_prepare
+
+    name, gpu, floor = settings(args)
+    acceptance = ACCEPTANCE if args.acceptance is None else args.acceptance
+    efficiency = EFFICIENCY if args.efficiency is None else args.efficiency
+    if not 0 <= acceptance < 1 or not 0 < efficiency <= 1:
+        raise UserError(f"--acceptance {acceptance} / --efficiency {efficiency}: expected 0 <= a < 1, 0 < e <= 1")
+    config, cells = load_checked(args.config)
+    dtype = "float32" if name.startswith("cpu") else "bfloat16"
+    infos = inspect_config(config, models_to_prepare(config, cells), dtype)
+    problems = [p for i in infos.values() for p in i.problems]
+    if problems:
+        raise UserError(f"{problems[0]} ({len(problems)} problems; 'pipeline preflight {args.config}' lists them)")
+    result = forecast(config, cells, infos, gpu, efficiency, floor, acceptance)
+    if args.json:
+        print(json.dumps(as_json(result, name, gpu, efficiency, floor, acceptance), indent=2))
+        return 0
+    print(settings_line(name, gpu, efficiency, floor, acceptance))
+    print("\n".join(report(result, name)))
+    return 0
+
+
+def as_json(result: dict, name: str, gpu: Gpu, efficiency: float, floor_ms: float, acceptance: float) -> dict:
+    return {
+        "gpu": name,
+        **asdict(gpu),
+        "efficiency": efficiency,
+        "floor_ms": floor_ms,
+        "acceptance": acceptance,
+        **result,
+    }

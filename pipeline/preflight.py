@@ -1,0 +1,331 @@
+"""Preflight: a config's models and model sets checked from their files alone, before any job.
+
+For each model it says where the name resolves (the order of ``models.sources.locate``: a local
+directory, ``MODEL_PATH/<name>``, ``MODEL_PATH/<repo name>``, the local hub cache, a GGUF file,
+the bundled model, a draft distilled from a teacher) and reads its ``config.json`` and tokenizer
+files, never its weights. For each model set: one vocabulary and one tokenizer (the decoder needs
+them shared), chat templates where a dataset asks for one, full heads where a method needs them,
+and, where the GPU is known, the memory of the set's weights in their dtype plus a KV cache
+against the GPU's. Every problem is one line; all are reported at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .models.spec import BUNDLED, DTYPES, ModelError, ModelSpec, config_entry
+
+PROMPT_TOKENS = 2048  # the prompt length a KV cache is sized for (beside max_new_tokens)
+GPU_OVERHEAD_GB = 1.5  # the CUDA context, allocator slack and logits, per GPU
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+@dataclass
+class ModelInfo:
+    """What a model's files say: where it resolves, its config.json and tokenizer, or why it cannot."""
+
+    name: str
+    where: str  # how the name resolves, for a person
+    path: Path | None = None  # the directory read (None: nothing local to read yet)
+    config: dict[str, Any] | None = None  # config.json (a distilled draft's: its teacher's, fewer layers)
+    vocab: dict[str, int] | None = None  # the tokenizer's vocabulary
+    chat_template: bool = False
+    restricted_head: bool = False
+    head_tokens: int | None = None  # a restricted head's size (the ids it scores)
+    dtype: str = "bfloat16"
+    problems: list[str] = field(default_factory=list)
+    _shapes: tuple[int, int] | None = None
+
+    @property
+    def vocab_size(self) -> int | None:
+        return (self.config or {}).get("vocab_size")
+
+    @property
+    def parameters(self) -> int | None:
+        """Parameters from config.json's shapes (a model built on the meta device: no memory, no weights)."""
+        if self._shapes is None and self.config is not None:
+            self._shapes = count_parameters(self.config)
+        return None if self._shapes is None else self._shapes[0]
+
+    def weight_bytes(self) -> int | None:
+        return None if self.parameters is None else self.parameters * DTYPES[self.dtype].itemsize
+
+    def read_bytes(self) -> int | None:
+        """Bytes of weights a forward of one token reads: all but an untied input embedding (one row is read)
+        and the rows a restricted head leaves out."""
+        if self.parameters is None:
+            return None
+        skipped = self._shapes[1]
+        if self.restricted_head and self.head_tokens:
+            skipped += (self.vocab_size - self.head_tokens) * self.config.get("hidden_size", 0)
+        return (self.parameters - skipped) * DTYPES[self.dtype].itemsize
+
+    def kv_bytes(self, tokens: int) -> int:
+        """The KV cache of ``tokens`` positions (at most the model's context), in the model's dtype."""
+        c = self.config or {}
+        layers, heads = c.get("num_hidden_layers", 0), c.get("num_attention_heads", 1)
+        kv_heads = c.get("num_key_value_heads") or heads
+        head_dim = c.get("head_dim") or c.get("hidden_size", 0) // heads
+        tokens = min(tokens, c.get("max_position_embeddings") or tokens)
+        return 2 * layers * kv_heads * head_dim * tokens * DTYPES[self.dtype].itemsize
+
+
+def count_parameters(config: dict[str, Any]) -> tuple[int, int]:
+    """Parameters of a model of this config.json, and those of its input embedding when it is not tied to
+    the output head."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = dict(config)
+    cfg.pop("quantization_config", None)
+    model_type = cfg.pop("model_type", "llama")
+    built = AutoConfig.for_model(model_type, **{k: v for k, v in cfg.items() if k != "transformers_version"})
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(built)
+    embedding, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    return sum(p.numel() for p in model.parameters()), 0 if embedding is head else embedding.numel()
+
+
+def read_dir(info: ModelInfo, path: Path) -> ModelInfo:
+    """Read a model directory's config.json and tokenizer files into ``info``."""
+    info.path = path
+    try:
+        info.config = json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        info.problems.append(f"config key models.{info.name}: {path}/config.json cannot be read ({err})")
+        return info
+    head_file = path / "head_tokens.json"
+    if head_file.exists():
+        info.restricted_head = True
+        with contextlib.suppress(OSError, json.JSONDecodeError, TypeError):
+            info.head_tokens = len(json.loads(head_file.read_text()))
+    present = [f for f in TOKENIZER_FILES if (path / f).exists()]
+    if not present:
+        info.problems.append(
+            f"config key models.{info.name}: {path} has no tokenizer ({', '.join(TOKENIZER_FILES)}); "
+            "copy its repository's tokenizer files there"
+        )
+        return info
+    info.vocab = read_vocab(path, present[0])
+    tok_config = path / "tokenizer_config.json"
+    with contextlib.suppress(OSError, json.JSONDecodeError):
+        info.chat_template = bool(json.loads(tok_config.read_text()).get("chat_template"))
+    info.chat_template |= any((path / f).exists() for f in ("chat_template.jinja", "chat_template.json"))
+    if info.vocab_size and len(info.vocab) > info.vocab_size:
+        info.problems.append(
+            f"config key models.{info.name}: its tokenizer has {len(info.vocab)} tokens but config.json's "
+            f"vocab_size is {info.vocab_size}; the tokenizer and the weights are from different models"
+        )
+    return info
+
+
+def read_vocab(path: Path, first: str) -> dict[str, int]:
+    if first == "tokenizer.json":
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(path / first)).get_vocab(with_added_tokens=True)
+    from transformers import AutoTokenizer  # a sentencepiece or BPE-files tokenizer: slower, still no weights
+
+    return AutoTokenizer.from_pretrained(path).get_vocab()
+
+
+def inspect(spec: ModelSpec, dtype: str = "bfloat16") -> ModelInfo:
+    """Where ``spec`` resolves and what its files say; problems are collected, never raised."""
+    info = _inspect(spec, dtype)
+    info.restricted_head &= not spec.full_head
+    return info
+
+
+def _inspect(spec: ModelSpec, dtype: str) -> ModelInfo:
+    from .models.sources import locate, model_path
+
+    info = ModelInfo(spec.name, "", dtype=spec.dtype or dtype)
+    try:
+        kind, where = locate(spec)
+    except ModelError as err:
+        tried = [str(p) for p in _model_path_candidates(spec, model_path())]
+        info.where = "not found"
+        info.problems.append(
+            f"config key models.{spec.name}: {err}" + (f" (looked in {', '.join(tried)})" if tried else "")
+        )
+        return info
+    if kind == "distill":
+        return _draft(spec, where, info)
+    if kind in ("bundled", "gguf"):
+        return _gguf(spec, kind, where, info)
+    if kind == "hub":
+        local = _hub_cache(where)
+        info.where = f"hub cache {where}" if local else f"hub {where} (fetched by prepare_model; not checked)"
+        return read_dir(info, local) if local else info
+    root = model_path()
+    info.where = f"MODEL_PATH/{where.relative_to(root)}" if root and where.parent == root else f"directory {where}"
+    return read_dir(info, where)
+
+
+def _model_path_candidates(spec: ModelSpec, root: Path | None) -> list[Path]:
+    if root is None or (spec.source and spec.source.count("/") != 1):
+        return []
+    return [root / spec.name] + ([root / spec.source.split("/")[1]] if spec.source else [])
+
+
+def _hub_cache(repo_id: str) -> Path | None:
+    from huggingface_hub import snapshot_download
+
+    with contextlib.suppress(Exception):
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    return None
+
+
+def _gguf(spec: ModelSpec, kind: str, where: Any, info: ModelInfo) -> ModelInfo:
+    from .models.cache import cache_dir
+    from .models.sources import bundled_gguf
+
+    converted = cache_dir() / (BUNDLED if kind == "bundled" else spec.name)
+    if (converted / "config.json").exists():
+        info.where = f"{kind} (converted: {converted})"
+        return read_dir(info, converted)
+    gguf = bundled_gguf() if kind == "bundled" else where
+    info.where = f"{kind} {gguf.name} (converted by prepare_model; not checked)"
+    return info
+
+
+def _draft(spec: ModelSpec, teacher: ModelSpec, info: ModelInfo) -> ModelInfo:
+    from .models.cache import cache_dir
+    from .models.distill import Recipe, draft_name
+
+    recipe = Recipe(**{k: v for k, v in spec.distill.items() if k != "teacher"})
+    out = cache_dir() / "drafts" / draft_name(teacher, recipe)
+    if (out / "config.json").exists():
+        info.where = f"distilled draft {out}"
+        return read_dir(info, out)
+    info.where = f"will be distilled from {teacher.name}"
+    base = inspect(teacher, info.dtype)
+    info.problems += base.problems
+    if base.config is not None:
+        info.config = {**base.config, "num_hidden_layers": recipe.layers}
+        info.config.pop("layer_types", None)
+    info.vocab, info.chat_template = base.vocab, base.chat_template
+    info.restricted_head = bool(recipe.head_tokens) and not spec.full_head
+    info.head_tokens = recipe.head_tokens or None
+    return info
+
+
+def inspect_config(config: dict[str, Any], names: list[str], dtype: str = "bfloat16") -> dict[str, ModelInfo]:
+    """Every named model of a checked config."""
+    return {n: inspect(ModelSpec(**config_entry(config["models"], n)), dtype) for n in names}
+
+
+def set_problems(config: dict[str, Any], cells: dict[str, dict[str, Any]], infos: dict[str, ModelInfo]) -> list[str]:
+    """What stops a model set from running: vocabularies, tokenizers, chat templates, full heads."""
+    from .decoding.spec import parse_method
+
+    problems: dict[str, None] = {}
+    for c in cells.values():
+        cell, dims = c["cell"], c["dims"]
+        names = dims["models"]
+        where = f"grid {dims['grid']!r}, set {dims['model_set']!r}"
+        first = infos[names[0]]
+        for name in names[1:]:
+            other = infos[name]
+            if first.vocab_size and other.vocab_size and first.vocab_size != other.vocab_size:
+                problems[
+                    f"{where}: {names[0]!r} has a vocabulary of {first.vocab_size} and {name!r} of "
+                    f"{other.vocab_size} (config.json vocab_size); the decoder joins models that share one "
+                    "tokenizer: pick members of one model family"
+                ] = None
+            elif first.vocab is not None and other.vocab is not None and first.vocab != other.vocab:
+                problems[
+                    f"{where}: {names[0]!r} and {name!r} have different tokenizers (vocabularies of "
+                    f"{len(first.vocab)} and {len(other.vocab)} tokens); the decoder joins models that share one"
+                ] = None
+        if cell.get("chat"):
+            for name in names:
+                if infos[name].vocab is not None and not infos[name].chat_template:
+                    problems[
+                        f"config key datasets.{dims['dataset']}: chat is true but model {name!r} has no chat template "
+                        "(tokenizer_config.json chat_template); set chat: false or use an instruct model"
+                    ] = None
+        restricted = [repr(n) for n in names if infos[n].restricted_head]
+        try:
+            parse_method(dims["method"]).check(len(names), cell["method_args"], restricted)
+        except ValueError as err:
+            problems[f"{where}: {err}; or set 'full_head: true' on that model"] = None
+    return list(problems)
+
+
+def memory_problems(
+    cells: dict[str, dict[str, Any]], infos: dict[str, ModelInfo], gpu_gb: float, gpu_label: str
+) -> list[str]:
+    """Each model set whose weights and KV caches exceed the GPU memory a generation job gets."""
+    problems: dict[str, None] = {}
+    for c in cells.values():
+        names, tokens = c["dims"]["models"], PROMPT_TOKENS + c["cell"]["max_new_tokens"]
+        members = [infos[n] for n in names]
+        if any(m.weight_bytes() is None for m in members):
+            continue
+        need = [(m.weight_bytes() + m.kv_bytes(tokens)) / 1e9 for m in members]
+        if sum(need) + GPU_OVERHEAD_GB > gpu_gb:
+            parts = ", ".join(f"{m.name} {n:.1f} GB in {m.dtype}" for m, n in zip(members, need))
+            problems[
+                f"set {c['dims']['model_set']!r} needs {sum(need) + GPU_OVERHEAD_GB:.1f} GB ({parts}, with a KV "
+                f"cache of {tokens} tokens, +{GPU_OVERHEAD_GB} GB) but a generation job gets {gpu_label}"
+            ] = None
+    return list(problems)
+
+
+def run(config: dict[str, Any], cells: dict[str, dict[str, Any]], gpu: str | None = None):
+    """The models' infos and every problem of a checked config (``gpu``: a name of ``estimate.GPUS``)."""
+    from .workflow import models_to_prepare
+
+    infos = inspect_config(config, models_to_prepare(config, cells), "bfloat16" if gpu != "cpu" else "float32")
+    problems = [p for info in infos.values() for p in info.problems]
+    problems += set_problems(config, cells, infos)
+    if gpu is not None:
+        from .estimate import gpu_spec
+
+        memory = gpu_spec(gpu).memory_gb
+        problems += memory_problems(cells, infos, memory, f"one {gpu} ({memory:g} GB)")
+    return infos, list(dict.fromkeys(problems))
+
+
+def table(infos: dict[str, ModelInfo]) -> list[str]:
+    rows = ["| model | resolves to | parameters | vocabulary | tokenizer | chat template | weights |", "|---" * 7 + "|"]
+    for i in infos.values():
+        params = f"{i.parameters / 1e9:.2f}B" if i.parameters else "?"
+        weights = f"{i.weight_bytes() / 1e9:.1f} GB {i.dtype}" if i.parameters else "?"
+        tok = f"{len(i.vocab)} tokens" if i.vocab is not None else "missing" if i.path else "?"
+        chat = "yes" if i.chat_template else "no" if i.vocab is not None else "?"
+        rows.append(f"| {i.name} | {i.where} | {params} | {i.vocab_size or '?'} | {tok} | {chat} | {weights} |")
+    return rows
+
+
+def load_checked(path: Path):
+    """A config file checked and expanded into cells (ConfigError names what is wrong)."""
+    from .workflow import check_config, expand_cells, load_config_file
+
+    config = check_config(load_config_file(path))
+    return config, expand_cells(config)
+
+
+def command(args) -> int:
+    """``pipeline preflight CONFIG``: the models table, then every problem (one line each); 1 when any."""
+    import sys
+
+    from .estimate import profile_gpu
+    from .workflow import local_problems
+
+    config, cells = load_checked(args.config)
+    gpu = args.gpu or (profile_gpu(args.profile) if args.profile and args.profile.exists() else None)
+    infos, problems = local_problems(config, cells, gpu)
+    print("\n".join(table(infos)))
+    sets = len({tuple(c["dims"]["models"]) for c in cells.values()})
+    memory = f"against one {gpu}" if gpu else "not checked (no gpu_model in the profile; give --gpu)"
+    print(f"{len(infos)} models, {sets} model sets, {len(cells)} cells; GPU memory {memory}")
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    print(f"{len(problems)} problems" if problems else "no problems found", file=sys.stderr)
+    return 1 if problems else 0
