@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .models.spec import BUNDLED, DTYPES, ModelError, ModelSpec, config_entry
+from .models.spec import BUNDLED, DTYPES, ModelError, ModelSpec, config_entry, teacher_spec
 
 PROMPT_TOKENS = 2048  # the prompt length a KV cache is sized for (beside max_new_tokens)
 GPU_OVERHEAD_GB = 1.5  # the CUDA context, allocator slack and logits, per GPU
@@ -144,6 +144,8 @@ def _inspect(spec: ModelSpec, dtype: str) -> ModelInfo:
     from .models.sources import locate, model_path
 
     info = ModelInfo(spec.name, "", dtype=spec.dtype or dtype)
+    if spec.distill is not None:  # its teacher's problems are the teacher's (said once, under its name)
+        return _draft(spec, teacher_spec(spec), info)
     try:
         kind, where = locate(spec)
     except ModelError as err:
@@ -153,8 +155,6 @@ def _inspect(spec: ModelSpec, dtype: str) -> ModelInfo:
             f"config key models.{spec.name}: {err}" + (f" (looked in {', '.join(tried)})" if tried else "")
         )
         return info
-    if kind == "distill":
-        return _draft(spec, where, info)
     if kind in ("bundled", "gguf"):
         return _gguf(spec, kind, where, info)
     if kind == "hub":
@@ -197,14 +197,14 @@ def _draft(spec: ModelSpec, teacher: ModelSpec, info: ModelInfo) -> ModelInfo:
     from .models.cache import cache_dir
     from .models.distill import Recipe, draft_name
 
+    base = inspect(teacher, info.dtype)
+    info.problems += base.problems
     recipe = Recipe(**{k: v for k, v in spec.distill.items() if k != "teacher"})
-    out = cache_dir() / "drafts" / draft_name(teacher, recipe)
-    if (out / "config.json").exists():
+    out = None if base.problems else cache_dir() / "drafts" / draft_name(teacher, recipe)
+    if out is not None and (out / "config.json").exists():
         info.where = f"distilled draft {out}"
         return read_dir(info, out)
     info.where = f"will be distilled from {teacher.name}"
-    base = inspect(teacher, info.dtype)
-    info.problems += base.problems
     if base.config is not None:
         info.config = {**base.config, "num_hidden_layers": recipe.layers}
         info.config.pop("layer_types", None)
