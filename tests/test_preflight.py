@@ -1,0 +1,217 @@
+"""The preflight: every problem of a config's models and model sets, at once, from config.json and tokenizer files.
+
+Model directories hold the public config.json of real models (their published values) and a tiny tokenizer
+built here: no weights anywhere, so nothing could be loaded even by mistake.
+"""
+
+from __future__ import annotations
+
+import json
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline import preflight
+from pipeline.workflow import check_config, expand_cells
+
+LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "rms_norm_eps": 1e-5}
+QWEN2 = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_act": "silu", "rms_norm_eps": 1e-6}
+QWEN2 |= {"rope_theta": 1000000.0, "tie_word_embeddings": True, "vocab_size": 151936, "max_position_embeddings": 32768}
+PUBLIC_CONFIGS = {  # config.json of the hub repositories (shape keys)
+    "meta-llama/Llama-2-7b-hf": LLAMA
+    | {
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "vocab_size": 32000,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": False,
+    },
+    "JackFram/llama-68m": LLAMA
+    | {
+        "hidden_size": 768,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 12,
+        "vocab_size": 32000,
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": False,
+    },
+    "Qwen/Qwen2.5-0.5B": QWEN2
+    | {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14}
+    | {"num_key_value_heads": 2},
+    "Qwen/Qwen2.5-1.5B": QWEN2
+    | {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12}
+    | {"num_key_value_heads": 2},
+    "Qwen/Qwen2.5-3B": QWEN2
+    | {"hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36, "num_attention_heads": 16}
+    | {"num_key_value_heads": 2},
+    "facebook/opt-125m": {
+        "model_type": "opt",
+        "architectures": ["OPTForCausalLM"],
+        "hidden_size": 768,
+        "ffn_dim": 3072,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "vocab_size": 50272,
+        "max_position_embeddings": 2048,
+        "word_embed_proj_dim": 768,
+        "do_layer_norm_before": True,
+    },
+}
+PUBLIC_PARAMETERS = {"meta-llama/Llama-2-7b-hf": 6_738_415_616, "facebook/opt-125m": 125_239_296}  # as published
+CHAT = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+
+def tiny_tokenizer(path: Path, words: list[str], chat: bool = False) -> None:
+    """A word-level tokenizer of ``words`` (tokenizer.json), with a chat template or none."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["<unk>", *words])}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHAT} if chat else {}))
+
+
+def model_dir(root: Path, name: str, repo: str, words: list[str] | None, chat: bool = False) -> Path:
+    """``root/name`` holding the public config.json of ``repo`` and a tiny tokenizer (None: no tokenizer)."""
+    path = root / name
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps(PUBLIC_CONFIGS[repo]))
+    if words is not None:
+        tiny_tokenizer(path, words, chat)
+    return path
+
+
+LLAMA_WORDS, QWEN_WORDS = ["a", "b", "c"], ["x", "y", "z", "w"]
+
+
+@pytest.fixture
+def model_path(tmp_path, monkeypatch):
+    """MODEL_PATH with Llama-2-7B (a chat template), Llama-68M, three Qwen2.5 sizes (one without a
+    tokenizer, one with another tokenizer) and OPT-125M; the hub offline."""
+    root = tmp_path / "models"
+    model_dir(root, "llama-2-7b", "meta-llama/Llama-2-7b-hf", LLAMA_WORDS, chat=True)
+    model_dir(root, "llama-68m", "JackFram/llama-68m", LLAMA_WORDS)
+    model_dir(root, "Qwen2.5-0.5B", "Qwen/Qwen2.5-0.5B", QWEN_WORDS, chat=True)  # found by its repo's name
+    model_dir(root, "qwen2.5-1.5b", "Qwen/Qwen2.5-1.5B", None)  # config.json only
+    model_dir(root, "qwen2.5-3b", "Qwen/Qwen2.5-3B", ["x", "y", "q"], chat=True)  # same size, another tokenizer
+    model_dir(root, "opt-125m", "facebook/opt-125m", ["o"])
+    monkeypatch.setenv("MODEL_PATH", str(root))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty hub cache
+    return root
+
+
+def config_of(model_sets: dict[str, list[str]], models: dict, chat: bool = False) -> dict:
+    return check_config(
+        {
+            "models": models,
+            "grids": [{"name": "g", "model_sets": model_sets, "methods": ["large_model", "we", "we_sd"]}],
+            "datasets": {"humaneval": {"size": 5, "chat": chat}},
+        }
+    )
+
+
+BAD = {
+    "llama-2-7b": {"source": "meta-llama/Llama-2-7b-hf", "dtype": "float32"},  # 27 GB
+    "qwen2.5-0.5b": {"source": "Qwen/Qwen2.5-0.5B"},
+    "qwen2.5-1.5b": {"source": "Qwen/Qwen2.5-1.5B"},
+    "qwen2.5-3b": {"source": "Qwen/Qwen2.5-3B"},
+    "llama-13b": {"source": "meta-llama/Llama-2-13b-hf"},  # nowhere
+    "mistral-7b": {"source": "mistralai/Mistral-7B-v0.1"},  # nowhere
+    "opt-125m": {"source": "facebook/opt-125m"},
+    "opt-draft": {"distill": {"teacher": "opt-125m", "layers": 1}},
+}
+BAD_SETS = {
+    "llama+qwen": ["llama-2-7b", "qwen2.5-0.5b"],  # vocabularies of 32000 and 151936
+    "qwen+qwen3b": ["qwen2.5-0.5b", "qwen2.5-3b"],  # one size, two tokenizers
+    "qwen+1.5b": ["qwen2.5-0.5b", "qwen2.5-1.5b"],  # no tokenizer
+    "13b+mistral": ["llama-13b", "mistral-7b"],  # two models missing
+    "opt+draft": ["opt-125m", "opt-draft"],  # a draft to be distilled: fine
+}
+
+
+def test_every_problem_is_found_at_once_before_any_job(model_path, tmp_path, capsys):
+    from pipeline.workflow import main as check_main
+
+    config = config_of(BAD_SETS, BAD, chat=True)
+    infos, problems = preflight.run(config, expand_cells(config), gpu="a10g")
+    expected = {
+        "vocabulary of 32000 and 'qwen2.5-0.5b' of 151936": "llama+qwen",
+        "'qwen2.5-0.5b' and 'qwen2.5-3b' have different tokenizers (vocabularies of 5 and 4 tokens)": "qwen+qwen3b",
+        f"{model_path / 'qwen2.5-1.5b'} has no tokenizer": "qwen2.5-1.5b",
+        "models.llama-13b: hub id 'meta-llama/Llama-2-13b-hf' is not in the local hub cache": "looked in",
+        "models.mistral-7b: hub id 'mistralai/Mistral-7B-v0.1'": f"{model_path / 'Mistral-7B-v0.1'}",
+        "chat is true but model 'opt-125m' has no chat template": "humaneval",
+        "chat is true but model 'opt-draft' has no chat template": "humaneval",  # its teacher's tokenizer
+        "set 'llama+qwen' needs": "llama-2-7b 29.2 GB in float32",  # 26.95 GB, KV: 2 x 32 x 4096 x 2176 x 4 B
+        "set 'llama-2-7b' needs 30.7 GB": "one a10g (24 GB)",  # its large_model cells, +1.5 GB of CUDA context
+    }
+    for words, also in expected.items():
+        found = [p for p in problems if words in p and also in p]
+        assert len(found) == 1, (words, "\n".join(problems))
+    assert len(problems) == len(expected), "\n".join(problems)
+    assert all("\n" not in p for p in problems)
+    assert infos["opt-draft"].where == "will be distilled from opt-125m" and not infos["opt-draft"].problems
+    assert infos["opt-draft"].parameters < infos["opt-125m"].parameters  # one layer of twelve
+    assert infos["qwen2.5-0.5b"].where == "MODEL_PATH/Qwen2.5-0.5B"
+    assert infos["llama-2-7b"].parameters == PUBLIC_PARAMETERS["meta-llama/Llama-2-7b-hf"]
+    assert infos["opt-125m"].parameters == PUBLIC_PARAMETERS["facebook/opt-125m"]
+
+    path = tmp_path / "config.yaml"  # the config check Snakemake runs: all of them too, without the GPU's memory
+    path.write_text(yaml.safe_dump({k: config[k] for k in ("models", "grids", "datasets")}))
+    assert check_main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {len(expected) - 2} problems before any job:\n"), err
+    assert all(any(words in line for line in err.splitlines()) for words in list(expected)[:-2]), err
+
+
+def test_a_good_set_passes_and_the_command_prints_where_each_model_resolves(model_path, tmp_path, capsys):
+    from pipeline.cli import main
+
+    path = tmp_path / "config.yaml"
+    models = {"llama-2-7b": {"source": "meta-llama/Llama-2-7b-hf"}, "llama-68m": {"source": "JackFram/llama-68m"}}
+    config = config_of({"pair": ["llama-2-7b", "llama-68m"]}, models)
+    path.write_text(yaml.safe_dump({k: config[k] for k in ("models", "grids", "datasets")}))
+    assert main(["preflight", str(path), "--gpu", "a100-40gb"]) == 0
+    out, err = capsys.readouterr()
+    assert "| llama-68m | MODEL_PATH/llama-68m | 0.07B | 32000 | 4 tokens | no | 0.1 GB bfloat16 |" in out, out
+    assert "| llama-2-7b | MODEL_PATH/llama-2-7b | 6.74B | 32000 | 4 tokens | yes | 13.5 GB bfloat16 |" in out, out
+    assert "2 models, 2 model sets" in out and "no problems found" in err  # the large model alone is a set
+
+
+def test_restricted_draft_directories_are_refused_where_a_method_needs_the_full_head(model_path, tmp_path):
+    draft = model_dir(model_path, "draft-68m", "JackFram/llama-68m", LLAMA_WORDS)
+    (draft / "head_tokens.json").write_text(json.dumps([0, 1, 2]))
+    models = {"llama-2-7b": {"source": "meta-llama/Llama-2-7b-hf"}, "draft-68m": {"source": str(draft)}}
+    config = check_config(
+        {
+            "models": models,
+            "grids": [{"name": "cd", "model_sets": {"p": ["llama-2-7b", "draft-68m"]}, "methods": ["cd"]}],
+            "datasets": {"humaneval": {"size": 5}},
+        }
+    )
+    _, problems = preflight.run(config, expand_cells(config))
+    assert len(problems) == 1 and "restricted output head" in problems[0] and "full_head: true" in problems[0]
+    config["models"]["draft-68m"]["full_head"] = True
+    assert preflight.run(config, expand_cells(config))[1] == []
+
+
+def test_profile_gpu_model_sets_the_memory_checked(model_path, tmp_path, capsys):
+    from pipeline import cli
+
+    path = tmp_path / "config.yaml"
+    config = config_of({"pair": ["llama-2-7b", "llama-68m"]}, {k: {} for k in ("llama-2-7b", "llama-68m")})
+    path.write_text(yaml.safe_dump({k: config[k] for k in ("models", "grids", "datasets")}))
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(yaml.safe_dump({"set-resources": {"generate": {"gpu": 1, "gpu_model": "rtx_4090"}}}))
+    args = Namespace(config=path, gpu=None, profile=profile)
+    assert preflight.command(args) == 0
+    assert "GPU memory against one rtx4090" in capsys.readouterr().out
+    assert cli.main(["preflight", str(path), "--gpu", "tpu"]) == 2
+    assert capsys.readouterr().err.startswith("error: GPU 'tpu' is not in the table; accepted: a100-40gb, ")
