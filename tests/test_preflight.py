@@ -63,7 +63,14 @@ PUBLIC_CONFIGS = {  # config.json of the hub repositories (shape keys)
         "do_layer_norm_before": True,
     },
 }
-PUBLIC_PARAMETERS = {"meta-llama/Llama-2-7b-hf": 6_738_415_616, "facebook/opt-125m": 125_239_296}  # as published
+PUBLIC_PARAMETERS = {  # as the model cards and safetensors indexes give them
+    "meta-llama/Llama-2-7b-hf": 6_738_415_616,
+    "JackFram/llama-68m": 68_030_208,
+    "Qwen/Qwen2.5-0.5B": 494_032_768,
+    "Qwen/Qwen2.5-1.5B": 1_543_714_304,
+    "Qwen/Qwen2.5-3B": 3_085_938_688,
+    "facebook/opt-125m": 125_239_296,
+}
 CHAT = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 
 
@@ -215,3 +222,8 @@ def test_profile_gpu_model_sets_the_memory_checked(model_path, tmp_path, capsys)
     assert "GPU memory against one rtx4090" in capsys.readouterr().out
     assert cli.main(["preflight", str(path), "--gpu", "tpu"]) == 2
     assert capsys.readouterr().err.startswith("error: GPU 'tpu' is not in the table; accepted: a100-40gb, ")
+
+
+@pytest.mark.parametrize("repo", list(PUBLIC_PARAMETERS))
+def test_parameters_are_counted_from_config_json_shapes_alone(repo):
+    assert preflight.count_parameters(PUBLIC_CONFIGS[repo])[0] == PUBLIC_PARAMETERS[repo]

@@ -1,0 +1,146 @@
+"""The cost forecast: the bandwidth bound per forward, engine_bench's cost model for speculative methods,
+job counts per rule, the paper's grid on an A100 and the default run against its measured time."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from pipeline import estimate
+from pipeline.errors import UserError
+from pipeline.preflight import inspect_config
+from pipeline.workflow import check_config, expand_cells, load_config_file, models_to_prepare
+from tests.test_preflight import LLAMA, PUBLIC_CONFIGS, PUBLIC_PARAMETERS, model_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+ROPE3 = {
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+    "rope_type": "llama3",
+}
+LLAMA3 = LLAMA | {"vocab_size": 128256, "max_position_embeddings": 131072, "rope_theta": 500000.0}
+LLAMA3 |= {"num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336, "hidden_size": 4096}
+PAPER_SHAPES = {  # config/paper.yaml's models: public config.json shapes
+    "llama-2-7b": PUBLIC_CONFIGS["meta-llama/Llama-2-7b-hf"],
+    "vicuna-7b-v1.5": PUBLIC_CONFIGS["meta-llama/Llama-2-7b-hf"],
+    "qwen2.5-3b-instruct": PUBLIC_CONFIGS["Qwen/Qwen2.5-3B"],
+    "qwen2.5-coder-3b-instruct": PUBLIC_CONFIGS["Qwen/Qwen2.5-3B"],
+    "qwen2.5-1.5b-instruct": PUBLIC_CONFIGS["Qwen/Qwen2.5-1.5B"],
+    "qwen2.5-coder-1.5b-instruct": PUBLIC_CONFIGS["Qwen/Qwen2.5-1.5B"],
+    "qwen2.5-math-1.5b-instruct": PUBLIC_CONFIGS["Qwen/Qwen2.5-1.5B"] | {"max_position_embeddings": 4096},
+    "llama-3.1-8b-instruct": LLAMA3
+    | {"num_hidden_layers": 32, "tie_word_embeddings": False, "rope_scaling": ROPE3 | {"factor": 8.0}},
+    "llama-3.2-1b": LLAMA3
+    | {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "head_dim": 64}
+    | {"tie_word_embeddings": True, "rope_scaling": ROPE3 | {"factor": 32.0}},
+    "llama-68m": PUBLIC_CONFIGS["JackFram/llama-68m"],
+    "opt-13b": PUBLIC_CONFIGS["facebook/opt-125m"]
+    | {"hidden_size": 5120, "ffn_dim": 20480, "num_hidden_layers": 40, "num_attention_heads": 40}
+    | {"word_embed_proj_dim": 5120},
+    "opt-125m": PUBLIC_CONFIGS["facebook/opt-125m"],
+}
+
+
+@pytest.fixture
+def llama_pair(tmp_path, monkeypatch):
+    model_dir(tmp_path, "llama-2-7b", "meta-llama/Llama-2-7b-hf", ["a"])
+    model_dir(tmp_path, "llama-68m", "JackFram/llama-68m", ["a"])
+    monkeypatch.setenv("MODEL_PATH", str(tmp_path))
+
+
+def forecast_of(methods: list[str], size: int, acceptance: float, efficiency: float = 1.0) -> dict:
+    config = check_config(
+        {
+            "models": {"llama-2-7b": {}, "llama-68m": {}},
+            "grids": [{"name": "g", "model_sets": {"p": ["llama-2-7b", "llama-68m"]}, "methods": methods}],
+            "datasets": {"humaneval": {"size": size}},
+            "max_new_tokens": 100,
+            "gamma": [3],
+            "side_by_side": False,
+            "proposer": "draft",
+        }
+    )
+    cells = expand_cells(config)
+    infos = inspect_config(config, models_to_prepare(config, cells))
+    return estimate.forecast(config, cells, infos, estimate.GPUS["a100-80gb"], efficiency, 0.0, acceptance)
+
+
+def test_a_plain_cell_costs_its_tokens_at_the_bandwidth_bound_plus_its_prefill(llama_pair):
+    hours = forecast_of(["large_model"], 10, 0.7)["cell_hours"]
+    params = PUBLIC_PARAMETERS["meta-llama/Llama-2-7b-hf"]
+    per_token = (params - 32000 * 4096) * 2 / 2039e9  # bfloat16; the input embedding is read one row at a time
+    prefill = estimate.PROMPT_TOKENS * 2 * params / 312e12
+    assert hours == {"humaneval/llama-2-7b/large_model-T0": pytest.approx(10 * (100 * per_token + prefill) / 3600)}
+    assert forecast_of(["large_model"], 10, 0.7, 0.5)["generate_hours"] == pytest.approx(
+        10 * (100 * 2 * per_token + prefill) / 3600
+    )
+
+
+@pytest.mark.parametrize("a", [0.0, 0.6, 0.9])
+def test_speculative_cells_follow_the_cost_model_at_the_assumed_acceptance(llama_pair, a):
+    hours = forecast_of(["large_model", "sd"], 10, a)["cell_hours"]
+    t_target = (PUBLIC_PARAMETERS["meta-llama/Llama-2-7b-hf"] - 32000 * 4096) * 2 / 2039e9
+    t_draft = (PUBLIC_PARAMETERS["JackFram/llama-68m"] - 32000 * 768) * 2 / 2039e9
+    tokens_per_round = (1 - a**4) / (1 - a)  # gamma 3 (Leviathan et al. 2023)
+    expected_ratio = (3 * t_draft + t_target) / tokens_per_round / t_target  # decoding only
+    large, sd = hours["humaneval/llama-2-7b/large_model-T0"], hours["humaneval/p/sd-T0-g3"]
+    prefill = 10 * estimate.PROMPT_TOKENS * 2 * (PUBLIC_PARAMETERS["meta-llama/Llama-2-7b-hf"]) / 312e12 / 3600
+    sd_prefill = prefill * (1 + PUBLIC_PARAMETERS["JackFram/llama-68m"] / PUBLIC_PARAMETERS["meta-llama/Llama-2-7b-hf"])
+    assert (sd - sd_prefill) / (large - prefill) == pytest.approx(expected_ratio)
+
+
+def test_the_paper_grid_on_an_a100(tmp_path, monkeypatch, capsys):
+    from pipeline.cli import main
+
+    for name, shape in PAPER_SHAPES.items():  # config.json only: the forecast needs the shapes alone
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(shape))
+    monkeypatch.setenv("MODEL_PATH", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["estimate", str(ROOT / "config" / "paper.yaml"), "--gpu", "a100-80gb", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["jobs"]["generate"] == len(result["cell_hours"]) == 384 and result["jobs"]["prepare_model"] == 12
+    assert result["acceptance"] == estimate.ACCEPTANCE and result["bandwidth_gb_s"] == 2039
+    assert result["generate_hours"] == pytest.approx(sum(result["cell_hours"].values()))
+    sevens = [h for c, h in result["cell_hours"].items() if c.startswith("humaneval/llama-2-7b/large_model")]
+    ones = [h for c, h in result["cell_hours"].items() if c.startswith("humaneval/llama-3.2-1b/")]
+    assert len(sevens) == 2 and not ones and sevens[0] > 0  # a 1B model is never the first of a set
+    assert main(["estimate", str(ROOT / "config" / "paper.yaml"), "--gpu", "a100-80gb"]) == 0
+    out = capsys.readouterr().out
+    total = out.strip().splitlines()[-1]
+    assert re.fullmatch(r"total: \d+ jobs, [\d.]+ GPU-hours of generation on a100-80gb", total), total
+    assert "acceptance 0.7 (assumed)" in out.splitlines()[0]
+
+
+def test_the_default_run_against_its_measured_time_in_the_readme():
+    """The run README.md times (before the peers grid and we_me: 9 cells), on 'cpu' as measured here, two
+    jobs at a time: its forecast generation wall time against the run's time less install and preparation."""
+    readme = (ROOT / "README.md").read_text()
+    took = re.search(
+        r"took (\d+) min (\d+) s on this\s+project's 2-core CPU machine \(install (\d+) min; model\s+"
+        r"preparation (\d+) min (\d+) s",
+        readme,
+    )
+    total, install, prepare = int(took[1]) * 60 + int(took[2]), int(took[3]) * 60, int(took[4]) * 60 + int(took[5])
+    raw = load_config_file(ROOT / "config" / "default.yaml")
+    raw["grids"] = [g for g in raw["grids"] if g["name"] != "peers"]
+    raw["grids"][0]["methods"].remove("we_me")
+    config = check_config(raw)
+    cells = expand_cells(config)
+    assert len(cells) == 9
+    infos = inspect_config(config, models_to_prepare(config, cells), "float32")
+    result = estimate.forecast(config, cells, infos, estimate.GPUS["cpu"], 0.59, 0.0, estimate.ACCEPTANCE)
+    forecast_wall = result["generate_hours"] * 3600 / 2
+    measured = total - install - prepare  # generation, and the speed, score and aggregate jobs beside it
+    assert 0.5 < forecast_wall / measured < 1.0, (forecast_wall, measured)
+
+
+def test_gpu_names_and_bandwidth():
+    assert estimate.match_gpu("A100") == "a100-40gb" and estimate.match_gpu("H100_80GB") == "h100-80gb"
+    assert estimate.match_gpu("rtx 4090") == "rtx4090" and estimate.match_gpu("mi300x") is None
+    with pytest.raises(UserError, match=r"^GPU 'mi300x' is not in the table; accepted: a100-40gb, .*--bandwidth"):
+        estimate.gpu_spec("mi300x")
