@@ -134,19 +134,19 @@ def forecast(config, cells, infos, gpu: Gpu, efficiency: float, floor_ms: float,
 
 
 def report(result: dict, label: str) -> list[str]:
-    rows = ["| rule | jobs | GPU-hours |", "|---|---|---|"]
+    unit = "job-hours" if label.startswith("cpu") else "GPU-hours"  # on the cpu, jobs' hours side by side
+    rows = [f"| rule | jobs | {unit} |", "|---|---|---|"]
     for rule, n in sorted(result["jobs"].items(), key=lambda kv: -kv[1]):
-        rows.append(
-            f"| {rule} | {n} | {result['generate_hours']:.1f} |" if rule == "generate" else f"| {rule} | {n} | |"
-        )
+        hours = f"{result['generate_hours']:.2f}" if rule == "generate" else ""
+        rows.append(f"| {rule} | {n} | {hours} |")
     by_set: dict[str, float] = {}
     for cell_id, h in result["cell_hours"].items():
         key = cell_id.split("/")[1]
         by_set[key] = by_set.get(key, 0) + h
-    rows += ["", "| model set (all its cells) | GPU-hours |", "|---|---|"]
+    rows += ["", f"| model set (all its cells) | {unit} |", "|---|---|"]
     rows += [f"| {k} | {v:.2f} |" for k, v in sorted(by_set.items(), key=lambda kv: -kv[1])]
     total = sum(result["jobs"].values())
-    rows.append(f"\ntotal: {total} jobs, {result['generate_hours']:.1f} GPU-hours of generation on {label}")
+    rows.append(f"\ntotal: {total} jobs, {result['generate_hours']:.2f} {unit} of generation on {label}")
     return rows
 
 

@@ -149,7 +149,7 @@ def _inspect(spec: ModelSpec, dtype: str) -> ModelInfo:
     try:
         kind, where = locate(spec)
     except ModelError as err:
-        tried = [str(p) for p in _model_path_candidates(spec, model_path())]
+        tried = list(dict.fromkeys(str(p) for p in _model_path_candidates(spec, model_path())))
         info.where = "not found"
         info.problems.append(
             f"config key models.{spec.name}: {err}" + (f" (looked in {', '.join(tried)})" if tried else "")
