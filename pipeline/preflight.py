@@ -12,6 +12,7 @@ against the GPU's. Every problem is one line; all are reported at once.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,6 +124,7 @@ def read_dir(info: ModelInfo, path: Path) -> ModelInfo:
     return info
 
 
+@functools.lru_cache(maxsize=64)  # a teacher's files serve its drafts too
 def read_vocab(path: Path, first: str) -> dict[str, int]:
     if first == "tokenizer.json":
         from tokenizers import Tokenizer
@@ -224,12 +226,14 @@ def set_problems(config: dict[str, Any], cells: dict[str, dict[str, Any]], infos
     from .decoding.spec import parse_method
 
     problems: dict[str, None] = {}
+    joined: set[tuple[str, ...]] = set()  # sets whose members are compared already
     for c in cells.values():
         cell, dims = c["cell"], c["dims"]
         names = dims["models"]
         where = f"grid {dims['grid']!r}, set {dims['model_set']!r}"
         first = infos[names[0]]
-        for name in names[1:]:
+        for name in names[1:] if tuple(names) not in joined else ():
+            joined.add(tuple(names))
             other = infos[name]
             if first.vocab_size and other.vocab_size and first.vocab_size != other.vocab_size:
                 problems[
