@@ -125,7 +125,8 @@ def forecast(config, cells, infos, gpu: Gpu, efficiency: float, floor_ms: float,
         proposer = cell["method_args"].get("proposer", "draft")
         runs = [cell["method"]] + ([cell["baseline"]] if cell.get("baseline") else [])
         per_token = sum(token_seconds(r, t, cell["gamma"], proposer, acceptance) for r in runs)
-        prefill = len(runs) * PROMPT_TOKENS * 2 * sum(m.parameters for m in members) / (gpu.tflops * 1e12)
+        flops = len(runs) * PROMPT_TOKENS * 2 * sum(m.parameters for m in members)
+        prefill = flops / (gpu.tflops * 1e12) if gpu.tflops else 0.0  # a GPU given by --bandwidth alone: none
         hours[cell_id] = prompts(cell) * (cell["max_new_tokens"] * per_token + prefill) / 3600
     jobs = {rule: len(cells) for rule in PER_CELL if rule != "wandb_log" or config["wandb"]["mode"] != "disabled"}
     jobs["prepare_model"] = len(infos)
@@ -152,7 +153,8 @@ def report(result: dict, label: str) -> list[str]:
 
 def settings_line(name: str, gpu: Gpu, efficiency: float, floor_ms: float, acceptance: float) -> str:
     return (
-        f"{name}: {gpu.bandwidth_gb_s:g} GB/s, {gpu.memory_gb:g} GB, {gpu.tflops:g} TFLOP/s; forwards at "
+        f"{name}: {gpu.bandwidth_gb_s:g} GB/s, {gpu.memory_gb:g} GB, {gpu.tflops:g} TFLOP/s (0: prefill not "
+        f"counted); forwards at "
         f"{efficiency:.0%} of the bandwidth bound, at least {floor_ms:g} ms; acceptance {acceptance:g} (assumed); "
         f"every answer {PROMPT_TOKENS} prompt tokens and max_new_tokens long"
     )
@@ -161,6 +163,8 @@ def settings_line(name: str, gpu: Gpu, efficiency: float, floor_ms: float, accep
 def settings(args) -> tuple[str, Gpu, float]:
     """The GPU of ``--gpu`` / ``--bandwidth`` and its least forward time in ms."""
     key = match_gpu(args.gpu)
+    if key is None and args.bandwidth:  # a GPU not in the table: its bandwidth alone, no prefill
+        return args.gpu, Gpu(0, args.bandwidth, 0), GPU_FLOOR_MS if args.floor_ms is None else args.floor_ms
     gpu = gpu_spec(args.gpu)
     floor = args.floor_ms if args.floor_ms is not None else FLOOR_MS.get(key, GPU_FLOOR_MS)
     if args.bandwidth:

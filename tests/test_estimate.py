@@ -144,3 +144,20 @@ def test_gpu_names_and_bandwidth():
     assert estimate.match_gpu("rtx 4090") == "rtx4090" and estimate.match_gpu("mi300x") is None
     with pytest.raises(UserError, match=r"^GPU 'mi300x' is not in the table; accepted: a100-40gb, .*--bandwidth"):
         estimate.gpu_spec("mi300x")
+
+
+def test_a_gpu_not_in_the_table_by_its_bandwidth(llama_pair, tmp_path, capsys):
+    from pipeline.cli import main
+
+    config = tmp_path / "c.yaml"
+    grid = {"name": "g", "model_sets": {"p": ["llama-2-7b", "llama-68m"]}, "methods": ["large_model"]}
+    config.write_text(
+        json.dumps({"models": {"llama-2-7b": {}, "llama-68m": {}}, "grids": [grid], "datasets": {"humaneval": {}}})
+    )
+    args = ["estimate", str(config), "--efficiency", "1", "--floor-ms", "0", "--json"]
+    assert main([*args, "--gpu", "mi300x", "--bandwidth", "5300"]) == 0
+    mi300x = json.loads(capsys.readouterr().out)
+    assert main([*args, "--gpu", "a100-80gb", "--bandwidth", "5300"]) == 0
+    a100 = json.loads(capsys.readouterr().out)  # the same bandwidth: the same decoding, plus its prefill
+    assert mi300x["tflops"] == 0 and a100["tflops"] == 312 and a100["gpu"] == "a100-80gb at 5300 GB/s"
+    assert 1 < a100["generate_hours"] / mi300x["generate_hours"] < 1.1
