@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .errors import one_line
 from .models.spec import BUNDLED, DTYPES, ModelError, ModelSpec, config_entry, teacher_spec
 
 PROMPT_TOKENS = 2048  # the prompt length a KV cache is sized for (beside max_new_tokens)
@@ -84,9 +85,12 @@ def count_parameters(config: dict[str, Any]) -> tuple[int, int]:
     cfg = dict(config)
     cfg.pop("quantization_config", None)
     model_type = cfg.pop("model_type", "llama")
-    built = AutoConfig.for_model(model_type, **{k: v for k, v in cfg.items() if k != "transformers_version"})
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(built)
+    try:
+        built = AutoConfig.for_model(model_type, **{k: v for k, v in cfg.items() if k != "transformers_version"})
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(built)
+    except (ValueError, KeyError, TypeError) as err:  # an architecture this transformers does not know
+        raise ModelError(f"config.json of model_type {model_type!r}: {one_line(err)}") from None
     embedding, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
     return sum(p.numel() for p in model.parameters()), 0 if embedding is head else embedding.numel()
 
