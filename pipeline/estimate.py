@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import UserError
+
+if TYPE_CHECKING:
+    from .preflight import ModelInfo
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,8 @@ ACCEPTANCE = 0.7  # assumed per-token acceptance of a proposal when nothing bett
 EFFICIENCY, FLOOR_MS = {"cpu": 0.59}, {"cpu": 0.0}
 GPU_EFFICIENCY, GPU_FLOOR_MS = 0.2, 2.4
 PROMPT_TOKENS = 512  # prompt tokens per example, for the prefill (compute bound)
+KV_PROMPT_TOKENS = 2048  # the prompt length a KV cache is sized for in the memory check (beside max_new_tokens)
+GPU_OVERHEAD_GB = 1.5  # the CUDA context, allocator slack and logits, per GPU
 FULL_SIZES = {"humaneval": 164, "gsm8k": 1319, "mmlu": 14042, "cnndm": 11490}  # the public test splits
 PER_CELL = ("cell", "generate", "speed", "score", "wandb_log")  # the workflow's rules: one job per cell
 ONCE = ("timing", "grid", "aggregate", "notebook", "all")
@@ -70,16 +75,55 @@ def match_gpu(name: str) -> str | None:
     return min(found, key=lambda k: GPUS[k].memory_gb) if found else None
 
 
-def profile_gpu(profile: Path) -> str | None:
-    """The GPU model a SLURM profile asks for generation jobs (``gpu_model``), when it names one."""
+def profile_generate(profile: Path) -> dict[str, Any]:
+    """The resources a Snakemake profile gives generation jobs (``set-resources: generate:``)."""
     import yaml
 
     try:
         data = yaml.safe_load(Path(profile).read_text()) or {}
     except (OSError, yaml.YAMLError) as err:
         raise UserError(f"profile {profile}: {err}") from None
-    model = ((data.get("set-resources") or {}).get("generate") or {}).get("gpu_model")
+    return (data.get("set-resources") or {}).get("generate") or {}
+
+
+def profile_gpu(profile: Path) -> str | None:
+    """The GPU model a SLURM profile asks for generation jobs (``gpu_model``), when it names one."""
+    model = profile_generate(profile).get("gpu_model")
     return match_gpu(str(model)) if model else None
+
+
+def memory_problems(
+    cells: dict[str, dict[str, Any]], infos: dict[str, ModelInfo], gpu_gb: float, gpu_label: str
+) -> list[str]:
+    """Each model set whose weights and KV caches exceed the GPU memory a generation job gets."""
+    problems: dict[str, None] = {}
+    for c in cells.values():
+        names, tokens = c["dims"]["models"], KV_PROMPT_TOKENS + c["cell"]["max_new_tokens"]
+        members = [infos[n] for n in names]
+        if any(m.weight_bytes() is None for m in members):
+            continue
+        need = [(m.weight_bytes() + m.kv_bytes(tokens)) / 1e9 for m in members]
+        if sum(need) + GPU_OVERHEAD_GB > gpu_gb:
+            parts = ", ".join(f"{m.name} {n:.1f} GB in {m.dtype}" for m, n in zip(members, need))
+            problems[
+                f"set {c['dims']['model_set']!r} needs {sum(need) + GPU_OVERHEAD_GB:.1f} GB ({parts}, with a KV "
+                f"cache of {tokens} tokens, +{GPU_OVERHEAD_GB} GB) but a generation job gets {gpu_label}"
+            ] = None
+    return list(problems)
+
+
+def host_problems(cells: dict[str, dict[str, Any]], infos: dict[str, ModelInfo], mem_mb: float) -> list[str]:
+    """Each model set with a model larger than a generation job's host memory (weights pass through it)."""
+    problems: dict[str, None] = {}
+    for c in cells.values():
+        sized = [infos[n] for n in c["dims"]["models"] if infos[n].weight_bytes() is not None]
+        big = max(sized, key=lambda m: m.weight_bytes(), default=None)
+        if big is not None and big.weight_bytes() / 1e6 > mem_mb:
+            problems[
+                f"set {c['dims']['model_set']!r}: {big.name} loads {big.weight_bytes() / 1e9:.1f} GB of weights "
+                f"({big.dtype}) through host memory but a generation job asks for mem_mb={mem_mb:g}"
+            ] = None
+    return list(problems)
 
 
 def prompts(cell: dict[str, Any]) -> int:

@@ -21,8 +21,6 @@ from typing import Any
 from .errors import one_line
 from .models.spec import BUNDLED, DTYPES, ModelError, ModelSpec, config_entry, teacher_spec
 
-PROMPT_TOKENS = 2048  # the prompt length a KV cache is sized for (beside max_new_tokens)
-GPU_OVERHEAD_GB = 1.5  # the CUDA context, allocator slack and logits, per GPU
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 
@@ -265,26 +263,6 @@ def set_problems(config: dict[str, Any], cells: dict[str, dict[str, Any]], infos
     return list(problems)
 
 
-def memory_problems(
-    cells: dict[str, dict[str, Any]], infos: dict[str, ModelInfo], gpu_gb: float, gpu_label: str
-) -> list[str]:
-    """Each model set whose weights and KV caches exceed the GPU memory a generation job gets."""
-    problems: dict[str, None] = {}
-    for c in cells.values():
-        names, tokens = c["dims"]["models"], PROMPT_TOKENS + c["cell"]["max_new_tokens"]
-        members = [infos[n] for n in names]
-        if any(m.weight_bytes() is None for m in members):
-            continue
-        need = [(m.weight_bytes() + m.kv_bytes(tokens)) / 1e9 for m in members]
-        if sum(need) + GPU_OVERHEAD_GB > gpu_gb:
-            parts = ", ".join(f"{m.name} {n:.1f} GB in {m.dtype}" for m, n in zip(members, need))
-            problems[
-                f"set {c['dims']['model_set']!r} needs {sum(need) + GPU_OVERHEAD_GB:.1f} GB ({parts}, with a KV "
-                f"cache of {tokens} tokens, +{GPU_OVERHEAD_GB} GB) but a generation job gets {gpu_label}"
-            ] = None
-    return list(problems)
-
-
 def run(config: dict[str, Any], cells: dict[str, dict[str, Any]], gpu: str | None = None):
     """The models' infos and every problem of a checked config (``gpu``: a name of ``estimate.GPUS``)."""
     from .workflow import models_to_prepare
@@ -293,7 +271,7 @@ def run(config: dict[str, Any], cells: dict[str, dict[str, Any]], gpu: str | Non
     problems = [p for info in infos.values() for p in info.problems]
     problems += set_problems(config, cells, infos)
     if gpu is not None:
-        from .estimate import gpu_spec
+        from .estimate import gpu_spec, memory_problems
 
         memory = gpu_spec(gpu).memory_gb
         problems += memory_problems(cells, infos, memory, f"one {gpu} ({memory:g} GB)")
@@ -323,12 +301,16 @@ def command(args) -> int:
     """``pipeline preflight CONFIG``: the models table, then every problem (one line each); 1 when any."""
     import sys
 
-    from .estimate import profile_gpu
+    from .estimate import host_problems, profile_generate, profile_gpu
     from .workflow import local_problems
 
     config, cells = load_checked(args.config)
-    gpu = args.gpu or (profile_gpu(args.profile) if args.profile and args.profile.exists() else None)
+    profile = args.profile if args.profile and args.profile.exists() else None
+    gpu = args.gpu or (profile_gpu(profile) if profile else None)
     infos, problems = local_problems(config, cells, gpu)
+    mem_mb = profile_generate(profile).get("mem_mb") if profile else None
+    if isinstance(mem_mb, int | float):
+        problems += host_problems(cells, infos, mem_mb)
     print("\n".join(table(infos)))
     sets = len({tuple(c["dims"]["models"]) for c in cells.values()})
     memory = f"against one {gpu}" if gpu else "not checked (no gpu_model in the profile; give --gpu)"
