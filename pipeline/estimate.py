@@ -196,11 +196,11 @@ def report(result: dict, label: str) -> list[str]:
 
 
 def settings_line(name: str, gpu: Gpu, efficiency: float, floor_ms: float, acceptance: float) -> str:
+    compute = f"{gpu.tflops:g} TFLOP/s" if gpu.tflops else "no TFLOP/s known (prefill not counted)"
     return (
-        f"{name}: {gpu.bandwidth_gb_s:g} GB/s, {gpu.memory_gb:g} GB, {gpu.tflops:g} TFLOP/s (0: prefill not "
-        f"counted); forwards at "
-        f"{efficiency:.0%} of the bandwidth bound, at least {floor_ms:g} ms; acceptance {acceptance:g} (assumed); "
-        f"every answer {PROMPT_TOKENS} prompt tokens and max_new_tokens long"
+        f"{name}: {gpu.bandwidth_gb_s:g} GB/s, {gpu.memory_gb:g} GB, {compute}; forwards at {efficiency:.0%} of the "
+        f"bandwidth bound, at least {floor_ms:g} ms; acceptance {acceptance:g} (assumed); every answer "
+        f"{PROMPT_TOKENS} prompt tokens and max_new_tokens long"
     )
 
 
