@@ -113,7 +113,11 @@ def read_dir(info: ModelInfo, path: Path) -> ModelInfo:
             "copy its repository's tokenizer files there"
         )
         return info
-    info.vocab = read_vocab(path, present[0])
+    try:
+        info.vocab = read_vocab(path, present[0])
+    except Exception as err:  # noqa: BLE001 (tokenizer readers raise many kinds: a damaged file, a missing library)
+        info.problems.append(f"config key models.{info.name}: its tokenizer in {path} cannot be read: {one_line(err)}")
+        return info
     tok_config = path / "tokenizer_config.json"
     with contextlib.suppress(OSError, json.JSONDecodeError):
         info.chat_template = bool(json.loads(tok_config.read_text()).get("chat_template"))

@@ -108,6 +108,7 @@ def model_path(tmp_path, monkeypatch):
     model_dir(root, "qwen2.5-1.5b", "Qwen/Qwen2.5-1.5B", None)  # config.json only
     model_dir(root, "qwen2.5-3b", "Qwen/Qwen2.5-3B", ["x", "y", "q"], chat=True)  # same size, another tokenizer
     model_dir(root, "opt-125m", "facebook/opt-125m", ["o"])
+    (model_dir(root, "opt-torn", "facebook/opt-125m", None) / "tokenizer.json").write_text('{"model": ')
     monkeypatch.setenv("MODEL_PATH", str(root))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty hub cache
@@ -133,6 +134,7 @@ BAD = {
     "mistral-7b": {"source": "mistralai/Mistral-7B-v0.1"},  # nowhere
     "opt-125m": {"source": "facebook/opt-125m"},
     "opt-draft": {"distill": {"teacher": "opt-125m", "layers": 1}},
+    "opt-torn": {},  # a tokenizer.json cut short
 }
 BAD_SETS = {
     "llama+qwen": ["llama-2-7b", "qwen2.5-0.5b"],  # vocabularies of 32000 and 151936
@@ -140,6 +142,7 @@ BAD_SETS = {
     "qwen+1.5b": ["qwen2.5-0.5b", "qwen2.5-1.5b"],  # no tokenizer
     "13b+mistral": ["llama-13b", "mistral-7b"],  # two models missing
     "opt+draft": ["opt-125m", "opt-draft"],  # a draft to be distilled: fine
+    "opt+torn": ["opt-125m", "opt-torn"],
 }
 
 
@@ -155,6 +158,7 @@ def test_every_problem_is_found_at_once_before_any_job(model_path, tmp_path, cap
         "models.llama-13b: hub id 'meta-llama/Llama-2-13b-hf' is not in the local hub cache": "looked in",
         "models.mistral-7b: hub id 'mistralai/Mistral-7B-v0.1'": f"{model_path / 'Mistral-7B-v0.1'}",
         "chat is true but model 'opt-125m' has no chat template": "humaneval",
+        f"models.opt-torn: its tokenizer in {model_path / 'opt-torn'} cannot be read: Exception: ": "EOF",
         "chat is true but model 'opt-draft' has no chat template": "humaneval",  # its teacher's tokenizer
         "set 'llama+qwen' needs": "llama-2-7b 29.2 GB in float32",  # 26.95 GB, KV: 2 x 32 x 4096 x 2176 x 4 B
         "set 'llama-2-7b' needs 30.7 GB": "one a10g (24 GB)",  # its large_model cells, +1.5 GB of CUDA context
