@@ -146,6 +146,8 @@ def token_seconds(method: str, t: list[float], gamma: Any, proposer: str, accept
     from .engine_bench import predicted
 
     spec = parse_method(method)
+    if method in ("large_model", "small_model"):  # one model of the set (a speculative cell's baseline)
+        return t[0] if method == "large_model" else t[-1]
     if not spec.speculative:
         return sum(t) / len(t) if spec.kind == "me" else sum(t)
     if spec.kind == "peer":
@@ -169,7 +171,8 @@ def forecast(config, cells, infos, gpu: Gpu, efficiency: float, floor_ms: float,
         proposer = cell["method_args"].get("proposer", "draft")
         runs = [cell["method"]] + ([cell["baseline"]] if cell.get("baseline") else [])
         per_token = sum(token_seconds(r, t, cell["gamma"], proposer, acceptance) for r in runs)
-        flops = len(runs) * PROMPT_TOKENS * 2 * sum(m.parameters for m in members)
+        used = [members[:1] if r == "large_model" else members[-1:] if r == "small_model" else members for r in runs]
+        flops = PROMPT_TOKENS * 2 * sum(m.parameters for run in used for m in run)
         prefill = flops / (gpu.tflops * 1e12) if gpu.tflops else 0.0  # a GPU given by --bandwidth alone: none
         hours[cell_id] = prompts(cell) * (cell["max_new_tokens"] * per_token + prefill) / 3600
     jobs = {rule: len(cells) for rule in PER_CELL if rule != "wandb_log" or config["wandb"]["mode"] != "disabled"}

@@ -52,7 +52,7 @@ def llama_pair(tmp_path, monkeypatch):
     monkeypatch.setenv("MODEL_PATH", str(tmp_path))
 
 
-def forecast_of(methods: list[str], size: int, acceptance: float, efficiency: float = 1.0) -> dict:
+def forecast_of(methods: list[str], size: int, acceptance: float, efficiency: float = 1.0, beside=False) -> dict:
     config = check_config(
         {
             "models": {"llama-2-7b": {}, "llama-68m": {}},
@@ -60,7 +60,7 @@ def forecast_of(methods: list[str], size: int, acceptance: float, efficiency: fl
             "datasets": {"humaneval": {"size": size}},
             "max_new_tokens": 100,
             "gamma": [3],
-            "side_by_side": False,
+            "side_by_side": beside,
             "proposer": "draft",
         }
     )
@@ -91,6 +91,12 @@ def test_speculative_cells_follow_the_cost_model_at_the_assumed_acceptance(llama
     prefill = 10 * estimate.PROMPT_TOKENS * 2 * (PUBLIC_PARAMETERS["meta-llama/Llama-2-7b-hf"]) / 312e12 / 3600
     sd_prefill = prefill * (1 + PUBLIC_PARAMETERS["JackFram/llama-68m"] / PUBLIC_PARAMETERS["meta-llama/Llama-2-7b-hf"])
     assert (sd - sd_prefill) / (large - prefill) == pytest.approx(expected_ratio)
+
+
+def test_a_cell_run_beside_its_baseline_costs_both(llama_pair):
+    alone, beside = forecast_of(["large_model", "sd"], 10, 0.7), forecast_of(["sd"], 10, 0.7, beside=True)
+    sd, large = "humaneval/p/sd-T0-g3", "humaneval/llama-2-7b/large_model-T0"
+    assert beside["cell_hours"][sd] == pytest.approx(alone["cell_hours"][sd] + alone["cell_hours"][large])
 
 
 def test_the_paper_grid_on_an_a100(tmp_path, monkeypatch, capsys):
