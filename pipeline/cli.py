@@ -277,7 +277,12 @@ def cmd_grid(args: argparse.Namespace) -> int:
     "check a config's models and model sets from their files (no weights), every problem at once",
     arg("config", type=Path),
     arg("--gpu", help="the GPU of a generation job (as in 'pipeline estimate'); default: the profile's gpu_model"),
-    arg("--profile", type=Path, default=Path("workflow/profiles/slurm/config.yaml"), help="a Snakemake profile"),
+    arg(
+        "--profile",
+        type=Path,
+        default=Path(__file__).parents[1] / "workflow/profiles/slurm/config.yaml",
+        help="a Snakemake profile: its generation jobs' gpu_model and mem_mb",
+    ),
 )
 def cmd_preflight(args: argparse.Namespace) -> int:
     from .preflight import command
