@@ -35,6 +35,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from .files import ResultsError, atomic_path, read_jsonl, write_atomic
@@ -145,8 +146,42 @@ def _add_ratios(df: pd.DataFrame, samples: dict[str, list[dict[str, Any]]], poli
     return df
 
 
+# a speed-up table's CSV columns per dataset: its suffix -> the cells.csv column it comes from ({v}: the value's name)
+PER_DATASET = {
+    "": "{v}",
+    "_low": "{v}_low",
+    "_high": "{v}_high",
+    "_gamma": "gamma",
+    "_tau": "tau",
+    "_tokens_per_s": "tokens_per_s",
+    "_unstable": "{v}_unstable",
+    "_flags": "flags",
+}
+OVERALL = "Overall"
+OVERALL_NOTE = (
+    "Overall: the mean over the row's datasets (Spec-Bench's Overall column), its interval from the datasets' "
+    "taken as independent. The CSV adds per dataset γ, τ, tokens/s and flags.\n"
+)
+
+
+def _overall(values, lows, highs) -> tuple[float, float | None, float | None]:
+    """Spec-Bench's Overall: the mean of a row's speed-ups over its datasets (arrays aligned by dataset). Its
+    interval treats the datasets' estimates as independent and each side of their intervals as a normal one's:
+    the mean's half-width on each side is the root of the summed squared half-widths over the number of datasets."""
+    v, lo, hi = (np.asarray(x, dtype=float) for x in (values, lows, highs))
+    ok = ~np.isnan(v)
+    v, lo, hi = v[ok], lo[ok], hi[ok]
+    mean = float(v.mean())
+    if np.isnan(lo).any() or np.isnan(hi).any():
+        return mean, None, None
+    n = len(v)
+    return mean, mean - float(np.sqrt(((v - lo) ** 2).sum())) / n, mean + float(np.sqrt(((hi - v) ** 2).sum())) / n
+
+
 def _best(df: pd.DataFrame, value: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Rows: model set x method (x T); columns: datasets; the best value over gamma (numbers, and text with gamma)."""
+    """Rows: model set x method (x T); columns: datasets and their Overall (the mean over them); the best value
+    over gamma. Numbers: per dataset the estimate, its interval, gamma, τ, tokens/s and flags
+    (``PER_DATASET``), then the Overall's; text: the estimate with its interval and gamma."""
     d = df.dropna(subset=[value])
     if d.empty:
         return pd.DataFrame(), pd.DataFrame()
@@ -158,7 +193,24 @@ def _best(df: pd.DataFrame, value: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         return fmt(r[value], low, high) + g + (" (unstable)" if r[f"{value}_unstable"] else "")
 
     best = best.assign(_t=best.apply(text, axis=1))
-    num, txt = (best.pivot_table(index=ROW, columns="dataset", values=v, aggfunc="first") for v in (value, "_t"))
+    txt = best.pivot_table(index=ROW, columns="dataset", values="_t", aggfunc="first")
+    columns = {suffix: source.format(v=value) for suffix, source in PER_DATASET.items()}
+    wide = best.set_index([*ROW, "dataset"])[list(dict.fromkeys(columns.values()))].unstack("dataset")
+    datasets = sorted(best["dataset"].unique())
+    num = pd.DataFrame(
+        {f"{ds}{suffix}": wide[(source, ds)] for ds in datasets for suffix, source in columns.items()},
+        index=wide.index,
+    )
+    overall = [
+        _overall(*(num.loc[i, [f"{ds}{s}" for ds in datasets]].to_numpy(float) for s in ("", "_low", "_high")))
+        for i in num.index
+    ]
+    unstable = num[[f"{ds}_unstable" for ds in datasets]].fillna(False).astype(bool).any(axis=1)
+    for j, suffix in enumerate(("", "_low", "_high")):
+        num[OVERALL + suffix] = [o[j] for o in overall]
+    num[OVERALL + "_datasets"] = num[datasets].notna().sum(axis=1)
+    num[OVERALL + "_unstable"] = unstable
+    txt[OVERALL] = [fmt(*o, unstable=bool(u)) for o, u in zip(overall, unstable)]
     return num, txt
 
 
@@ -300,6 +352,8 @@ def _categories(df: pd.DataFrame) -> pd.DataFrame:
     for c in cats:
         columns = [d[f"cat:{c}{k}"] for k in ("", ":low", ":high", ":tps", ":tau")]
         out[c] = [text(*values) for values in zip(*columns)]
+    columns = ["speedup_side_by_side", "speedup_ci_low", "speedup_ci_high", "tokens_per_s", "tau"]
+    out[OVERALL] = [text(*values) for values in zip(*(d[k] for k in columns))]  # Spec-Bench's: every prompt pooled
     return out.set_index(CELL)
 
 
@@ -327,7 +381,7 @@ def aggregate(results: Path) -> list[Path]:
     caption = (
         "Tokens/s over the cell's standard method (the ensemble for `*_sd`/`*_se`, the large model for `sd`), "
         f"measured side by side in the same job; best over the gamma sweep (the best of several noisy estimates "
-        f"leans high: read the interval); {conf} interval in brackets.\n"
+        f"leans high: read the interval); {conf} interval in brackets. " + OVERALL_NOTE
     )
     if df["kind"].eq("peer").any():
         caption += (
@@ -345,7 +399,7 @@ def aggregate(results: Path) -> list[Path]:
         )
         tables.append(("ours_vs_peers", "Ours over transformers' methods", caption, versus, _md(versus)))
     num, txt = _best(df, "speedup_vs_large")
-    caption = "Tokens/s over the large model's own cell (another job; prompts paired by id).\n"
+    caption = "Tokens/s over the large model's own cell (another job; prompts paired by id). " + OVERALL_NOTE
     tables.append(("speedup_vs_large", "Speed-up over the large model alone", caption, num, _md(txt)))
     qcols = [c for c in df.columns if c.startswith("q:")]
     quality = _cell_table(df, qcols) if qcols else pd.DataFrame()
@@ -378,7 +432,10 @@ def aggregate(results: Path) -> list[Path]:
     tables.append(("predicted_vs_measured", "Predicted vs measured speed-up", caption, pvm, _md(pvm)))
     cats = _categories(df)
     if not cats.empty:
-        caption = f"Spec-Bench's six categories: speed-up over the standard method [{conf} interval], and τ.\n"
+        caption = (
+            f"Spec-Bench's six categories: speed-up over the standard method [{conf} interval], and τ; Overall: "
+            "the cell's figure over all its prompts pooled (Spec-Bench's Overall).\n"
+        )
         tables.append(("spec_bench_categories", "Spec-Bench by category", caption, cats, _md(cats)))
     flagged = df[df["unstable"]][["id", "samples", "pairs_interfered", "pairs_remeasured", "flags"]].set_index("id")
     caption = (
