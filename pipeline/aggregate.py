@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from .files import ResultsError, atomic_path, read_jsonl, write_atomic
+from .results_file import load_reported, paper_vs_ours, write_results_file
 from .speed import Policy, fmt, halfwidth, paired_speedup, relative_speedup
 
 ROW = ["model_set", "method", "T"]
@@ -357,8 +358,10 @@ def _categories(df: pd.DataFrame) -> pd.DataFrame:
     return out.set_index(CELL)
 
 
-def aggregate(results: Path) -> list[Path]:
-    """Write every table and plot for ``results``; returns the paths written."""
+def aggregate(results: Path, reported: dict | None = None) -> list[Path]:
+    """Write every table and plot for ``results`` and its ``results.json``; returns the paths written.
+    ``reported``: the paper's figures (default: config/paper_reported.yaml), set beside ours when they name
+    this experiment."""
     results = Path(results)
     df = collect(results)
     out, plots = results / "tables", results / "plots"
@@ -390,6 +393,14 @@ def aggregate(results: Path) -> list[Path]:
             "run on a set with a full-head draft, and the table's other rows of that set use the same draft.\n"
         )
     tables.append(("speedup_vs_standard", "Speed-up over the standard method", caption, num, _md(txt)))
+    reported = load_reported() if reported is None else reported
+    versus = paper_vs_ours(num, reported) if reported.get("experiment") in set(df.get("experiment", [])) else None
+    if versus is not None:
+        caption = (
+            f"The speed-ups {reported['citation']} reports (config/paper_reported.yaml, with where each is stated) "
+            f"beside ours over the standard method [{conf} interval]; a figure not transcribed stays empty.\n"
+        )
+        tables.append(("paper_vs_ours", "The paper beside ours", caption, versus, _md(versus)))
     versus = _peers(df, results)
     if not versus.empty:
         caption = (
@@ -455,4 +466,5 @@ def aggregate(results: Path) -> list[Path]:
     sections += [f"![speed-up vs gamma](../plots/{p.name})\n" if p else ""]
     write_atomic(out / "summary.md", "\n".join(s for s in sections if s))
     written.append(out / "summary.md")
+    written.append(write_results_file(results, df))
     return written
