@@ -4,13 +4,10 @@
 report: "../report/workflow.rst"
 
 
-def table_report(name, label):
-    return report(
-        f"{RESULTS}/tables/{name}.html",
-        caption=f"../report/{name}.rst",
-        category="Tables",
-        labels={"table": label},
-    )
+# a table's HTML page in the report, captioned by workflow/report/<name>.rst
+table_report = lambda name, label: report(
+    f"{RESULTS}/tables/{name}.html", caption=f"../report/{name}.rst", category="Tables", labels={"table": label}
+)
 
 
 rule aggregate:
