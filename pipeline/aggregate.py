@@ -35,12 +35,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from .files import ResultsError, atomic_path, read_jsonl, write_atomic
 from .results_file import load_reported, paper_vs_ours, write_results_file
 from .speed import Policy, fmt, halfwidth, paired_speedup, relative_speedup
+from .speedup_table import OVERALL, OVERALL_NOTE
+from .speedup_table import numbers as speedup_numbers
 
 ROW = ["model_set", "method", "T"]
 CELL = [*ROW, "gamma", "dataset"]  # one cell of a table
@@ -147,38 +148,6 @@ def _add_ratios(df: pd.DataFrame, samples: dict[str, list[dict[str, Any]]], poli
     return df
 
 
-# a speed-up table's CSV columns per dataset: its suffix -> the cells.csv column it comes from ({v}: the value's name)
-PER_DATASET = {
-    "": "{v}",
-    "_low": "{v}_low",
-    "_high": "{v}_high",
-    "_gamma": "gamma",
-    "_tau": "tau",
-    "_tokens_per_s": "tokens_per_s",
-    "_unstable": "{v}_unstable",
-    "_flags": "flags",
-}
-OVERALL = "Overall"
-OVERALL_NOTE = (
-    "Overall: the mean over the row's datasets (Spec-Bench's Overall column), its interval from the datasets' "
-    "taken as independent. The CSV adds per dataset γ, τ, tokens/s and flags.\n"
-)
-
-
-def _overall(values, lows, highs) -> tuple[float, float | None, float | None]:
-    """Spec-Bench's Overall: the mean of a row's speed-ups over its datasets (arrays aligned by dataset). Its
-    interval treats the datasets' estimates as independent and each side of their intervals as a normal one's:
-    the mean's half-width on each side is the root of the summed squared half-widths over the number of datasets."""
-    v, lo, hi = (np.asarray(x, dtype=float) for x in (values, lows, highs))
-    ok = ~np.isnan(v)
-    v, lo, hi = v[ok], lo[ok], hi[ok]
-    mean = float(v.mean())
-    if np.isnan(lo).any() or np.isnan(hi).any():
-        return mean, None, None
-    n = len(v)
-    return mean, mean - float(np.sqrt(((v - lo) ** 2).sum())) / n, mean + float(np.sqrt(((hi - v) ** 2).sum())) / n
-
-
 def _best(df: pd.DataFrame, value: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Rows: model set x method (x T); columns: datasets and their Overall (the mean over them); the best value
     over gamma. Numbers: per dataset the estimate, its interval, gamma, τ, tokens/s and flags
@@ -195,23 +164,9 @@ def _best(df: pd.DataFrame, value: str) -> tuple[pd.DataFrame, pd.DataFrame]:
 
     best = best.assign(_t=best.apply(text, axis=1))
     txt = best.pivot_table(index=ROW, columns="dataset", values="_t", aggfunc="first")
-    columns = {suffix: source.format(v=value) for suffix, source in PER_DATASET.items()}
-    wide = best.set_index([*ROW, "dataset"])[list(dict.fromkeys(columns.values()))].unstack("dataset")
-    datasets = sorted(best["dataset"].unique())
-    num = pd.DataFrame(
-        {f"{ds}{suffix}": wide[(source, ds)] for ds in datasets for suffix, source in columns.items()},
-        index=wide.index,
-    )
-    overall = [
-        _overall(*(num.loc[i, [f"{ds}{s}" for ds in datasets]].to_numpy(float) for s in ("", "_low", "_high")))
-        for i in num.index
-    ]
-    unstable = num[[f"{ds}_unstable" for ds in datasets]].fillna(False).astype(bool).any(axis=1)
-    for j, suffix in enumerate(("", "_low", "_high")):
-        num[OVERALL + suffix] = [o[j] for o in overall]
-    num[OVERALL + "_datasets"] = num[datasets].notna().sum(axis=1)
-    num[OVERALL + "_unstable"] = unstable
-    txt[OVERALL] = [fmt(*o, unstable=bool(u)) for o, u in zip(overall, unstable)]
+    num = speedup_numbers(best.set_index([*ROW, "dataset"]), value)
+    columns = [OVERALL + s for s in ("", "_low", "_high", "_unstable")]
+    txt[OVERALL] = [fmt(v, lo, hi, unstable=bool(u)) for v, lo, hi, u in num[columns].itertuples(index=False)]
     return num, txt
 
 

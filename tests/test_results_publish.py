@@ -8,19 +8,19 @@ import pytest
 import yaml
 
 from pipeline import config_doc
-from pipeline.aggregate import _overall
 from pipeline.results_file import load_reported, paper_vs_ours
+from pipeline.speedup_table import overall
 from tests.tiny_dag import ROOT
 
 
 def test_overall_is_the_mean_over_datasets_with_their_intervals_combined():
-    mean, low, high = _overall([1.2, 1.6], [1.1, 1.3], [1.3, 1.8])
+    mean, low, high = overall([1.2, 1.6], [1.1, 1.3], [1.3, 1.8])
     assert mean == pytest.approx(1.4)
     # half-widths 0.1 and 0.3 below, 0.1 and 0.2 above: root of the summed squares over 2
     assert low == pytest.approx(1.4 - (0.1**2 + 0.3**2) ** 0.5 / 2)
     assert high == pytest.approx(1.4 + (0.1**2 + 0.2**2) ** 0.5 / 2)
-    assert _overall([1.5, float("nan")], [1.4, float("nan")], [1.6, float("nan")]) == pytest.approx((1.5, 1.4, 1.6))
-    assert _overall([1.0, 2.0], [float("nan"), 1.9], [float("nan"), 2.1]) == (1.5, None, None)  # no interval known
+    assert overall([1.5, float("nan")], [1.4, float("nan")], [1.6, float("nan")]) == pytest.approx((1.5, 1.4, 1.6))
+    assert overall([1.0, 2.0], [float("nan"), 1.9], [float("nan"), 2.1]) == (1.5, None, None)  # no interval known
 
 
 def speed_table() -> pd.DataFrame:
@@ -81,3 +81,32 @@ def test_the_workflow_catalog_file_has_the_catalogs_keys():
     assert usage["report"] is True and usage["mandatory-flags"]["desc"]
     assert set(usage["software-stack-deployment"]) == {"conda", "apptainer", "apptainer+conda"}
     assert (ROOT / "config" / "README.md").exists()
+
+
+def test_the_speedup_csv_has_each_datasets_columns_then_the_overall():
+    from pipeline.speedup_table import numbers
+
+    best = pd.DataFrame(
+        {
+            "model_set": ["pair"] * 3,
+            "method": ["we_se"] * 3,
+            "T": ["1"] * 3,
+            "dataset": ["gsm8k", "humaneval", "mmlu"],
+            "speedup_vs_standard": [1.2, 1.6, float("nan")],
+            "speedup_vs_standard_low": [1.1, 1.3, float("nan")],
+            "speedup_vs_standard_high": [1.3, 1.8, float("nan")],
+            "gamma": ["1-3", "1-3", "1-3"],
+            "tau": [2.0, 2.5, 1.5],
+            "tokens_per_s": [10.0, 12.0, 9.0],
+            "speedup_vs_standard_unstable": [False, True, False],
+            "flags": ["", "interval too wide", ""],
+        }
+    ).set_index(["model_set", "method", "T", "dataset"])
+    row = numbers(best, "speedup_vs_standard").loc[("pair", "we_se", "1")]
+    assert list(row.index[:8]) == [f"gsm8k{s}" for s in ("", "_low", "_high", "_gamma", "_tau", "_tokens_per_s")] + [
+        "gsm8k_unstable",
+        "gsm8k_flags",
+    ]
+    assert row["humaneval_tau"] == 2.5 and row["humaneval_flags"] == "interval too wide"
+    assert row["Overall"] == pytest.approx(1.4) and row["Overall_datasets"] == 2  # mmlu has no speed-up
+    assert row["Overall_low"] == pytest.approx(1.4 - (0.1**2 + 0.3**2) ** 0.5 / 2) and bool(row["Overall_unstable"])
