@@ -38,7 +38,10 @@ from typing import Any
 import pandas as pd
 
 from .files import ResultsError, atomic_path, read_jsonl, write_atomic
+from .results_file import load_reported, paper_vs_ours, write_results_file
 from .speed import Policy, fmt, halfwidth, paired_speedup, relative_speedup
+from .speedup_table import OVERALL, OVERALL_NOTE
+from .speedup_table import numbers as speedup_numbers
 
 ROW = ["model_set", "method", "T"]
 CELL = [*ROW, "gamma", "dataset"]  # one cell of a table
@@ -146,7 +149,9 @@ def _add_ratios(df: pd.DataFrame, samples: dict[str, list[dict[str, Any]]], poli
 
 
 def _best(df: pd.DataFrame, value: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Rows: model set x method (x T); columns: datasets; the best value over gamma (numbers, and text with gamma)."""
+    """Rows: model set x method (x T); columns: datasets and their Overall (the mean over them); the best value
+    over gamma. Numbers: per dataset the estimate, its interval, gamma, τ, tokens/s and flags
+    (``PER_DATASET``), then the Overall's; text: the estimate with its interval and gamma."""
     d = df.dropna(subset=[value])
     if d.empty:
         return pd.DataFrame(), pd.DataFrame()
@@ -158,7 +163,10 @@ def _best(df: pd.DataFrame, value: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         return fmt(r[value], low, high) + g + (" (unstable)" if r[f"{value}_unstable"] else "")
 
     best = best.assign(_t=best.apply(text, axis=1))
-    num, txt = (best.pivot_table(index=ROW, columns="dataset", values=v, aggfunc="first") for v in (value, "_t"))
+    txt = best.pivot_table(index=ROW, columns="dataset", values="_t", aggfunc="first")
+    num = speedup_numbers(best.set_index([*ROW, "dataset"]), value)
+    columns = [OVERALL + s for s in ("", "_low", "_high", "_unstable")]
+    txt[OVERALL] = [fmt(v, lo, hi, unstable=bool(u)) for v, lo, hi, u in num[columns].itertuples(index=False)]
     return num, txt
 
 
@@ -184,6 +192,15 @@ def _md(table: pd.DataFrame, floatfmt: str = ".2f") -> str:
     if table.empty:
         return "_no cells_\n"
     return table.reset_index().to_markdown(index=False, floatfmt=floatfmt) + "\n"
+
+
+def _html(table: pd.DataFrame, title: str, floatfmt: str = ".2f") -> str:
+    """A table as a small HTML page (the report shows it)."""
+    body = "<p>no cells</p>" if table.empty else table.to_html(na_rep="-", float_format=f"{{:{floatfmt}}}".format)
+    style = "table{border-collapse:collapse;font:13px sans-serif}td,th{border:1px solid #bbb;padding:2px 6px}"
+    return f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title><style>{style}</style></head>" + (
+        f"<body><h3>{title}</h3>{body}</body></html>\n"
+    )
 
 
 def _pyplot():
@@ -300,14 +317,19 @@ def _categories(df: pd.DataFrame) -> pd.DataFrame:
     for c in cats:
         columns = [d[f"cat:{c}{k}"] for k in ("", ":low", ":high", ":tps", ":tau")]
         out[c] = [text(*values) for values in zip(*columns)]
+    columns = ["speedup_side_by_side", "speedup_ci_low", "speedup_ci_high", "tokens_per_s", "tau"]
+    out[OVERALL] = [text(*values) for values in zip(*(d[k] for k in columns))]  # Spec-Bench's: every prompt pooled
     return out.set_index(CELL)
 
 
-def aggregate(results: Path) -> list[Path]:
-    """Write every table and plot for ``results``; returns the paths written."""
+def aggregate(results: Path, reported: dict | None = None) -> list[Path]:
+    """Write every table and plot for ``results`` and its ``results.json``; returns the paths written.
+    ``reported``: the paper's figures (default: config/paper_reported.yaml), set beside ours when they name
+    this experiment."""
     results = Path(results)
     df = collect(results)
     out, plots = results / "tables", results / "plots"
+    plots.mkdir(parents=True, exist_ok=True)  # an output of the workflow, also when no plot applies
     written: list[Path] = []
     if df.empty:
         raise ResultsError(f"no finished cells under {results}/generations")
@@ -322,12 +344,12 @@ def aggregate(results: Path) -> list[Path]:
         f"[low, high]. {unstable} cell{'s are' if unstable != 1 else ' is'} marked (unstable): see Flags.\n",
     ]
 
-    tables = []  # (file name, title, caption, numbers, Markdown)
+    tables = []  # (file name, title, caption, numbers, the table shown in Markdown and HTML[, its float format])
     num, txt = _best(df, "speedup_vs_standard")
     caption = (
         "Tokens/s over the cell's standard method (the ensemble for `*_sd`/`*_se`, the large model for `sd`), "
         f"measured side by side in the same job; best over the gamma sweep (the best of several noisy estimates "
-        f"leans high: read the interval); {conf} interval in brackets.\n"
+        f"leans high: read the interval); {conf} interval in brackets. " + OVERALL_NOTE
     )
     if df["kind"].eq("peer").any():
         caption += (
@@ -335,7 +357,15 @@ def aggregate(results: Path) -> list[Path]:
             "with the model set's draft and the same gamma; transformers cannot take a restricted head, so they "
             "run on a set with a full-head draft, and the table's other rows of that set use the same draft.\n"
         )
-    tables.append(("speedup_vs_standard", "Speed-up over the standard method", caption, num, _md(txt)))
+    tables.append(("speedup_vs_standard", "Speed-up over the standard method", caption, num, txt))
+    reported = load_reported() if reported is None else reported
+    versus = paper_vs_ours(num, reported) if reported.get("experiment") in set(df.get("experiment", [])) else None
+    if versus is not None:
+        caption = (
+            f"The speed-ups {reported['citation']} reports (config/paper_reported.yaml, with where each is stated) "
+            f"beside ours over the standard method [{conf} interval]; a figure not transcribed stays empty.\n"
+        )
+        tables.append(("paper_vs_ours", "The paper beside ours", caption, versus, versus))
     versus = _peers(df, results)
     if not versus.empty:
         caption = (
@@ -343,13 +373,13 @@ def aggregate(results: Path) -> list[Path]:
             f"divided by the peer's, prompts paired ({conf} paired-bootstrap interval); `hf_assisted_ensemble` "
             "is not the weighted ensemble's distribution (README: Peers).\n"
         )
-        tables.append(("ours_vs_peers", "Ours over transformers' methods", caption, versus, _md(versus)))
+        tables.append(("ours_vs_peers", "Ours over transformers' methods", caption, versus, versus))
     num, txt = _best(df, "speedup_vs_large")
-    caption = "Tokens/s over the large model's own cell (another job; prompts paired by id).\n"
-    tables.append(("speedup_vs_large", "Speed-up over the large model alone", caption, num, _md(txt)))
+    caption = "Tokens/s over the large model's own cell (another job; prompts paired by id). " + OVERALL_NOTE
+    tables.append(("speedup_vs_large", "Speed-up over the large model alone", caption, num, txt))
     qcols = [c for c in df.columns if c.startswith("q:")]
     quality = _cell_table(df, qcols) if qcols else pd.DataFrame()
-    tables.append(("quality", "Quality", "", quality, _md(quality, ".3f")))
+    tables.append(("quality", "Quality", "", quality, quality, ".3f"))
     columns = "tau tau_by_model acceptance_rate draft_acceptance_rate position_acceptance"
     acc = _by_cell(df[df["kind"] != "plain"], columns)
     caption = (
@@ -358,7 +388,7 @@ def aggregate(results: Path) -> list[Path]:
         "Acceptance: accepted over verified proposals; draft acceptance: accepted over proposed (vLLM's); "
         "per position: the acceptance rate of the 1st, 2nd, ... token of a verified block.\n"
     )
-    tables.append(("acceptance", "Mean accepted length and acceptance", caption, acc, _md(acc)))
+    tables.append(("acceptance", "Mean accepted length and acceptance", caption, acc, acc))
     columns = "samples exact_match mismatches_numerics mismatches_bug mismatches_unchecked"
     exact = _by_cell(df.dropna(subset=["exact_match"]), columns)
     caption = (
@@ -367,7 +397,7 @@ def aggregate(results: Path) -> list[Path]:
         "bug (unchecked: the float64 recompute could not run, see the cell's .speed.json). In float32/float64 "
         "on a CPU every sample is expected to match.\n"
     )
-    tables.append(("exactness", "Exactness at T=0", caption, exact, _md(exact)))
+    tables.append(("exactness", "Exactness at T=0", caption, exact, exact))
     columns = "acceptance_rate speedup_side_by_side predicted_speedup overhead"
     pvm = _by_cell(df.dropna(subset=["predicted_speedup"]), columns)
     caption = (
@@ -375,22 +405,27 @@ def aggregate(results: Path) -> list[Path]:
         "tokens assumed as cheap as one, the loop free); measured: side by side. Overhead: share of wall time "
         "outside model forwards.\n"
     )
-    tables.append(("predicted_vs_measured", "Predicted vs measured speed-up", caption, pvm, _md(pvm)))
+    tables.append(("predicted_vs_measured", "Predicted vs measured speed-up", caption, pvm, pvm))
     cats = _categories(df)
     if not cats.empty:
-        caption = f"Spec-Bench's six categories: speed-up over the standard method [{conf} interval], and τ.\n"
-        tables.append(("spec_bench_categories", "Spec-Bench by category", caption, cats, _md(cats)))
+        caption = (
+            f"Spec-Bench's six categories: speed-up over the standard method [{conf} interval], and τ; Overall: "
+            "the cell's figure over all its prompts pooled (Spec-Bench's Overall).\n"
+        )
+        tables.append(("spec_bench_categories", "Spec-Bench by category", caption, cats, cats))
     flagged = df[df["unstable"]][["id", "samples", "pairs_interfered", "pairs_remeasured", "flags"]].set_index("id")
     caption = (
         "Cells whose speed-up should not be trusted as it stands: interval wider than the bound, too many pairs "
         "interfered with after re-measuring, samples timed on different machines, or a measured speed-up far "
         "from the cost model's prediction. Run them again on a quiet machine (delete their generations).\n"
     )
-    tables.append(("flags", "Flags", caption, flagged, _md(flagged)))
-    for name, title, caption, numbers, markdown in tables:
+    tables.append(("flags", "Flags", caption, flagged, flagged))
+    for name, title, caption, numbers, shown, *floatfmt in tables:
+        markdown = _md(shown, *floatfmt)
         write_atomic(out / f"{name}.csv", numbers.to_csv())
         write_atomic(out / f"{name}.md", markdown)
-        written += [out / f"{name}.csv", out / f"{name}.md"]
+        write_atomic(out / f"{name}.html", _html(shown, title, *floatfmt))
+        written += [out / f"{name}.csv", out / f"{name}.md", out / f"{name}.html"]
         sections += [f"## {title}\n", caption, markdown]
     p = plot_speedup_vs_gamma(df, plots / "speedup_vs_gamma.png")
     q = plot_predicted(df, plots / "predicted_vs_measured.png")
@@ -398,4 +433,5 @@ def aggregate(results: Path) -> list[Path]:
     sections += [f"![speed-up vs gamma](../plots/{p.name})\n" if p else ""]
     write_atomic(out / "summary.md", "\n".join(s for s in sections if s))
     written.append(out / "summary.md")
+    written.append(write_results_file(results, df))
     return written

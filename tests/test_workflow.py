@@ -14,7 +14,7 @@ import yaml
 from pipeline.decoding.spec import method_names
 from pipeline.generate_job import cell_from_dict, cell_key
 from pipeline.workflow import ConfigError, check_config, expand_cells
-from tests.tiny_dag import check_tables, job_counts, snakemake, tiny_config
+from tests.tiny_dag import check_report, check_tables, job_counts, snakemake, tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = yaml.safe_load((ROOT / "config" / "default.yaml").read_text())
@@ -325,6 +325,16 @@ def test_the_whole_dag_writes_tables_plots_wandb_runs_and_a_notebook(tiny_run):
     outputs = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c["outputs"]]
     assert outputs and not [o for o in outputs if o["output_type"] == "error"]
     assert any("identical outputs: True" in "".join(o.get("text", "")) for o in outputs)
+
+
+def test_the_report_holds_the_tables_and_plots(tiny_run, tmp_path):
+    import matplotlib.image
+
+    work, _, _ = tiny_run
+    _, png = check_report(work, work / "config.yaml", tmp_path)
+    pixels = matplotlib.image.imread(png)[..., :3]
+    assert pixels.shape[:2] == (900, 1400) and pixels.std() > 0.1  # not blank: the table and the plot drawn
+    assert len({tuple(p) for p in pixels.reshape(-1, 3)[::97]}) > 50
 
 
 def test_a_rerun_does_nothing_and_a_crashed_cell_resumes(tiny_run):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -98,3 +100,92 @@ def check_tables(results: Path, config: dict) -> None:
     assert "humaneval" in quality.columns and len(quality) == len(cells)
     for png in ("speedup_vs_gamma.png", "predicted_vs_measured.png"):
         assert (results / "plots" / png).read_bytes()[:4] == b"\x89PNG"
+    check_speedup_columns(results)
+    check_results_file(results, config)
+
+
+def check_speedup_columns(results: Path) -> None:
+    """The speed-up table's CSV: per dataset the estimate inside its interval, gamma, tau, tokens/s and flags; the
+    Overall, the mean over the datasets (one here: the same figure)."""
+    speed = pd.read_csv(results / "tables" / "speedup_vs_standard.csv").set_index(["model_set", "method", "T"])
+    for column in ("low", "high", "gamma", "tau", "tokens_per_s", "unstable", "flags"):
+        assert f"humaneval_{column}" in speed.columns
+    bounded = speed.dropna(subset=["humaneval_low"])
+    assert len(bounded) and (bounded["humaneval_low"] <= bounded["humaneval"]).all()
+    assert (bounded["humaneval"] <= bounded["humaneval_high"]).all()
+    assert speed["Overall"].tolist() == pytest.approx(speed["humaneval"].tolist())
+    assert (speed["Overall_datasets"] == 1).all()
+    cells = pd.read_csv(results / "tables" / "cells.csv").set_index("id")
+    sd = cells.loc["humaneval/pair/sd-T0-g2"]
+    row = speed.loc[("pair", "sd", 0)]
+    assert row["humaneval_tau"] == pytest.approx(sd["tau"]) and str(row["humaneval_gamma"]) == "2"
+    assert row["humaneval_tokens_per_s"] == pytest.approx(sd["tokens_per_s"])
+
+
+def check_results_file(results: Path, config: dict) -> None:
+    """results.json: every cell's speed as its speed record has it, its quality under the metric's name, its
+    config as the cell file has it; versions, the git commit, the machine."""
+    doc = json.loads((results / "results.json").read_text())
+    cells = expand_cells(check_config(config))
+    assert doc["experiment"] == config["experiment"]
+    by_id = {c["id"]: c for c in doc["cells"]}
+    assert set(by_id) == set(cells)
+    for cell_id, record in by_id.items():
+        base = results / "generations" / f"{cell_id}.jsonl"
+        speed = json.loads(base.with_suffix(".speed.json").read_text())
+        for key in ("tokens_per_s", "tau", "speedup_side_by_side", "speedup_ci_low", "speedup_ci_high", "flags"):
+            assert record["speed"][key] == speed.get(key), (cell_id, key)
+        assert record["speed"]["unstable"] is speed["unstable"]
+        quality = json.loads(base.with_suffix(".summary.json").read_text())
+        assert record["quality"]["pass@1"] == quality["pass@1"] and record["quality"]["task"] == "humaneval"
+        assert record["config"] == json.loads((results / "cells" / f"{cell_id}.json").read_text())["cell"]
+        assert record["dims"]["id"] == cell_id
+    spec = by_id["humaneval/pair/sd-T0-g2"]["speed"]
+    assert spec["speedup_ci_low"] <= spec["speedup_side_by_side"] <= spec["speedup_ci_high"]
+    assert all(doc["versions"][name] for name in ("torch", "transformers", "snakemake", "lm_eval", "wandb"))
+    assert re.fullmatch(r"[0-9a-f]{40}", doc["git"]["commit"]) and isinstance(doc["git"]["dirty"], bool)
+    assert doc["machine"]["platform"] and doc["machine"]["cpu_count"] >= 1 and isinstance(doc["machine"]["gpus"], list)
+
+
+REPORT_VIEW = """<script>
+setTimeout(function () {  // open the speed-up table's entry (its caption holds the table) and show a plot
+  const find = (end) => Object.keys(results).find((k) => k.endsWith(end));
+  const table = find("speedup_vs_standard.html"), plot = find("speedup_vs_gamma.png");
+  app.setView({navbarMode: "resultinfo", resultPath: table, content: "img", contentPath: results[plot].data_uri});
+}, 500);
+</script>"""
+
+
+def chromium() -> str:
+    """The Chromium binary (installed by `make install`, scripts/install-chromium.sh); skips the test without it."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not found:
+        pytest.skip("chromium is not installed and could not be installed here (scripts/install-chromium.sh)")
+    return found
+
+
+def check_report(workdir: Path, configfile: Path, out: Path) -> tuple[str, Path]:
+    """`snakemake --report` on a finished run, rendered in headless Chromium with the speed-up table's entry and
+    a plot open: returns the rendered DOM and a screenshot; checks the table's text and the plot are there."""
+    browser = chromium()
+    run = snakemake(workdir, "--configfile", str(configfile), "--report", str(out / "report.html"))
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    html = (out / "report.html").read_text()
+    for name in ("speedup_vs_standard.html", "results.json", "speedup_vs_gamma.png", "predicted_vs_measured.png"):
+        assert name in html
+    shown = out / "shown.html"
+    end = html.rindex("</body>")
+    shown.write_text(html[:end] + REPORT_VIEW + html[end:])
+    args = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--virtual-time-budget=5000"]
+    dom = subprocess.run([*args, "--dump-dom", shown.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    png = out / "report.png"
+    subprocess.run(
+        [*args, "--window-size=1400,900", f"--screenshot={png}", shown.as_uri()], capture_output=True, timeout=120
+    )
+    app = dom[dom.index('<div id="app">') :]
+    app = app[: app.index("<script")]  # what the page shows, not the report's data
+    # the speed-up table, rendered from its caption: a row of the table with its figure and interval
+    assert re.search(r"<th>sd</th>.*?\d\.\d\dx \[\d\.\d\d, \d\.\d\d\]", app, re.S), app[-2000:]
+    assert "Overall" in app and "Speed-up over the standard method" in app
+    assert re.search(r'<img src="data:image/png[^"]*filename=speedup_vs_gamma\.png', app)
+    return dom, png

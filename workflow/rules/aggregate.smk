@@ -1,4 +1,13 @@
-# Aggregation: speed-up and quality tables (CSV + Markdown) and plots; then the analysis notebook.
+# Aggregation: speed-up and quality tables (CSV, Markdown, HTML), plots and results.json; then the analysis
+# notebook. Outputs marked report() make `snakemake --report report.html` (captions: workflow/report/).
+
+report: "../report/workflow.rst"
+
+
+# a table's HTML page in the report, captioned by workflow/report/<name>.rst
+table_report = lambda name, label: report(
+    f"{RESULTS}/tables/{name}.html", caption=f"../report/{name}.rst", category="Tables", labels={"table": label}
+)
 
 
 rule aggregate:
@@ -9,6 +18,25 @@ rule aggregate:
     output:
         summary=f"{RESULTS}/tables/summary.md",
         cells=f"{RESULTS}/tables/cells.csv",
+        speedup_csv=f"{RESULTS}/tables/speedup_vs_standard.csv",
+        speedup_html=table_report("speedup_vs_standard", "speed-up over the standard method"),
+        large_html=table_report("speedup_vs_large", "speed-up over the large model"),
+        quality_html=table_report("quality", "quality"),
+        acceptance_html=table_report("acceptance", "tau and acceptance"),
+        flags_html=table_report("flags", "flags"),
+        results=report(
+            f"{RESULTS}/results.json",
+            caption="../report/results_file.rst",
+            category="Results file",
+            labels={"file": "results.json"},
+        ),
+        plots=report(
+            directory(f"{RESULTS}/plots"),
+            patterns=["{name}.png"],
+            caption="../report/plots.rst",
+            category="Plots",
+            labels={"plot": "{name}"},
+        ),
     log:
         f"{RESULTS}/logs/aggregate.log",
     params:
