@@ -285,9 +285,26 @@ def cmd_grid(args: argparse.Namespace) -> int:
     ),
 )
 def cmd_preflight(args: argparse.Namespace) -> int:
-    from .preflight import command
+    """The models table, then every problem (one line each); 1 when any."""
+    from .estimate import host_problems, profile_generate, profile_gpu
+    from .preflight import table
+    from .workflow import load_checked, local_problems
 
-    return command(args)
+    config, cells = load_checked(args.config)
+    profile = args.profile if args.profile and args.profile.exists() else None
+    gpu = args.gpu or (profile_gpu(profile) if profile else None)
+    infos, problems = local_problems(config, cells, gpu)
+    mem_mb = profile_generate(profile).get("mem_mb") if profile else None
+    if isinstance(mem_mb, int | float):
+        problems += host_problems(cells, infos, mem_mb)
+    print("\n".join(table(infos)))
+    sets = len({tuple(c["dims"]["models"]) for c in cells.values()})
+    memory = f"against one {gpu}" if gpu else "not checked (no gpu_model in the profile; give --gpu)"
+    print(f"{len(infos)} models, {sets} model sets, {len(cells)} cells; GPU memory {memory}")
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    print(f"{len(problems)} problems" if problems else "no problems found", file=sys.stderr)
+    return 1 if problems else 0
 
 
 @command(
@@ -302,9 +319,29 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     arg("--json", action="store_true", help="machine-readable output"),
 )
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from .estimate import command
+    """The forecast as a table, or JSON."""
+    from .estimate import ACCEPTANCE, EFFICIENCY, GPU_EFFICIENCY, as_json, forecast, report, settings, settings_line
+    from .preflight import inspect_config, models_to_prepare
+    from .workflow import load_checked
 
-    return command(args)
+    name, gpu, floor = settings(args)
+    acceptance = ACCEPTANCE if args.acceptance is None else args.acceptance
+    efficiency = EFFICIENCY.get(name, GPU_EFFICIENCY) if args.efficiency is None else args.efficiency
+    if not 0 <= acceptance < 1 or not 0 < efficiency <= 1:
+        raise UserError(f"--acceptance {acceptance} / --efficiency {efficiency}: expected 0 <= a < 1, 0 < e <= 1")
+    config, cells = load_checked(args.config)
+    dtype = "float32" if name.startswith("cpu") else "bfloat16"
+    infos = inspect_config(config, models_to_prepare(config, cells), dtype)
+    unknown = [p for i in infos.values() if i.config is None for p in i.problems or [f"{i.name}: {i.where}"]]
+    if unknown:  # shapes are all it needs (a missing tokenizer is the preflight's to report)
+        raise UserError(f"{unknown[0]} ({len(unknown)} without shapes; 'pipeline preflight {args.config}' lists all)")
+    result = forecast(config, cells, infos, gpu, efficiency, floor, acceptance)
+    if args.json:
+        print(json.dumps(as_json(result, name, gpu, efficiency, floor, acceptance), indent=2))
+        return 0
+    print(settings_line(name, gpu, efficiency, floor, acceptance))
+    print("\n".join(report(result, name)))
+    return 0
 
 
 @command(

@@ -219,33 +219,6 @@ def settings(args) -> tuple[str, Gpu, float]:
     return key, gpu, floor
 
 
-def command(args) -> int:
-    """``pipeline estimate CONFIG --gpu NAME``: the forecast as a table, or JSON."""
-    import json
-
-    from .preflight import inspect_config, load_checked
-    from .workflow import models_to_prepare
-
-    name, gpu, floor = settings(args)
-    acceptance = ACCEPTANCE if args.acceptance is None else args.acceptance
-    efficiency = EFFICIENCY.get(name, GPU_EFFICIENCY) if args.efficiency is None else args.efficiency
-    if not 0 <= acceptance < 1 or not 0 < efficiency <= 1:
-        raise UserError(f"--acceptance {acceptance} / --efficiency {efficiency}: expected 0 <= a < 1, 0 < e <= 1")
-    config, cells = load_checked(args.config)
-    dtype = "float32" if name.startswith("cpu") else "bfloat16"
-    infos = inspect_config(config, models_to_prepare(config, cells), dtype)
-    unknown = [p for i in infos.values() if i.config is None for p in i.problems or [f"{i.name}: {i.where}"]]
-    if unknown:  # shapes are all it needs (a missing tokenizer is the preflight's to report)
-        raise UserError(f"{unknown[0]} ({len(unknown)} without shapes; 'pipeline preflight {args.config}' lists all)")
-    result = forecast(config, cells, infos, gpu, efficiency, floor, acceptance)
-    if args.json:
-        print(json.dumps(as_json(result, name, gpu, efficiency, floor, acceptance), indent=2))
-        return 0
-    print(settings_line(name, gpu, efficiency, floor, acceptance))
-    print("\n".join(report(result, name)))
-    return 0
-
-
 def as_json(result: dict, name: str, gpu: Gpu, efficiency: float, floor_ms: float, acceptance: float) -> dict:
     return {
         "gpu": name,

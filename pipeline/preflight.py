@@ -267,10 +267,14 @@ def set_problems(config: dict[str, Any], cells: dict[str, dict[str, Any]], infos
     return list(problems)
 
 
+def models_to_prepare(config: dict[str, Any], cells: dict[str, dict[str, Any]]) -> list[str]:
+    """Model names used by some cell, in config order."""
+    used = {m for c in cells.values() for m in c["dims"]["models"]}
+    return [m for m in config["models"] if m in used]
+
+
 def run(config: dict[str, Any], cells: dict[str, dict[str, Any]], gpu: str | None = None):
     """The models' infos and every problem of a checked config (``gpu``: a name of ``estimate.GPUS``)."""
-    from .workflow import models_to_prepare
-
     infos = inspect_config(config, models_to_prepare(config, cells), "bfloat16" if gpu != "cpu" else "float32")
     problems = [p for info in infos.values() for p in info.problems]
     problems += set_problems(config, cells, infos)
@@ -291,35 +295,3 @@ def table(infos: dict[str, ModelInfo]) -> list[str]:
         chat = "yes" if i.chat_template else "no" if i.vocab is not None else "?"
         rows.append(f"| {i.name} | {i.where} | {params} | {i.vocab_size or '?'} | {tok} | {chat} | {weights} |")
     return rows
-
-
-def load_checked(path: Path):
-    """A config file checked and expanded into cells (ConfigError names what is wrong)."""
-    from .workflow import check_config, expand_cells, load_config_file
-
-    config = check_config(load_config_file(path))
-    return config, expand_cells(config)
-
-
-def command(args) -> int:
-    """``pipeline preflight CONFIG``: the models table, then every problem (one line each); 1 when any."""
-    import sys
-
-    from .estimate import host_problems, profile_generate, profile_gpu
-    from .workflow import local_problems
-
-    config, cells = load_checked(args.config)
-    profile = args.profile if args.profile and args.profile.exists() else None
-    gpu = args.gpu or (profile_gpu(profile) if profile else None)
-    infos, problems = local_problems(config, cells, gpu)
-    mem_mb = profile_generate(profile).get("mem_mb") if profile else None
-    if isinstance(mem_mb, int | float):
-        problems += host_problems(cells, infos, mem_mb)
-    print("\n".join(table(infos)))
-    sets = len({tuple(c["dims"]["models"]) for c in cells.values()})
-    memory = f"against one {gpu}" if gpu else "not checked (no gpu_model in the profile; give --gpu)"
-    print(f"{len(infos)} models, {sets} model sets, {len(cells)} cells; GPU memory {memory}")
-    for problem in problems:
-        print(f"error: {problem}", file=sys.stderr)
-    print(f"{len(problems)} problems" if problems else "no problems found", file=sys.stderr)
-    return 1 if problems else 0

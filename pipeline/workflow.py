@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from .errors import UserError
+from .preflight import models_to_prepare  # noqa: F401  (the Snakefile's and tests' name for it)
 
 SCHEMA = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "config.schema.yaml"
 GRID_KEYS = "datasets gamma gamma_schedule temperature max_new_tokens method_args proposer se_large_gamma".split()
@@ -290,8 +291,9 @@ def local_problems(config: dict[str, Any], cells: dict[str, dict[str, Any]], gpu
 
     Hub sources are checked only when the hub is offline (then they must be in the local hub cache).
     """
-    from pipeline import preflight
     from tasks import HubSkipped, TaskError, get_task
+
+    from . import preflight
 
     problems = []
     data_dir = config["data_dir"]
@@ -445,10 +447,10 @@ def _cell(config, g, spec, args, names, label, dataset, dopts, t, gamma, schedul
     return cell_id, cell
 
 
-def models_to_prepare(config: dict[str, Any], cells: dict[str, dict[str, Any]]) -> list[str]:
-    """Model names used by some cell, in config order."""
-    used = {m for c in cells.values() for m in c["dims"]["models"]}
-    return [m for m in config["models"] if m in used]
+def load_checked(path: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """A config file checked and expanded into cells (ConfigError names what is wrong)."""
+    config = check_config(load_config_file(path))
+    return config, expand_cells(config)
 
 
 def main(argv: list[str] | None = None) -> int:
