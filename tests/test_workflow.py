@@ -228,11 +228,12 @@ def test_dry_run_of_the_default_grid_lists_exactly_its_jobs(tmp_path):
         "cell": n,
         "grid": 1,
         "timing": 1,
-        "prepare_model": 3,
+        "prepare_model": 3,  # the bundled model and two drafts distilled from it: nothing to fetch
         "generate": n,
         "speed": n,
         "score": n,
         "wandb_log": n,
+        "wandb_experiment": 1,
         "aggregate": 1,
         "notebook": 1,
     }
@@ -260,7 +261,7 @@ def test_slurm_dry_run_lists_jobs_with_their_resources(tmp_path):
     run = snakemake(tmp_path, "-n", "--workflow-profile", str(profile), "--config", "wandb={mode: disabled}")
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-2000:]
-    blocks = re.findall(r"^rule (\w+):\n(.*?)(?=^rule |\Z)", out, re.S | re.M)
+    blocks = re.findall(r"^ *rule (\w+):\n(.*?)(?=^ *rule |\Z)", out, re.S | re.M)
     resources = {}
     for rule, body in blocks:
         found = re.search(r"resources: (.*)", body)
@@ -283,6 +284,50 @@ def test_slurm_dry_run_lists_jobs_with_their_resources(tmp_path):
     )
     generate = re.search(r"^rule generate:\n.*?resources: (.*?)$", run.stdout + run.stderr, re.S | re.M).group(1)
     assert "slurm_partition=a100" in generate and "gpu_model=a100" in generate and "gpu=1" in generate
+
+
+def slurm_submissions(dry_run: str, profile: dict) -> dict[str, int]:
+    """SLURM submissions of a dry run with the slurm profile, counted as the executor submits them: a group job
+    (up to group-components jobs) once, a rule in slurm-array-jobs once per slurm-array-limit ready jobs, any
+    other job once; local rules (localrule: True, and `all`, which runs nothing) never."""
+    local = {"all"} | {
+        m[1]
+        for smk in (ROOT / "workflow" / "rules").glob("*.smk")
+        for m in re.finditer(r"^rule (\w+):\n(?:    .*\n|\n)*?    localrule: True", smk.read_text(), re.M)
+    }
+    arrays = set(profile.get("slurm-array-jobs", "").replace(" ", "").split(",")) - {""}
+    limit = profile.get("slurm-array-limit", 1000)
+    counts: dict[str, int] = {}
+    for block in re.split(r"^(?=\[[^\]]*\])", dry_run, flags=re.M):
+        group = re.match(r"\[[^\]]*\] Group job (\w+)", block)
+        rule = re.search(r"^rule (\w+):", block, re.M)
+        if group:
+            counts[f"group {group[1]}"] = counts.get(f"group {group[1]}", 0) + 1
+        elif rule and rule[1] not in local:
+            counts[rule[1]] = counts.get(rule[1], 0) + 1
+    return {name: -(-n // limit) if name in arrays else n for name, n in counts.items()}
+
+
+def test_the_paper_grid_on_slurm_takes_few_submissions_and_a_short_target(tmp_path):
+    """The paper grid (384 cells): about 40 SLURM submissions, where each job once was one (about 1,550)."""
+    profile_dir = ROOT / "workflow" / "profiles" / "slurm"
+    profile = yaml.safe_load((profile_dir / "config.yaml").read_text())
+    paper = ROOT / "config" / "paper.yaml"
+    run = snakemake(tmp_path, "-n", "--workflow-profile", str(profile_dir), "--configfile", str(paper))
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-2000:]
+    cells = len(expand_cells(check_config(yaml.safe_load(paper.read_text()))))
+    assert cells == 384 and job_counts(out)["generate"] == cells
+    submissions = slurm_submissions(out, profile)
+    assert submissions == {
+        "prepare_model": 12,  # converted and checked on a compute node; downloaded by fetch_model (local)
+        "generate": 1,  # one job array
+        "group judge": -(-2 * cells // 32),  # judging and scoring of 16 cells a submission
+        "group report": 1,  # aggregation and the notebook
+    }, submissions
+    assert sum(submissions.values()) <= 400
+    target = re.search(r"^rule all:\n    input: (.*)$", out, re.M)[1]
+    assert len(target) < 300 and ".wandb.json" not in target, target
 
 
 # ---- the whole DAG on tiny models ------------------------------------------------------------
@@ -317,7 +362,8 @@ def test_the_whole_dag_writes_tables_plots_wandb_runs_and_a_notebook(tiny_run):
     assert "(γ=1-2-2)" in (results / "tables" / "speedup_vs_standard.md").read_text()  # the trio's gamma list
 
     offline = sorted((results / "wandb").glob("offline-run-*"))
-    assert len(offline) == len(cells)
+    assert len(offline) == len(cells) + 1  # and the experiment's run, with the aggregate tables
+    assert json.loads((results / "wandb.json").read_text())["status"] == "ok"
     status = json.loads((results / "generations" / "humaneval/pair/we_se-T0-g1-2.wandb.json").read_text())
     assert status["status"] == "ok" and status["mode"] == "offline"
 
@@ -355,6 +401,7 @@ def test_a_rerun_does_nothing_and_a_crashed_cell_resumes(tiny_run):
         "speed": 1,
         "score": 1,
         "wandb_log": 1,
+        "wandb_experiment": 1,
         "aggregate": 1,
         "notebook": 1,
         "all": 1,

@@ -90,9 +90,41 @@ def env(name):
 
 
 def final_outputs():
+    """The default target's inputs: the aggregate outputs only (each of them depends on every cell)."""
     out = [f"{RESULTS}/tables/summary.md", f"{RESULTS}/tables/cells.csv"]
     if _checked["notebook"]:
         out.append(f"{RESULTS}/analysis.ipynb")
     if WANDB["mode"] != "disabled":
-        out += [f"{GEN}/{c}.wandb.json" for c in CELLS]
+        out.append(f"{RESULTS}/wandb.json")  # the experiment's run, after every cell's run
     return out
+
+
+def hub_models():
+    """The models fetched from the hub, by name, with their hub ids: fetch_model downloads them on the machine
+    Snakemake runs on (where the network is), so that no compute job needs the network for them."""
+    from pipeline.models.sources import locate
+    from pipeline.models.spec import ModelSpec
+
+    found = {m: locate(ModelSpec(**model_entry(_checked, m))) for m in MODELS}
+    return {m: where for m, (kind, where) in found.items() if kind == "hub"}
+
+
+HUB_MODELS = hub_models()
+
+
+def speed_mem_mb(wildcards, input):
+    """The judge's memory: small, unless a greedy cell's outputs part from its baseline's somewhere; then the
+    float64 recompute (pipeline/exactness.py) loads each model on the CPU, one at a time: 8 bytes a parameter
+    of the largest, and room for activations."""
+    base = 2000
+    dims = cell_dims(wildcards)
+    if dims["temperature"] != 0 or not CELLS[wildcards.cell]["cell"].get("baseline"):
+        return base
+    with open(input.samples) as rows:
+        mismatch = any(
+            (r := json.loads(line))["token_ids"] != r.get("baseline", {}).get("token_ids") for line in rows if line.strip()
+        )
+    if not mismatch:
+        return base
+    largest = max(json.loads(Path(m).read_text()).get("parameters", 0) for m in input.models)
+    return base + int(largest * 8 * 1.25 / 1e6)

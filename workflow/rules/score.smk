@@ -14,6 +14,8 @@ rule score:
         data_dir=f"--data-dir {shlex.quote(_checked['data_dir'])}" if _checked["data_dir"] else "",
     log:
         f"{RESULTS}/logs/score/{{cell}}.log",
+    group:
+        "judge"
     threads: 2
     resources:
         mem_mb=4000,
