@@ -82,24 +82,23 @@ def status(results: Path) -> Status:
         base = gen / cell
         if found := flags(base.with_name(base.name + ".speed.json")):
             out.unstable[cell] = "; ".join(found)
-        if all(base.with_name(base.name + s).exists() for s in (".speed.json", ".summary.json")):
-            out.done.append(cell)
-            continue
         journal = (results / "journal" / cell).parent.glob(f"{Path(cell).name}-*.jsonl")
         state = "running" if any(journal) else "pending"
-        for step, made in STEPS:
+        for step, made in STEPS:  # the first step without its output and with a log tells where the cell is
             log = logs / step / f"{cell}.log"
             if base.with_name(base.name + made).exists() or not log.exists():
                 continue
-            why = cause(log)
-            if why:
+            if why := cause(log):
                 out.failed[cell] = f"{step}: {why}"
                 state = "failed"
             else:
                 state = "running"
             break
-        if state != "failed":
-            getattr(out, state).append(cell)
+        if state == "failed":
+            continue
+        if all(base.with_name(base.name + s).exists() for s in (".speed.json", ".summary.json")):
+            state = "done"
+        getattr(out, state).append(cell)
     return out
 
 

@@ -494,3 +494,35 @@ def test_wandb_failure_never_loses_results(tiny_run, tmp_path, monkeypatch):
         log_cell(tmp_path / "we-T0.jsonl", tmp_path / "s2.json", {"id": "x"}, mode="offline", wandb_dir=tmp_path)
     monkeypatch.setenv("WANDB_MODE", "disabled")
     assert log_cell(tmp_path / "we-T0.jsonl", tmp_path / "status.json", {"id": "x"})["status"] == "disabled"
+
+
+def test_logging_a_cell_again_resumes_its_wandb_run(tmp_path, monkeypatch):
+    """W&B offline, the real client: a cell's run id comes from the experiment and the cell, so a rerun resumes
+    the run rather than adding one; job_type names the step, the method stays in the config."""
+    import wandb
+
+    from pipeline.tracking import log_cell, log_experiment, run_id
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    samples = tmp_path / "sd-T0-g2.jsonl"
+    samples.write_text(json.dumps({"id": "a", "output": "x", "stats": {"new_tokens": 4, "wall_time_s": 0.5}}) + "\n")
+    samples.with_suffix(".speed.json").write_text(json.dumps({"tokens_per_s": 8.0, "flags": []}))
+    dims = {"id": "humaneval/pair/sd-T0-g2", "method": "sd", "models": ["a", "b"]}
+    seen = []
+    real_init = wandb.init
+    monkeypatch.setattr(wandb, "init", lambda **kw: seen.append(kw) or real_init(**kw))
+
+    first = log_cell(samples, tmp_path / "s1.json", dims, experiment="exp", wandb_dir=tmp_path)
+    second = log_cell(samples, tmp_path / "s2.json", dims, experiment="exp", wandb_dir=tmp_path)
+    assert first["run_id"] == second["run_id"] == run_id("exp", dims["id"])
+    assert run_id("other", dims["id"]) != first["run_id"] != run_id("exp", "humaneval/pair/sd-T0-g3")
+    assert [kw["resume"] for kw in seen] == ["allow", "allow"] and {kw["job_type"] for kw in seen} == {"cell"}
+    runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(r.name.endswith(first["run_id"]) for r in runs)  # `wandb sync` resumes one run
+
+    (tmp_path / "tables").mkdir()
+    (tmp_path / "tables" / "cells.csv").write_text("id,tokens_per_s\nhumaneval/pair/sd-T0-g2,8.0\n")
+    (tmp_path / "tables" / "summary.md").write_text("# Summary\n")
+    experiment = log_experiment(tmp_path, tmp_path / "wandb.json", experiment="exp")
+    assert experiment["status"] == "ok" and experiment["run_id"] == run_id("exp", "experiment")
+    assert seen[-1]["job_type"] == "aggregate" and seen[-1]["group"] == "exp"
