@@ -25,7 +25,7 @@ STEPS = (("generate", ".jsonl"), ("speed", ".speed.json"), ("score", ".summary.j
 # every file a cell's jobs write next to its samples
 CELL_FILES = (".jsonl", ".meta.json", ".speed.json", ".scores.jsonl", ".summary.json", ".wandb.json")
 CELL_FILES += (".wandb.failed.json",)
-ERROR_LINE = re.compile(r"^(error\b|\w*(Error|Exception)\b|Killed|Traceback)|\bout of memory\b", re.I)
+ERROR_LINE = re.compile(r"^(error\b|[\w.]*(Error|Exception)\b|Killed|Traceback)|\bout of memory\b", re.I)
 
 
 @dataclass

@@ -202,6 +202,8 @@ def _log_run(run_spec: RunSpec, fill, mode, wandb_dir, timeout) -> tuple[str, Pa
         if run is not None:
             with contextlib.suppress(Exception):
                 run.finish(exit_code=1)
+        with contextlib.suppress(Exception):  # W&B's service keeps a failed run's id in use: start afresh
+            wandb.teardown()
         for path in set((wandb_dir / "wandb").glob(f"*run-*-{run_spec.id}")) - before:  # this attempt's stub
             shutil.rmtree(path, ignore_errors=True)
         raise

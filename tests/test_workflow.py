@@ -440,6 +440,32 @@ def test_a_changed_cell_setting_reruns_only_the_cells_it_changes(tiny_run):
     assert entry["cell"]["method_args"] == {"lambda": 0.5} and entry["dims"]["id"] == "humaneval/pair/we-T0"
 
 
+def test_rerun_unstable_measures_the_flagged_cells_again_and_nothing_else(tiny_run, tmp_path):
+    from pipeline.cli import main
+
+    work, config, _ = tiny_run
+    copy = tmp_path / "work"
+    shutil.copytree(work, copy, symlinks=True)  # modification times kept: Snakemake sees the same state
+    flagged = "humaneval/pair/sd-T0-g2"
+    speed = copy / "results" / "generations" / f"{flagged}.speed.json"
+    speed.write_text(json.dumps({**json.loads(speed.read_text()), "flags": ["interference on 2 of 2 samples"]}))
+    assert main(["rerun", str(copy / "results"), "--unstable"]) == 0
+    run = snakemake(copy, "-n", "--cores", "2", "--configfile", str(copy / "config.yaml"))
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-2000:]
+    assert job_counts(out) == {
+        "generate": 1,
+        "speed": 1,
+        "score": 1,
+        "wandb_log": 1,
+        "wandb_experiment": 1,
+        "aggregate": 1,
+        "notebook": 1,
+        "all": 1,
+    }
+    assert re.search(rf"wildcards: cell={re.escape(flagged)}$", out, re.M)
+
+
 def test_without_side_by_side_runs_speedups_come_from_the_standard_cells(tiny_run, tmp_path):
     from pipeline.aggregate import aggregate
     from pipeline.generate_job import speed_summary
