@@ -130,7 +130,8 @@ def report(results: Path) -> str:
 
 def rerun_unstable(results: Path) -> list[str]:
     """Move the flagged cells' files (generations, judgements, scores, W&B records, logs) under
-    ``RESULTS/rerun/<time>/``; the workflow then runs those cells again and nothing else. Returns the cells."""
+    ``RESULTS/rerun/<time>/`` and touch the grid index; the workflow then runs those cells and the aggregate
+    steps again, and nothing else. Returns the cells."""
     results = Path(results)
     flagged = list(status(results).unstable)
     aside = results / "rerun" / time.strftime("%Y%m%d-%H%M%S")
@@ -142,4 +143,6 @@ def rerun_unstable(results: Path) -> list[str]:
                 target = aside / path.relative_to(results)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 path.rename(target)
+    if flagged:  # the aggregate steps depend on the index: a newer one makes them, and the cells, run again
+        (results / "grid.json").touch()
     return flagged
