@@ -25,6 +25,8 @@ STEPS = (("generate", ".jsonl"), ("speed", ".speed.json"), ("score", ".summary.j
 # every file a cell's jobs write next to its samples
 CELL_FILES = (".jsonl", ".meta.json", ".speed.json", ".scores.jsonl", ".summary.json", ".wandb.json")
 CELL_FILES += (".wandb.failed.json",)
+# the aggregate tables the default target asks for (an unchanged table would not make the workflow rerun a cell)
+TABLES = ("tables/cells.csv", "tables/summary.md")
 ERROR_LINE = re.compile(r"^(error\b|[\w.]*(Error|Exception)\b|Killed|Traceback)|\bout of memory\b", re.I)
 
 
@@ -130,19 +132,18 @@ def report(results: Path) -> str:
 
 def rerun_unstable(results: Path) -> list[str]:
     """Move the flagged cells' files (generations, judgements, scores, W&B records, logs) under
-    ``RESULTS/rerun/<time>/`` and touch the grid index; the workflow then runs those cells and the aggregate
-    steps again, and nothing else. Returns the cells."""
+    ``RESULTS/rerun/<time>/``, with the aggregate tables they were in; the workflow then runs those cells and
+    the aggregate steps again, and nothing else. Returns the cells."""
     results = Path(results)
     flagged = list(status(results).unstable)
     aside = results / "rerun" / time.strftime("%Y%m%d-%H%M%S")
     for cell in flagged:
         files = [results / "generations" / f"{cell}{suffix}" for suffix in CELL_FILES]
         files += [results / "logs" / step / f"{cell}.log" for step, _ in STEPS]
+        files += [results / table for table in TABLES]  # what the default target asks for: the workflow reruns
         for path in files:
             if path.exists():
                 target = aside / path.relative_to(results)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 path.rename(target)
-    if flagged:  # the aggregate steps depend on the index: a newer one makes them, and the cells, run again
-        (results / "grid.json").touch()
     return flagged

@@ -289,8 +289,9 @@ def test_slurm_dry_run_lists_jobs_with_their_resources(tmp_path):
 
 def slurm_submissions(dry_run: str, profile: dict) -> dict[str, int]:
     """SLURM submissions of a dry run with the slurm profile, counted as the executor submits them: a group job
-    (up to group-components jobs) once, a rule in slurm-array-jobs once per slurm-array-limit ready jobs, any
-    other job once; local rules (localrule: True, and `all`, which runs nothing) never."""
+    (up to group-components jobs) once, a rule in slurm-array-jobs once per slurm-array-limit jobs (when they
+    are ready together: the arrays are formed from the jobs ready at once), any other job once; local rules
+    (localrule: True, and `all`, which runs nothing) never."""
     local = {"all"} | {
         m[1]
         for smk in (ROOT / "workflow" / "rules").glob("*.smk")
