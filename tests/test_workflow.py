@@ -270,7 +270,8 @@ def test_slurm_dry_run_lists_jobs_with_their_resources(tmp_path):
             resources.setdefault(rule, found.group(1))
     assert "gpu=1" in resources["generate"] and "slurm_partition=gpu" in resources["generate"]
     assert "runtime=240" in resources["generate"] and "cpus_per_task=8" in resources["generate"]
-    assert "slurm_partition=cpu" in resources["score"] and "gpu" not in resources["score"]
+    assert "slurm_partition=gpu" in resources["score"] and "gpu=" not in resources["score"]  # in its cell's job
+    assert "slurm_partition=cpu" in resources["prepare_model"] and "gpu" not in resources["prepare_model"]
     assert job_counts(out)["generate"] == len(expand_cells(check_config(DEFAULT)))
     assert "wandb_log" not in job_counts(out)
     # overridable from the command line; the rule's own defaults (one GPU) stay
@@ -283,7 +284,7 @@ def test_slurm_dry_run_lists_jobs_with_their_resources(tmp_path):
         "generate:slurm_partition=a100",
         "generate:gpu_model=a100",
     )
-    generate = re.search(r"^rule generate:\n.*?resources: (.*?)$", run.stdout + run.stderr, re.S | re.M).group(1)
+    generate = re.search(r"^ *rule generate:\n.*?resources: (.*?)$", run.stdout + run.stderr, re.S | re.M).group(1)
     assert "slurm_partition=a100" in generate and "gpu_model=a100" in generate and "gpu=1" in generate
 
 
@@ -311,7 +312,7 @@ def slurm_submissions(dry_run: str, profile: dict) -> dict[str, int]:
 
 
 def test_the_paper_grid_on_slurm_takes_few_submissions_and_a_short_target(tmp_path):
-    """The paper grid (384 cells): about 40 SLURM submissions, where each job once was one (about 1,550)."""
+    """The paper grid (384 cells): 397 SLURM submissions, where each job once was one (1,550)."""
     profile_dir = ROOT / "workflow" / "profiles" / "slurm"
     profile = yaml.safe_load((profile_dir / "config.yaml").read_text())
     paper = ROOT / "config" / "paper.yaml"
@@ -323,8 +324,7 @@ def test_the_paper_grid_on_slurm_takes_few_submissions_and_a_short_target(tmp_pa
     submissions = slurm_submissions(out, profile)
     assert submissions == {
         "prepare_model": 12,  # converted and checked on a compute node; downloaded by fetch_model (local)
-        "generate": 1,  # one job array
-        "group judge": -(-2 * cells // 32),  # judging and scoring of 16 cells a submission
+        "group cell": cells,  # a cell's generation, judging and scoring in one job
         "group report": 1,  # aggregation and the notebook
     }, submissions
     assert sum(submissions.values()) <= 400

@@ -15,7 +15,7 @@ rule score:
     log:
         f"{RESULTS}/logs/score/{{cell}}.log",
     group:
-        "judge"
+        "cell"
     threads: 2
     resources:
         mem_mb=4000,

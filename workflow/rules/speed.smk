@@ -1,8 +1,8 @@
 # Judging a finished cell: speed-up with its interval, τ, interference and flags, exactness at T=0
 # (.speed.json). Its own light job, so a changed `timing` setting re-judges every cell from its
 # samples without generating any again; the float64 exactness recompute runs here, on a CPU, and
-# only then does the job ask for the memory it needs (speed_mem_mb). Judging and scoring form the
-# group `judge`: on a cluster several cells' judge jobs go in one submission (group-components).
+# only then does the job ask for the memory it needs (speed_mem_mb). A cell's generation, judging and
+# scoring form the group `cell`: on a cluster, one submission.
 
 
 rule timing:
@@ -28,7 +28,7 @@ rule speed:
     log:
         f"{RESULTS}/logs/speed/{{cell}}.log",
     group:
-        "judge"
+        "cell"
     threads: 1
     resources:
         mem_mb=speed_mem_mb,
