@@ -328,6 +328,11 @@ def test_the_paper_grid_on_slurm_takes_few_submissions_and_a_short_target(tmp_pa
         "group report": 1,  # aggregation and the notebook
     }, submissions
     assert sum(submissions.values()) <= 400
+    # the judge asks for 2 GB; a greedy cell's for the float64 recompute only once its models are known
+    judged = re.findall(r"^ *rule speed:\n.*?wildcards: cell=(\S+)\n.*?resources: .*?mem_mb=([^,]+),", out, re.S | re.M)
+    assert len(judged) == cells
+    assert {mem for cell, mem in judged if "-T1" in cell} == {"2000"}
+    assert {mem for cell, mem in judged if "-T0" in cell} <= {"2000", "<TBD>"}
     target = re.search(r"^rule all:\n    input: (.*)$", out, re.M)[1]
     assert len(target) < 300 and ".wandb.json" not in target, target
 

@@ -115,16 +115,15 @@ HUB_MODELS = hub_models()
 def speed_mem_mb(wildcards, input):
     """The judge's memory: small, unless a greedy cell's outputs part from its baseline's somewhere; then the
     float64 recompute (pipeline/exactness.py) loads each model on the CPU, one at a time: 8 bytes a parameter
-    of the largest, and room for activations."""
+    of the largest, and room for activations. Before the cell is generated (its judge submitted with its
+    generation, in one group job) a greedy cell is sized for the recompute."""
     base = 2000
-    dims = cell_dims(wildcards)
-    if dims["temperature"] != 0 or not CELLS[wildcards.cell]["cell"].get("baseline"):
+    if cell_dims(wildcards)["temperature"] != 0 or not CELLS[wildcards.cell]["cell"].get("baseline"):
         return base
-    with open(input.samples) as rows:
-        mismatch = any(
-            (r := json.loads(line))["token_ids"] != r.get("baseline", {}).get("token_ids") for line in rows if line.strip()
-        )
-    if not mismatch:
-        return base
+    if Path(input.samples).exists():
+        with open(input.samples) as lines:
+            rows = [json.loads(line) for line in lines if line.strip()]
+        if all(r["token_ids"] == r["baseline"]["token_ids"] for r in rows):
+            return base
     largest = max(json.loads(Path(m).read_text()).get("parameters", 0) for m in input.models)
     return base + int(largest * 8 * 1.25 / 1e6)
