@@ -123,7 +123,7 @@ def speed_mem_mb(wildcards, input):
     if Path(input.samples).exists():
         with open(input.samples) as lines:
             rows = [json.loads(line) for line in lines if line.strip()]
-        if all(r["token_ids"] == r["baseline"]["token_ids"] for r in rows):
+        if all(r["token_ids"] == r.get("baseline", r)["token_ids"] for r in rows):
             return base
     largest = max(json.loads(Path(m).read_text()).get("parameters", 0) for m in input.models)
     return base + int(largest * 8 * 1.25 / 1e6)
