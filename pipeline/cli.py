@@ -242,6 +242,50 @@ def cmd_wandb_log(args: argparse.Namespace) -> int:
     return 0
 
 
+@command(
+    "wandb-log-experiment",
+    "log an experiment's aggregate tables as its own W&B run",
+    arg("results", type=Path, help="the results directory (its tables/)"),
+    arg("status", type=Path, help="where the outcome (run id, mode or the error) is written"),
+    arg("--experiment", default="default"),
+    arg("--project", default="specens"),
+    arg("--entity"),
+    arg("--mode", default="auto", choices=["auto", "online", "offline", "disabled"]),
+    arg("--init-timeout", type=float, default=15.0, help="seconds to wait for the W&B server"),
+)
+def cmd_wandb_log_experiment(args: argparse.Namespace) -> int:
+    from .tracking import WandbFailed, log_experiment
+
+    try:
+        log_experiment(args.results, args.status, **_options(args, "experiment project entity mode init_timeout"))
+    except WandbFailed as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+@command("status", "a results directory's cells: done, running, failed (with why), unstable", arg("results", type=Path))
+def cmd_status(args: argparse.Namespace) -> int:
+    from .status import report
+
+    print(report(args.results))
+    return 0
+
+
+@command(
+    "rerun",
+    "set cells aside so that the next workflow run measures them again (nothing is deleted)",
+    arg("results", type=Path),
+    arg("--unstable", action="store_true", required=True, help="the cells the speed judge flagged"),
+)
+def cmd_rerun(args: argparse.Namespace) -> int:
+    from .status import rerun_unstable
+
+    moved = rerun_unstable(args.results)
+    print("\n".join(moved) if moved else "no flagged cells")
+    return 0
+
+
 @command("aggregate", "speed-up and quality tables and plots from a results directory", arg("results", type=Path))
 def cmd_aggregate(args: argparse.Namespace) -> int:
     from .aggregate import aggregate

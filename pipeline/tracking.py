@@ -1,8 +1,11 @@
 """Weights & Biases logging of one scored cell.
 
-One W&B run per cell, grouped by experiment: the cell's dimensions and
-settings as config; tokens/s, speed-up, acceptance and quality as summary
-metrics; per-sample speed as history; and a table of samples. ``auto`` mode
+One W&B run per cell, grouped by experiment (``job_type`` "cell"): the cell's
+dimensions and settings, its method among them, as config; tokens/s, speed-up,
+acceptance and quality as summary metrics; per-sample speed as history; and a
+table of samples. One run per experiment (``job_type`` "aggregate") carries
+the aggregate tables. Run ids derive from the experiment and the cell
+(``run_id``): logging a cell again resumes its run rather than adding one. ``auto`` mode
 is online when an API key is configured (``WANDB_API_KEY`` or ``wandb
 login``), else offline (upload later with ``wandb sync results/wandb/offline-run-*``).
 ``WANDB_MODE`` in the environment wins over the config.
@@ -16,11 +19,12 @@ server; it is recorded, an online run is logged offline in its place (for
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import netrc
 import os
-import secrets
 import shutil
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -65,6 +69,12 @@ class WandbFailed(RuntimeError):
     """Logging a cell failed; the job fails so that the next workflow run retries it (results/ is untouched)."""
 
 
+def run_id(experiment: str, name: str) -> str:
+    """The W&B run id of a cell (or of the experiment's own run): the same for every logging of it, so that a
+    rerun resumes the run instead of adding a second one."""
+    return hashlib.sha256(f"{experiment}\0{name}".encode()).hexdigest()[:24]
+
+
 def log_cell(
     samples: Path,
     status: Path,
@@ -77,26 +87,61 @@ def log_cell(
     wandb_dir: Path = Path("results"),
     init_timeout: float = 15.0,
 ) -> dict[str, Any]:
-    """Log a cell as one W&B run and write the outcome to ``status``.
+    """Log a cell as one W&B run (``job_type`` "cell", the method in its config) and write the outcome to
+    ``status``.
 
     A failure writes ``<status>.failed.json`` instead (the error and, for an online run, the offline copy
     made in its place for ``wandb sync``) and raises WandbFailed: ``status`` stays absent, so the workflow
     runs the job again next time; a later success removes the offline copy, so nothing is synced twice.
     Waiting for an unreachable server is bounded by ``init_timeout`` seconds.
     """
-    samples, status, wandb_dir = Path(samples), Path(status), Path(wandb_dir)
+    samples = Path(samples)
+    run = RunSpec(run_id(experiment, dims.get("id", samples.stem)), dims.get("id"), "cell", experiment, project, entity)
+    return _logged(status, mode, run, partial(_log_cell, samples, dims, cell or {}), wandb_dir, init_timeout)
+
+
+def log_experiment(
+    results: Path,
+    status: Path,
+    experiment: str = "default",
+    project: str = "specens",
+    entity: str | None = None,
+    mode: str = "auto",
+    wandb_dir: Path | None = None,
+    init_timeout: float = 15.0,
+) -> dict[str, Any]:
+    """Log the experiment's aggregate tables (``results/tables/*.csv``, the summary) as one W&B run of its own
+    (``job_type`` "aggregate", in the experiment's group beside its cells' runs); failures as for log_cell."""
+    results = Path(results)
+    run = RunSpec(run_id(experiment, "experiment"), experiment, "aggregate", experiment, project, entity)
+    return _logged(status, mode, run, partial(_log_tables, results / "tables"), wandb_dir or results, init_timeout)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Who a W&B run is: its stable id, name, function (``job_type``) and where it goes."""
+
+    id: str
+    name: str | None
+    job_type: str
+    experiment: str
+    project: str
+    entity: str | None
+
+
+def _logged(status, mode, run: RunSpec, fill, wandb_dir, init_timeout) -> dict[str, Any]:
+    """Log one run (``fill(wandb_run)`` writes its content) and record the outcome in ``status``; see log_cell."""
+    status, wandb_dir = Path(status), Path(wandb_dir)
     failed = status.with_suffix(".failed.json")
     mode = resolve_mode(mode)
-    outcome: dict[str, Any] = {"mode": mode, "cell": dims.get("id")}
+    outcome: dict[str, Any] = {"mode": mode, "cell": run.name} if run.job_type == "cell" else {"mode": mode}
     if mode == "disabled":
         outcome["status"] = "disabled"
         write_atomic(status, json.dumps(outcome, indent=2) + "\n")
         return outcome
-    log = partial(
-        _log_run, samples, dims, cell or {}, experiment, project, entity, wandb_dir=wandb_dir, timeout=init_timeout
-    )
+    log = partial(_log_run, run, fill, wandb_dir=wandb_dir, timeout=init_timeout)
     try:
-        run_id, run_dir = log(mode)
+        logged_id, run_dir = log(mode)
     except Exception as err:  # W&B must never cost a result: record, keep an offline copy, let the job be retried
         outcome.update(status="failed", error=one_line(err))
         if mode == "online":
@@ -109,12 +154,12 @@ def log_cell(
         kept = f"; an offline copy is in {outcome['offline_copy']}" if "offline_copy" in outcome else ""
         advice = " (wandb.mode: offline stops trying online)" if mode == "online" else ""
         raise WandbFailed(
-            f"W&B logging failed for {dims.get('id')}: {outcome['error']}{kept}; results/ is unaffected; the "
+            f"W&B logging failed for {run.name}: {outcome['error']}{kept}; results/ is unaffected; the "
             f"next workflow run tries again{advice}"
         ) from None
     _forget_fallback(failed)  # this run replaces an earlier attempt's offline copy, whatever the mode now
     failed.unlink(missing_ok=True)
-    outcome.update(status="ok", run_id=run_id, run_dir=str(run_dir))
+    outcome.update(status="ok", run_id=logged_id, run_dir=str(run_dir))
     write_atomic(status, json.dumps(outcome, indent=2) + "\n")
     return outcome
 
@@ -128,51 +173,28 @@ def _forget_fallback(failed: Path) -> None:
                 shutil.rmtree(copy, ignore_errors=True)
 
 
-def _log_run(samples, dims, cell, experiment, project, entity, mode, wandb_dir, timeout) -> tuple[str, Path]:
-    """One W&B run of the cell; returns its id and directory. Raises whatever W&B raises (its stub removed)."""
+def _log_run(run_spec: RunSpec, fill, mode, wandb_dir, timeout) -> tuple[str, Path]:
+    """One W&B run, resumed when its id was logged before; returns its id and directory. Raises whatever W&B
+    raises (the stub of this attempt removed)."""
     import wandb
 
-    rows = read_jsonl(samples)
-    scores_path = samples.with_suffix(".scores.jsonl")
-    scores = {r["id"]: r for r in read_jsonl(scores_path)} if scores_path.exists() else {}
     wandb_dir.mkdir(parents=True, exist_ok=True)
-    config = {**dims, **{k: v for k, v in cell.items() if k not in ("models", "baseline_args")}}
-    config["models"] = dims.get("models")
-    run_id = secrets.token_hex(6)  # known before init, so a failed attempt's stub can be found and removed
+    before = set((wandb_dir / "wandb").glob(f"*run-*-{run_spec.id}"))
     run = None
     try:
         run = wandb.init(
-            project=project,
-            entity=entity,
-            group=experiment,
-            job_type=dims.get("method", "generate"),
-            name=dims.get("id"),
-            id=run_id,
-            config=config,
+            project=run_spec.project,
+            entity=run_spec.entity,
+            group=run_spec.experiment,
+            job_type=run_spec.job_type,
+            name=run_spec.name,
+            id=run_spec.id,
+            resume="allow",
             dir=str(wandb_dir),
             mode=mode,
             settings=wandb.Settings(silent=True, x_disable_stats=True, console="off", init_timeout=timeout),
         )
-        table = wandb.Table(columns=["id", "output", "new_tokens", "tokens_per_s", "tau", "baseline_output", "score"])
-        for i, row in enumerate(rows):
-            st = row["stats"]
-            tps = st["new_tokens"] / st["wall_time_s"] if st["wall_time_s"] else None
-            metrics = {"sample/new_tokens": st["new_tokens"], "sample/tokens_per_s": tps}
-            if st.get("tau") is not None:
-                metrics["sample/tau"] = st["tau"]
-            if "timing" in row:
-                counted = row["timing"]["attempts"][row["timing"]["counted"]]
-                metrics["sample/interfered"] = int(counted["interfered"])
-                metrics["sample/attempts"] = len(row["timing"]["attempts"])
-            base = row.get("baseline", {})
-            b = base.get("stats", {})
-            if b.get("wall_time_s") and b.get("new_tokens") and tps:
-                metrics["sample/speedup_side_by_side"] = tps / (b["new_tokens"] / b["wall_time_s"])
-            run.log(metrics, step=i)
-            score = json.dumps({k: v for k, v in scores.get(row["id"], {}).items() if k != "id"})
-            table.add_data(row["id"], row["output"], st["new_tokens"], tps, st.get("tau"), base.get("output"), score)
-        run.log({"samples": table}, step=len(rows))
-        run.summary.update(cell_metrics(samples))
+        fill(run)
         run_dir = Path(run.dir).parent
         run.finish()
         return run.id, run_dir
@@ -180,6 +202,53 @@ def _log_run(samples, dims, cell, experiment, project, entity, mode, wandb_dir, 
         if run is not None:
             with contextlib.suppress(Exception):
                 run.finish(exit_code=1)
-        for path in (wandb_dir / "wandb").glob(f"*run-*-{run_id}"):  # a failed init's stub: nothing to sync
+        with contextlib.suppress(Exception):  # W&B's service keeps a failed run's id in use: start afresh
+            wandb.teardown()
+        for path in set((wandb_dir / "wandb").glob(f"*run-*-{run_spec.id}")) - before:  # this attempt's stub
             shutil.rmtree(path, ignore_errors=True)
         raise
+
+
+def _log_cell(samples: Path, dims: dict[str, Any], cell: dict[str, Any], run) -> None:
+    """A cell's run: its dimensions and settings (the method among them) as config, per-sample history, a table
+    of samples, the summary metrics."""
+    import wandb
+
+    rows = read_jsonl(samples)
+    scores_path = samples.with_suffix(".scores.jsonl")
+    scores = {r["id"]: r for r in read_jsonl(scores_path)} if scores_path.exists() else {}
+    config = {**dims, **{k: v for k, v in cell.items() if k not in ("models", "baseline_args")}}
+    config["models"] = dims.get("models")
+    run.config.update(config, allow_val_change=True)
+    table = wandb.Table(columns=["id", "output", "new_tokens", "tokens_per_s", "tau", "baseline_output", "score"])
+    for row in rows:
+        st = row["stats"]
+        tps = st["new_tokens"] / st["wall_time_s"] if st["wall_time_s"] else None
+        metrics = {"sample/new_tokens": st["new_tokens"], "sample/tokens_per_s": tps}
+        if st.get("tau") is not None:
+            metrics["sample/tau"] = st["tau"]
+        if "timing" in row:
+            counted = row["timing"]["attempts"][row["timing"]["counted"]]
+            metrics["sample/interfered"] = int(counted["interfered"])
+            metrics["sample/attempts"] = len(row["timing"]["attempts"])
+        base = row.get("baseline", {})
+        b = base.get("stats", {})
+        if b.get("wall_time_s") and b.get("new_tokens") and tps:
+            metrics["sample/speedup_side_by_side"] = tps / (b["new_tokens"] / b["wall_time_s"])
+        run.log(metrics)
+        score = json.dumps({k: v for k, v in scores.get(row["id"], {}).items() if k != "id"})
+        table.add_data(row["id"], row["output"], st["new_tokens"], tps, st.get("tau"), base.get("output"), score)
+    run.log({"samples": table})
+    run.summary.update(cell_metrics(samples))
+
+
+def _log_tables(tables: Path, run) -> None:
+    """The experiment's run: each aggregate table (CSV) as a W&B table, the summary as text."""
+    import pandas as pd
+    import wandb
+
+    for path in sorted(tables.glob("*.csv")):
+        run.log({f"tables/{path.stem}": wandb.Table(dataframe=pd.read_csv(path))})
+    summary = tables / "summary.md"
+    if summary.exists():
+        run.summary["summary_md"] = summary.read_text()

@@ -3,11 +3,13 @@ submitted through snakemake-executor-plugin-slurm with the production profile, e
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.status import ERROR_LINE
 from tests.tiny_dag import ROOT, check_tables, job_counts, snakemake, tiny_config
 
 SCRIPT = ROOT / "scripts" / "slurm-local.sh"
@@ -22,7 +25,8 @@ PROFILE = ROOT / "workflow" / "profiles" / "slurm"
 # what a one-node cluster needs on top of the profile: jobs of seconds, so status checks every 2 s
 # (the plugin's first check waits 40 s, and every DAG level would wait as long)
 LOCAL_CLUSTER_ARGS = ["--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks", "2"]
-GENERATION_REQUEST = ["-p gpu", "--gpus=1", "--cpus-per-task=8", "--mem 64000", "-t 240"]
+CELL = "cell_generate_score_speed"  # the group job of a cell, named by its group and rules
+CELL_REQUEST = ["-p gpu", "--gpus=1", "--cpus-per-task=8", "--mem 64000"]  # a cell: generation, judging, scoring
 
 
 def free_ports(n: int) -> list[int]:
@@ -75,7 +79,7 @@ def slurm_cluster():
 
 
 def sbatch_calls(output: str) -> list[tuple[str, str]]:
-    """(rule, sbatch command line) of each submission in a verbose run's output."""
+    """(rule, or group and its rules, sbatch command line) of each submission in a verbose run's output."""
     calls = re.findall(r"sbatch call: (sbatch .*)", output)
     return [(re.search(r"--comment '?rule_([a-z_]+?)(?:_wildcards_|'|\s|$)", c).group(1), c) for c in calls]
 
@@ -88,12 +92,12 @@ def slurm_states(output: str, env: dict) -> Counter:
 
 
 def check_submissions(output: str, env: dict, expected: dict[str, int], failed: int = 0) -> None:
-    """Each job went through sbatch with its rule's request, and SLURM ran it to its end."""
+    """Each submission went through sbatch with its rule's (or group's) request, and SLURM ran it to its end."""
     calls = sbatch_calls(output)
     assert Counter(rule for rule, _ in calls) == expected
     for rule, call in calls:
-        if rule == "generate":
-            for part in GENERATION_REQUEST:
+        if rule == CELL:
+            for part in CELL_REQUEST:
                 assert part in call, (part, call)
         else:
             assert " -p cpu" in call and "--gpus" not in call, call
@@ -103,9 +107,9 @@ def check_submissions(output: str, env: dict, expected: dict[str, int], failed: 
 
 
 def slurm_config(tiny_dir: Path, draft: Path) -> dict:
-    """The tiny models, two cells (the target alone, and sd with an identical draft): every rule, ten SLURM jobs
-    over two runs. Each job starts Snakemake twice (sbatch, then srun) on top of its own work: the whole tiny
-    DAG would take minutes here."""
+    """The tiny models, two cells (the target alone, and sd with an identical draft): every rule, five SLURM
+    submissions over two runs. Each starts Snakemake twice (sbatch, then srun) on top of its own work: the
+    whole tiny DAG would take minutes here."""
     config = tiny_config(tiny_dir, draft, wandb_mode="disabled")
     config["models"] = {"tiny": {"source": str(tiny_dir)}, "tiny-copy": {"source": str(draft)}}
     pair = {"pair": ["tiny", "tiny-copy"]}
@@ -114,27 +118,39 @@ def slurm_config(tiny_dir: Path, draft: Path) -> dict:
     return config
 
 
-def test_the_tiny_dag_runs_on_slurm_and_a_failed_job_is_reported_and_resumed(slurm_cluster, tiny_dir, tmp_path):
+def test_the_tiny_dag_runs_on_slurm_and_a_failed_cell_says_why_and_resumes(slurm_cluster, tiny_dir, tmp_path):
+    """A cell's generation, judging and scoring as one group job; one cell fails (its draft's weights are
+    damaged after its preparation) and the workflow's output and `pipeline status` say why in one line."""
     env = slurm_cluster
-    draft = tmp_path / "draft"  # the target's copy, its weights damaged: its preparation fails on the cluster
+    draft = tmp_path / "draft"
     shutil.copytree(tiny_dir, draft)
     (draft / "model.safetensors").write_bytes(b"not a model")
     config = slurm_config(tiny_dir, draft)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    record = tmp_path / "results" / "models" / "tiny-copy.json"  # prepared earlier, damaged since
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"name": "tiny-copy", "path": str(draft)}))
     args = ["--workflow-profile", str(PROFILE), *LOCAL_CLUSTER_ARGS, "--verbose"]
     args += ["--configfile", str(tmp_path / "config.yaml")]
 
     first = snakemake(tmp_path, *args, timeout=400, env=env)
     out = first.stdout + first.stderr
     assert first.returncode != 0, out[-3000:]
-    # the failure, with SLURM's word and both logs shown: the rule's and SLURM's
-    assert re.search(r"SLURM-job '\d+' failed, SLURM status is: 'FAILED'", out), out[-3000:]
-    prepare_log = tmp_path / "results" / "logs" / "prepare" / "tiny-copy.log"
-    last_line = prepare_log.read_text().strip().splitlines()[-1]
-    assert "results/logs/prepare/tiny-copy.log" in out and last_line in out, out[-3000:]
-    assert re.search(r"\.snakemake/slurm_logs/rule_prepare_model/tiny-copy/\d+\.log", out)
-    # everything that did not need the broken model ran: the target's cell, judged and scored
-    check_submissions(out, env, {"prepare_model": 2, "generate": 1, "speed": 1, "score": 1}, failed=1)
+    assert "Error in group cell" in out, out[-3000:]  # the cell's SLURM job failed
+    failed = "humaneval/pair/sd-T0-g2"
+    log = tmp_path / "results" / "logs" / "generate" / f"{failed}.log"
+    cause = [line for line in log.read_text().splitlines() if ERROR_LINE.search(line.strip())][-1].strip()
+    assert f"cell {failed}: generate: {cause}" in out, out[-3000:]  # the one-line cause, in the terminal
+    status = subprocess.run(
+        [sys.executable, "-m", "pipeline", "status", str(tmp_path / "results")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert f"failed  {failed}: generate: {cause}" in status.stdout, status.stdout + status.stderr
+    assert status.stdout.startswith("2 cells: 1 done, 0 running, 1 failed"), status.stdout
+    # a submission per cell: the one that did not fail generated, judged and scored
+    check_submissions(out, env, {"prepare_model": 1, CELL: 2}, failed=1)
     done = sorted((tmp_path / "results" / "generations" / "humaneval" / "tiny").glob("*"))
     assert len(done) == 5  # .jsonl, .meta.json, .speed.json, .scores.jsonl, .summary.json
     kept = {p: p.stat().st_mtime_ns for p in done}
@@ -144,10 +160,9 @@ def test_the_tiny_dag_runs_on_slurm_and_a_failed_job_is_reported_and_resumed(slu
     second = snakemake(tmp_path, *args, timeout=400, env=env)
     out = second.stdout + second.stderr
     assert second.returncode == 0, out[-4000:]
-    # the rerun resumes: the failed job and what waited on it, nothing of the target's cell again
-    expected = {"prepare_model": 1, "generate": 1, "speed": 1, "score": 1, "aggregate": 1}
-    assert job_counts(out) == {**expected, "all": 1}
-    check_submissions(out, env, expected)
+    # the rerun resumes: the failed cell and what waited on it, nothing of the target's cell again
+    assert job_counts(out) == {"generate": 1, "speed": 1, "score": 1, "aggregate": 1, "all": 1}
+    check_submissions(out, env, {CELL: 1, "report_aggregate": 1})
     assert {p: p.stat().st_mtime_ns for p in done} == kept
     check_tables(tmp_path / "results", config)
 

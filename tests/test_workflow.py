@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -228,11 +229,12 @@ def test_dry_run_of_the_default_grid_lists_exactly_its_jobs(tmp_path):
         "cell": n,
         "grid": 1,
         "timing": 1,
-        "prepare_model": 3,
+        "prepare_model": 3,  # the bundled model and two drafts distilled from it: nothing to fetch
         "generate": n,
         "speed": n,
         "score": n,
         "wandb_log": n,
+        "wandb_experiment": 1,
         "aggregate": 1,
         "notebook": 1,
     }
@@ -260,7 +262,7 @@ def test_slurm_dry_run_lists_jobs_with_their_resources(tmp_path):
     run = snakemake(tmp_path, "-n", "--workflow-profile", str(profile), "--config", "wandb={mode: disabled}")
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-2000:]
-    blocks = re.findall(r"^rule (\w+):\n(.*?)(?=^rule |\Z)", out, re.S | re.M)
+    blocks = re.findall(r"^ *rule (\w+):\n(.*?)(?=^ *rule |\Z)", out, re.S | re.M)
     resources = {}
     for rule, body in blocks:
         found = re.search(r"resources: (.*)", body)
@@ -268,7 +270,8 @@ def test_slurm_dry_run_lists_jobs_with_their_resources(tmp_path):
             resources.setdefault(rule, found.group(1))
     assert "gpu=1" in resources["generate"] and "slurm_partition=gpu" in resources["generate"]
     assert "runtime=240" in resources["generate"] and "cpus_per_task=8" in resources["generate"]
-    assert "slurm_partition=cpu" in resources["score"] and "gpu" not in resources["score"]
+    assert "slurm_partition=gpu" in resources["score"] and "gpu=" not in resources["score"]  # in its cell's job
+    assert "slurm_partition=cpu" in resources["prepare_model"] and "gpu" not in resources["prepare_model"]
     assert job_counts(out)["generate"] == len(expand_cells(check_config(DEFAULT)))
     assert "wandb_log" not in job_counts(out)
     # overridable from the command line; the rule's own defaults (one GPU) stay
@@ -281,8 +284,57 @@ def test_slurm_dry_run_lists_jobs_with_their_resources(tmp_path):
         "generate:slurm_partition=a100",
         "generate:gpu_model=a100",
     )
-    generate = re.search(r"^rule generate:\n.*?resources: (.*?)$", run.stdout + run.stderr, re.S | re.M).group(1)
+    generate = re.search(r"^ *rule generate:\n.*?resources: (.*?)$", run.stdout + run.stderr, re.S | re.M).group(1)
     assert "slurm_partition=a100" in generate and "gpu_model=a100" in generate and "gpu=1" in generate
+
+
+def slurm_submissions(dry_run: str, profile: dict) -> dict[str, int]:
+    """SLURM submissions of a dry run with the slurm profile, counted as the executor submits them: a group job
+    (up to group-components jobs) once, a rule in slurm-array-jobs once per slurm-array-limit jobs (when they
+    are ready together: the arrays are formed from the jobs ready at once), any other job once; local rules
+    (localrule: True, and `all`, which runs nothing) never."""
+    local = {"all"} | {
+        m[1]
+        for smk in (ROOT / "workflow" / "rules").glob("*.smk")
+        for m in re.finditer(r"^rule (\w+):\n(?:    .*\n|\n)*?    localrule: True", smk.read_text(), re.M)
+    }
+    arrays = set(profile.get("slurm-array-jobs", "").replace(" ", "").split(",")) - {""}
+    limit = profile.get("slurm-array-limit", 1000)
+    counts: dict[str, int] = {}
+    for block in re.split(r"^(?=\[[^\]]*\])", dry_run, flags=re.M):
+        group = re.match(r"\[[^\]]*\] Group job (\w+)", block)
+        rule = re.search(r"^rule (\w+):", block, re.M)
+        if group:
+            counts[f"group {group[1]}"] = counts.get(f"group {group[1]}", 0) + 1
+        elif rule and rule[1] not in local:
+            counts[rule[1]] = counts.get(rule[1], 0) + 1
+    return {name: -(-n // limit) if name in arrays else n for name, n in counts.items()}
+
+
+def test_the_paper_grid_on_slurm_takes_few_submissions_and_a_short_target(tmp_path):
+    """The paper grid (384 cells): 397 SLURM submissions, where each job once was one (1,550)."""
+    profile_dir = ROOT / "workflow" / "profiles" / "slurm"
+    profile = yaml.safe_load((profile_dir / "config.yaml").read_text())
+    paper = ROOT / "config" / "paper.yaml"
+    run = snakemake(tmp_path, "-n", "--workflow-profile", str(profile_dir), "--configfile", str(paper))
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-2000:]
+    cells = len(expand_cells(check_config(yaml.safe_load(paper.read_text()))))
+    assert cells == 384 and job_counts(out)["generate"] == cells
+    submissions = slurm_submissions(out, profile)
+    assert submissions == {
+        "prepare_model": 12,  # converted and checked on a compute node; downloaded by fetch_model (local)
+        "group cell": cells,  # a cell's generation, judging and scoring in one job
+        "group report": 1,  # aggregation and the notebook
+    }, submissions
+    assert sum(submissions.values()) <= 400
+    # the judge asks for 2 GB; a greedy cell's for the float64 recompute only once its models are known
+    judged = re.findall(r"^ *rule speed:\n.*?wildcards: cell=(\S+)\n.*?resources: .*?mem_mb=([^,]+),", out, re.S | re.M)
+    assert len(judged) == cells
+    assert {mem for cell, mem in judged if "-T1" in cell} == {"2000"}
+    assert {mem for cell, mem in judged if "-T0" in cell} <= {"2000", "<TBD>"}
+    target = re.search(r"^rule all:\n    input: (.*)$", out, re.M)[1]
+    assert len(target) < 300 and ".wandb.json" not in target, target
 
 
 # ---- the whole DAG on tiny models ------------------------------------------------------------
@@ -317,7 +369,8 @@ def test_the_whole_dag_writes_tables_plots_wandb_runs_and_a_notebook(tiny_run):
     assert "(γ=1-2-2)" in (results / "tables" / "speedup_vs_standard.md").read_text()  # the trio's gamma list
 
     offline = sorted((results / "wandb").glob("offline-run-*"))
-    assert len(offline) == len(cells)
+    assert len(offline) == len(cells) + 1  # and the experiment's run, with the aggregate tables
+    assert json.loads((results / "wandb.json").read_text())["status"] == "ok"
     status = json.loads((results / "generations" / "humaneval/pair/we_se-T0-g1-2.wandb.json").read_text())
     assert status["status"] == "ok" and status["mode"] == "offline"
 
@@ -365,6 +418,7 @@ def test_a_rerun_does_nothing_and_a_crashed_cell_resumes(tiny_run):
         "speed": 1,
         "score": 1,
         "wandb_log": 1,
+        "wandb_experiment": 1,
         "aggregate": 1,
         "notebook": 1,
         "all": 1,
@@ -401,6 +455,35 @@ def test_a_changed_cell_setting_reruns_only_the_cells_it_changes(tiny_run):
     assert len(cells) == len(expand_cells(check_config(config)))
     entry = json.loads((work / "results" / "cells" / "humaneval" / "pair" / "we-T0.json").read_text())
     assert entry["cell"]["method_args"] == {"lambda": 0.5} and entry["dims"]["id"] == "humaneval/pair/we-T0"
+
+
+def test_rerun_unstable_measures_the_flagged_cells_again_and_nothing_else(tiny_run, tmp_path):
+    from pipeline.cli import main
+
+    work, config, _ = tiny_run
+    copy = tmp_path / "work"
+    shutil.copytree(work, copy, symlinks=True)  # modification times kept: Snakemake sees the same state
+    flagged = "humaneval/pair/sd-T0-g2"
+    for speed in (copy / "results" / "generations").rglob("*.speed.json"):  # one flagged cell, however this run went
+        flags = ["interference on 2 of 2 samples"] if speed.name == "sd-T0-g2.speed.json" else []
+        mtime = speed.stat().st_mtime_ns
+        speed.write_text(json.dumps({**json.loads(speed.read_text()), "flags": flags}))
+        os.utime(speed, ns=(mtime, mtime))  # as the judge left it: nothing downstream is out of date
+    assert main(["rerun", str(copy / "results"), "--unstable"]) == 0
+    run = snakemake(copy, "-n", "--cores", "2", "--configfile", str(copy / "config.yaml"))
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-2000:]
+    assert job_counts(out) == {
+        "generate": 1,
+        "speed": 1,
+        "score": 1,
+        "wandb_log": 1,
+        "wandb_experiment": 1,
+        "aggregate": 1,
+        "notebook": 1,
+        "all": 1,
+    }
+    assert re.search(rf"wildcards: cell={re.escape(flagged)}$", out, re.M)
 
 
 def test_without_side_by_side_runs_speedups_come_from_the_standard_cells(tiny_run, tmp_path):
@@ -457,3 +540,35 @@ def test_wandb_failure_never_loses_results(tiny_run, tmp_path, monkeypatch):
         log_cell(tmp_path / "we-T0.jsonl", tmp_path / "s2.json", {"id": "x"}, mode="offline", wandb_dir=tmp_path)
     monkeypatch.setenv("WANDB_MODE", "disabled")
     assert log_cell(tmp_path / "we-T0.jsonl", tmp_path / "status.json", {"id": "x"})["status"] == "disabled"
+
+
+def test_logging_a_cell_again_resumes_its_wandb_run(tmp_path, monkeypatch):
+    """W&B offline, the real client: a cell's run id comes from the experiment and the cell, so a rerun resumes
+    the run rather than adding one; job_type names the step, the method stays in the config."""
+    import wandb
+
+    from pipeline.tracking import log_cell, log_experiment, run_id
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    samples = tmp_path / "sd-T0-g2.jsonl"
+    samples.write_text(json.dumps({"id": "a", "output": "x", "stats": {"new_tokens": 4, "wall_time_s": 0.5}}) + "\n")
+    samples.with_suffix(".speed.json").write_text(json.dumps({"tokens_per_s": 8.0, "flags": []}))
+    dims = {"id": "humaneval/pair/sd-T0-g2", "method": "sd", "models": ["a", "b"]}
+    seen = []
+    real_init = wandb.init
+    monkeypatch.setattr(wandb, "init", lambda **kw: seen.append(kw) or real_init(**kw))
+
+    first = log_cell(samples, tmp_path / "s1.json", dims, experiment="exp", wandb_dir=tmp_path)
+    second = log_cell(samples, tmp_path / "s2.json", dims, experiment="exp", wandb_dir=tmp_path)
+    assert first["run_id"] == second["run_id"] == run_id("exp", dims["id"])
+    assert run_id("other", dims["id"]) != first["run_id"] != run_id("exp", "humaneval/pair/sd-T0-g3")
+    assert [kw["resume"] for kw in seen] == ["allow", "allow"] and {kw["job_type"] for kw in seen} == {"cell"}
+    runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(r.name.endswith(first["run_id"]) for r in runs)  # `wandb sync` resumes one run
+
+    (tmp_path / "tables").mkdir()
+    (tmp_path / "tables" / "cells.csv").write_text("id,tokens_per_s\nhumaneval/pair/sd-T0-g2,8.0\n")
+    (tmp_path / "tables" / "summary.md").write_text("# Summary\n")
+    experiment = log_experiment(tmp_path, tmp_path / "wandb.json", experiment="exp")
+    assert experiment["status"] == "ok" and experiment["run_id"] == run_id("exp", "experiment")
+    assert seen[-1]["job_type"] == "aggregate" and seen[-1]["group"] == "exp"

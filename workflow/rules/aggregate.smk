@@ -41,6 +41,8 @@ rule aggregate:
         f"{RESULTS}/logs/aggregate.log",
     params:
         results=lambda w, input: str(Path(input.grid).parent),
+    group:
+        "report"
     threads: 1
     resources:
         mem_mb=4000,
@@ -61,6 +63,8 @@ rule notebook:
         notebook=str(ROOT / "notebooks" / "analysis.ipynb"),
     log:
         f"{RESULTS}/logs/notebook.log",
+    group:
+        "report"
     threads: 1
     resources:
         mem_mb=4000,

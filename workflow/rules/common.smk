@@ -90,9 +90,40 @@ def env(name):
 
 
 def final_outputs():
+    """The default target's inputs: the aggregate outputs only (each of them depends on every cell)."""
     out = [f"{RESULTS}/tables/summary.md", f"{RESULTS}/tables/cells.csv"]
     if _checked["notebook"]:
         out.append(f"{RESULTS}/analysis.ipynb")
     if WANDB["mode"] != "disabled":
-        out += [f"{GEN}/{c}.wandb.json" for c in CELLS]
+        out.append(f"{RESULTS}/wandb.json")  # the experiment's run, after every cell's run
     return out
+
+
+def hub_models():
+    """The models fetched from the hub, by name, with their hub ids: fetch_model downloads them on the machine
+    Snakemake runs on (where the network is), so that no compute job needs the network for them."""
+    from pipeline.models.sources import locate
+    from pipeline.models.spec import ModelSpec
+
+    found = {m: locate(ModelSpec(**model_entry(_checked, m))) for m in MODELS}
+    return {m: where for m, (kind, where) in found.items() if kind == "hub"}
+
+
+HUB_MODELS = hub_models()
+
+
+def speed_mem_mb(wildcards, input):
+    """The judge's memory: small, unless a greedy cell's outputs part from its baseline's somewhere; then the
+    float64 recompute (pipeline/exactness.py) loads each model on the CPU, one at a time: 8 bytes a parameter
+    of the largest, and room for activations. Before the cell is generated (its judge submitted with its
+    generation, in one group job) a greedy cell is sized for the recompute."""
+    base = 2000
+    if cell_dims(wildcards)["temperature"] != 0 or not CELLS[wildcards.cell]["cell"].get("baseline"):
+        return base
+    if Path(input.samples).exists():
+        with open(input.samples) as lines:
+            rows = [json.loads(line) for line in lines if line.strip()]
+        if all(r["token_ids"] == r.get("baseline", r)["token_ids"] for r in rows):
+            return base
+    largest = max(json.loads(Path(m).read_text()).get("parameters", 0) for m in input.models)
+    return base + int(largest * 8 * 1.25 / 1e6)

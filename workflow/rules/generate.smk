@@ -18,6 +18,8 @@ rule generate:
         journal=lambda w: f"{RESULTS}/journal/{Path(w.cell).parent}",
     log:
         f"{RESULTS}/logs/generate/{{cell}}.log",
+    group:
+        "cell"
     threads: generate_threads
     resources:
         gpu=1,

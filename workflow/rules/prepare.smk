@@ -1,11 +1,31 @@
-# Model preparation: convert, download or distil each model once, before any job uses it.
+# Model preparation: each hub model is downloaded once by fetch_model, a local rule (it runs where
+# Snakemake runs, where the network is: compute nodes often have none); prepare_model then converts
+# or distils the model and loads it once to check it, on a compute node, with the hub offline.
+
+
+rule fetch_model:
+    output:
+        f"{RESULTS}/models/{{model}}.fetched",
+    params:
+        repo=lambda w: HUB_MODELS[w.model],
+    log:
+        f"{RESULTS}/logs/prepare/{{model}}.fetch.log",
+    localrule: True
+    conda:
+        env("decode")
+    shell:
+        '"$PY" -c "import sys; from pipeline.models.sources import hub_dir; print(hub_dir(sys.argv[1]))"'
+        " {params.repo:q} > {output:q} 2> {log:q}"
 
 
 rule prepare_model:
+    input:
+        lambda w: [f"{RESULTS}/models/{w.model}.fetched"] if w.model in HUB_MODELS else [],
     output:
         f"{RESULTS}/models/{{model}}.json",
     params:
         spec=lambda w: json.dumps(model_entry(_checked, w.model)),
+        offline=lambda w: "HF_HUB_OFFLINE=1 " if w.model in HUB_MODELS else "",
     log:
         f"{RESULTS}/logs/prepare/{{model}}.log",
     threads: max(_checked["threads"], 2)  # distillation is time-capped: it gets at least two threads
@@ -15,4 +35,4 @@ rule prepare_model:
     conda:
         env("decode")
     shell:
-        '"$PY" -m pipeline.cli prepare {params.spec:q} {output:q} --threads {threads} > {log:q} 2>&1'
+        '{params.offline}"$PY" -m pipeline.cli prepare {params.spec:q} {output:q} --threads {threads} > {log:q} 2>&1'

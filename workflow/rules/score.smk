@@ -1,6 +1,7 @@
-# Scoring: its own CPU job per cell (HumanEval runs in the sandbox). It declares the CPUs its
-# sandbox workers use, so it never runs beside a generation job that is being timed (seen: scoring
-# beside generation put 0.1 s/s of CPU pressure on every pair it overlapped).
+# Scoring: its own job per cell (HumanEval runs in the sandbox), after the cell's generation (on a
+# cluster in the same SLURM job: group `cell`). It declares the CPUs its sandbox workers use, so it never
+# runs beside a generation job that is being timed (seen: scoring beside generation put 0.1 s/s of CPU
+# pressure on every pair it overlapped).
 
 
 rule score:
@@ -14,6 +15,8 @@ rule score:
         data_dir=f"--data-dir {shlex.quote(_checked['data_dir'])}" if _checked["data_dir"] else "",
     log:
         f"{RESULTS}/logs/score/{{cell}}.log",
+    group:
+        "cell"
     threads: 2
     resources:
         mem_mb=4000,

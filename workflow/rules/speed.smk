@@ -1,6 +1,8 @@
 # Judging a finished cell: speed-up with its interval, τ, interference and flags, exactness at T=0
 # (.speed.json). Its own light job, so a changed `timing` setting re-judges every cell from its
-# samples without generating any again; the float64 exactness recompute runs here, on a CPU.
+# samples without generating any again; the float64 exactness recompute runs here, on a CPU, and
+# only then does the job ask for the memory it needs (speed_mem_mb). A cell's generation, judging and
+# scoring form the group `cell`: on a cluster, one submission.
 
 
 rule timing:
@@ -20,13 +22,16 @@ rule speed:
         samples=f"{GEN}/{{cell}}.jsonl",
         cell=CELL_FILE,
         timing=f"{RESULTS}/timing.json",
+        models=lambda w: [f"{RESULTS}/models/{m}.json" for m in cell_dims(w)["models"]],
     output:
         f"{GEN}/{{cell}}.speed.json",
     log:
         f"{RESULTS}/logs/speed/{{cell}}.log",
+    group:
+        "cell"
     threads: 1
     resources:
-        mem_mb=8000,
+        mem_mb=speed_mem_mb,
         runtime=30,
     conda:
         env("decode")

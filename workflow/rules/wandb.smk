@@ -1,7 +1,16 @@
-# Weights & Biases: one run per cell (config: the cell's dimensions; summary: speed, acceptance,
-# quality; a table of samples). A W&B failure never touches results/ (the source of truth): it is
-# recorded in <cell>.wandb.failed.json (an online run is logged offline in its place), this job
-# fails after at most wandb.init_timeout seconds, and the next workflow run retries it.
+# Weights & Biases: one run per cell (job_type "cell"; config: the cell's dimensions and method;
+# summary: speed, acceptance, quality; a table of samples), and one run per experiment (job_type
+# "aggregate") with the aggregate tables. Run ids come from the experiment and the cell: a rerun
+# resumes the same run. Local rules: they run where Snakemake runs, where the network is. A W&B
+# failure never touches results/ (the source of truth): it is recorded in <cell>.wandb.failed.json
+# (an online run is logged offline in its place), the job fails after at most wandb.init_timeout
+# seconds, and the next workflow run retries it.
+
+WANDB_ARGS = (
+    f"--experiment {shlex.quote(_checked['experiment'])} --project {shlex.quote(WANDB['project'])}"
+    + (f" --entity {shlex.quote(WANDB['entity'])}" if WANDB.get("entity") else "")
+    + f" --mode {WANDB['mode']} --init-timeout {WANDB['init_timeout']}"
+)
 
 
 rule wandb_log:
@@ -14,21 +23,33 @@ rule wandb_log:
     output:
         f"{GEN}/{{cell}}.wandb.json",
     params:
-        experiment=_checked["experiment"],
-        project=WANDB["project"],
-        entity=f"--entity {shlex.quote(WANDB['entity'])}" if WANDB.get("entity") else "",
-        mode=WANDB["mode"],
-        timeout=WANDB["init_timeout"],
+        settings=WANDB_ARGS,
         results=lambda w, output: str(Path(output[0]).parents[len(Path(w.cell).parts)]),  # results/
     log:
         f"{RESULTS}/logs/wandb/{{cell}}.log",
-    threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=10,
+    localrule: True
     conda:
         env("wandb")
     shell:
-        '"$PY" -m pipeline.cli wandb-log {input.samples:q} {output:q} --cell-file {input.cell:q}'
-        " --experiment {params.experiment:q} --project {params.project:q} {params.entity} --mode {params.mode}"
-        " --dir {params.results:q} --init-timeout {params.timeout} > {log:q} 2>&1"
+        '"$PY" -m pipeline.cli wandb-log {input.samples:q} {output:q} --cell-file {input.cell:q} {params.settings}'
+        " --dir {params.results:q} > {log:q} 2>&1"
+
+
+rule wandb_experiment:
+    input:
+        cells=[f"{GEN}/{c}.wandb.json" for c in CELLS],
+        table=f"{RESULTS}/tables/cells.csv",
+        summary=f"{RESULTS}/tables/summary.md",
+    output:
+        f"{RESULTS}/wandb.json",
+    params:
+        settings=WANDB_ARGS,
+        results=lambda w, input: str(Path(input.table).parents[1]),
+    log:
+        f"{RESULTS}/logs/wandb/experiment.log",
+    localrule: True
+    conda:
+        env("wandb")
+    shell:
+        '"$PY" -m pipeline.cli wandb-log-experiment {params.results:q} {output:q} {params.settings}'
+        " > {log:q} 2>&1"
