@@ -5,10 +5,10 @@
     snakemake -n                                     # list the jobs
     snakemake --workflow-profile workflow/profiles/slurm --configfile config/paper.yaml
 
-Each cell is one generation job (GPU on a cluster; a SLURM job array with the
-slurm profile) and one judge group (speed and scoring, CPU; several cells per
-submission); W&B logging (local), aggregation into tables and plots, and the
-analysis notebook follow. The rules live in workflow/rules/, one concern per
+Each cell's generation, speed judging and scoring run as one group job (with
+the slurm profile: one GPU submission per cell); hub downloads and W&B
+logging are local rules; aggregation into tables and plots and the analysis
+notebook follow as one more group job. The rules live in workflow/rules/, one concern per
 file. When a job fails, the workflow ends by printing each failed cell's cause
 in one line (`python -m pipeline status RESULTS` prints the same at any time).
 """

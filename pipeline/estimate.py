@@ -54,7 +54,7 @@ KV_PROMPT_TOKENS = 2048  # the prompt length a KV cache is sized for in the memo
 GPU_OVERHEAD_GB = 1.5  # the CUDA context, allocator slack and logits, per GPU
 FULL_SIZES = {"humaneval": 164, "gsm8k": 1319, "mmlu": 14042, "cnndm": 11490}  # the public test splits
 PER_CELL = ("cell", "generate", "speed", "score", "wandb_log")  # the workflow's rules: one job per cell
-ONCE = ("timing", "grid", "aggregate", "notebook", "all")
+ONCE = ("timing", "grid", "aggregate", "notebook", "wandb_experiment", "all")
 
 
 def gpu_spec(name: str) -> Gpu:
@@ -175,10 +175,16 @@ def forecast(config, cells, infos, gpu: Gpu, efficiency: float, floor_ms: float,
         flops = PROMPT_TOKENS * 2 * sum(m.parameters for run in used for m in run)
         prefill = flops / (gpu.tflops * 1e12) if gpu.tflops else 0.0  # a GPU given by --bandwidth alone: none
         hours[cell_id] = prompts(cell) * (cell["max_new_tokens"] * per_token + prefill) / 3600
-    jobs = {rule: len(cells) for rule in PER_CELL if rule != "wandb_log" or config["wandb"]["mode"] != "disabled"}
+    wandb = config["wandb"]["mode"] != "disabled"
+    jobs = {rule: len(cells) for rule in PER_CELL if rule != "wandb_log" or wandb}
     jobs["prepare_model"] = len(infos)
-    jobs |= {rule: 1 for rule in ONCE if rule != "notebook" or config["notebook"]}
-    return {"jobs": jobs, "cell_hours": hours, "generate_hours": sum(hours.values())}
+    jobs["fetch_model"] = sum(i.where.startswith("hub") for i in infos.values())
+    jobs |= {
+        rule: 1 for rule in ONCE if (rule != "notebook" or config["notebook"]) and (rule != "wandb_experiment" or wandb)
+    }
+    # on SLURM: each model's preparation, one group job per cell (generate, speed, score), one for the report
+    submissions = len(infos) + len(cells) + 1
+    return {"jobs": jobs, "submissions": submissions, "cell_hours": hours, "generate_hours": sum(hours.values())}
 
 
 def report(result: dict, label: str) -> list[str]:
@@ -194,7 +200,8 @@ def report(result: dict, label: str) -> list[str]:
     rows += ["", f"| model set (all its cells) | {unit} |", "|---|---|"]
     rows += [f"| {k} | {v:.2f} |" for k, v in sorted(by_set.items(), key=lambda kv: -kv[1])]
     total = sum(result["jobs"].values())
-    rows.append(f"\ntotal: {total} jobs, {result['generate_hours']:.2f} {unit} of generation on {label}")
+    rows.append(f"\nSLURM submissions (the slurm profile's group jobs): {result['submissions']}")
+    rows.append(f"total: {total} jobs, {result['generate_hours']:.2f} {unit} of generation on {label}")
     return rows
 
 

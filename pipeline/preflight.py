@@ -167,7 +167,7 @@ def _inspect(spec: ModelSpec, dtype: str) -> ModelInfo:
         return _gguf(spec, kind, where, info)
     if kind == "hub":
         local = _hub_cache(where)
-        info.where = f"hub cache {where}" if local else f"hub {where} (fetched by prepare_model; not checked)"
+        info.where = f"hub cache {where}" if local else f"hub {where} (fetched by fetch_model; not checked)"
         return read_dir(info, local) if local else info
     root = model_path()
     info.where = f"MODEL_PATH/{where.relative_to(root)}" if root and where.parent == root else f"directory {where}"

@@ -110,6 +110,7 @@ def test_the_paper_grid_on_an_a100(tmp_path, monkeypatch, capsys):
     assert main(["estimate", str(ROOT / "config" / "paper.yaml"), "--gpu", "a100-80gb", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["jobs"]["generate"] == len(result["cell_hours"]) == 384 and result["jobs"]["prepare_model"] == 12
+    assert result["submissions"] == 12 + 384 + 1  # as the slurm profile's dry run submits them (test_workflow)
     assert result["acceptance"] == estimate.ACCEPTANCE and result["bandwidth_gb_s"] == 2039
     assert result["generate_hours"] == pytest.approx(sum(result["cell_hours"].values()))
     sevens = [h for c, h in result["cell_hours"].items() if c.startswith("humaneval/llama-2-7b/large_model")]
