@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from .errors import UserError
+from .files import read_user_text
 
 SCHEMA = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "config.schema.yaml"
 GRID_KEYS = "datasets gamma gamma_schedule temperature max_new_tokens method_args proposer se_large_gamma".split()
@@ -56,10 +57,9 @@ def load_config_file(path: Path) -> dict[str, Any]:
     """A YAML or JSON config file, duplicate keys refused; ConfigError names what is wrong."""
     path = Path(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.load(f, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)
-    except OSError as err:
-        raise ConfigError(f"config file {path}: {err.strerror}") from None
+        data = yaml.load(read_user_text(path, "config file"), Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
+    except UserError as err:
+        raise ConfigError(str(err)) from None
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
     if data is None:

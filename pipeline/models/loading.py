@@ -42,18 +42,31 @@ def load(
     from safetensors import SafetensorError
 
     try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, KeyError, TypeError) as err:  # first: it costs less than the weights
+        said = " ".join(str(err).split())  # every line of the message, joined: none cut mid-sentence
+        said = said if len(said) <= 240 else said[:240].rsplit(" ", 1)[0] + " ..."
+        raise ModelError(
+            f"model directory {path} has no usable tokenizer (tokenizer.json or tokenizer_config.json missing "
+            f"or damaged): {type(err).__name__}: {said}"
+        ) from None
+    try:
         if device == "auto":
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map="auto").eval()
         else:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError, SafetensorError) as err:  # damaged or partial files: one line naming them
-        raise ModelError(f"model directory {path} could not be loaded: {one_line(err)}") from None
+    except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as err:  # damaged or partial files
+        raise ModelError(f"model directory {path}: its weights could not be loaded: {one_line(err)}") from None
     head_file = path / "head_tokens.json"
     if head_file.exists() and not full_head:  # a distilled draft whose head scores a subset of the vocabulary
+        from ..files import read_user_text
         from .restricted import RestrictedHeadLM
 
-        model = RestrictedHeadLM(model, json.loads(head_file.read_text())).eval()
+        try:
+            head = json.loads(read_user_text(head_file, "restricted head"))
+        except json.JSONDecodeError as err:
+            raise ModelError(f"restricted head {head_file} is not valid JSON: {err.msg}") from None
+        model = RestrictedHeadLM(model, head).eval()
     if pack is None:
         pack = dtype == torch.float32 and device != "auto" and torch.device(device).type == "cpu" and engine == "eager"
     if pack:
