@@ -113,7 +113,7 @@ def read_jsonl(path: Path, what: str = "JSONL file") -> list[dict[str, Any]]:
     """Every record of a JSONL file (blank lines skipped); a one-line UserError naming the file and line
     of the first record that is not JSON."""
     rows = []
-    for n, line in enumerate(read_user_text(path, what).splitlines(), 1):
+    for n, line in enumerate(read_user_text(path, what).split("\n"), 1):  # not splitlines: U+2028 is text
         if line.strip():
             try:
                 rows.append(json.loads(line))

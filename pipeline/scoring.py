@@ -22,7 +22,7 @@ def read_generations(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         raise TaskError(f"generations file {path} not found")
     rows = []
-    for n, line in enumerate(read_user_text(path, "generations file").splitlines(), 1):
+    for n, line in enumerate(read_user_text(path, "generations file").split("\n"), 1):
         if not line.strip():
             continue
         try:

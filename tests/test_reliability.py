@@ -225,8 +225,23 @@ def test_prepare_failures_are_one_line(tmp_path, capsys, tiny_dir):
     weights.write_bytes(weights.read_bytes()[:-100])
     code, err = _prepare(capsys, damaged, tmp_path / "b.json")
     lines = [line for line in err if line.startswith("error:")]
-    assert code == 2 and len(lines) == 1 and "its weights could not be loaded" in lines[0]
+    assert code == 2 and len(lines) == 1 and "could not be loaded: SafetensorError" in lines[0]
     assert not any("Traceback" in line for line in err)
+
+    from safetensors.torch import load_file, save_file
+
+    good = load_file(tiny_dir / "model.safetensors")
+    save_file({k: v for k, v in good.items() if "layers.1." not in k}, weights, metadata={"format": "pt"})
+    code, err = _prepare(capsys, damaged, tmp_path / "c.json")  # weights missing: they would be random
+    assert code == 2 and err == [
+        f"error: model directory {damaged} could not be loaded: 9 weights are missing "
+        "from its files (first: model.layers.1.input_layernorm.weight); the files are "
+        "incomplete or of another model"
+    ]
+    save_file({k: v[..., :4].contiguous() if v.dim() == 2 else v for k, v in good.items()}, weights)
+    code, err = _prepare(capsys, damaged, tmp_path / "d.json")  # other shapes: transformers' report is not shown
+    assert code == 2 and len(err) == 1 and "tensors of other shapes than its config.json describes" in err[0]
+    assert not any((tmp_path / f"{x}.json").exists() for x in "abcd")
 
 
 # ---- one generation job per cell ---------------------------------------------------------------------------
