@@ -4,6 +4,7 @@ checked before the first forward, one generation job per cell, unreadable user f
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -315,3 +316,38 @@ def test_run_cell_refuses_a_running_cell_and_takes_over_from_a_dead_job(tiny_dir
     assert "1 of 2 samples already generated" in capsys.readouterr().out
     rows = out.read_text().splitlines()
     assert len(rows) == 2 and rows[0] == first
+
+
+# ---- the workflow's check: every dataset's longest prompt fits its models' context -------------------------
+
+
+def test_the_config_check_refuses_prompts_beyond_a_models_context(tmp_path, smol_tokenizer, tiny_dir, capsys):
+    from pipeline.workflow import main as grid
+
+    from .conftest import save_tiny
+
+    short = save_tiny(tmp_path / "short", smol_tokenizer)
+    config = json.loads((short / "config.json").read_text())
+    (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 100}))
+    data = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
+    grid_config = {
+        "models": {"long": {"source": str(tiny_dir)}, "short": {"source": str(short)}},
+        "grids": [{"name": "g", "model_sets": {"pair": ["long", "short"]}, "methods": ["we"]}],
+        "datasets": {"humaneval": {"size": 2}},
+        "data_dir": data,
+        "max_new_tokens": 16,
+        "results": str(tmp_path / "results"),
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(json.dumps(grid_config))
+    capsys.readouterr()
+    assert grid([str(path)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert re.fullmatch(
+        r"error: cell humaneval/pair/we-T0: the longest humaneval prompt is (\d+) tokens under model 'short'; "
+        r"with max_new_tokens=16 it needs \d+ positions, and 'short' holds 100 \(max_position_embeddings in its "
+        r"config.json\); lower max_new_tokens or choose another model",
+        line,
+    ), line
+    (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4096}))
+    assert grid([str(path)]) == 0
