@@ -4,8 +4,8 @@ checked before the first forward, one generation job per cell, unreadable user f
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
