@@ -179,13 +179,11 @@ def check_output(out: Any, fn: Callable, step: int, rows: int, vocab: int, logit
         raise EnsembleOutputError(
             f"ensemble {target_name(fn)!r} at step {step} returned dtype {out.dtype}, expected a floating tensor"
         )
-    if logits:
-        top = out.amax(dim=-1)
-        ok = torch.isfinite(top).all()
-    else:
-        total = out.sum(dim=-1)
-        ok = ((total > 0) & (total < math.inf)).all()
-    if not bool(ok):
+    if logits:  # a finite maximum per row (NaN where a row holds one)
+        ok = all(-math.inf < top < math.inf for top in out.amax(dim=-1).tolist())
+    else:  # a finite positive mass per row (NaN where a row holds one, -inf or 0 where no entry has mass)
+        ok = all(0 < total < math.inf for total in out.sum(dim=-1).tolist())
+    if not ok:
         raise EnsembleOutputError(f"ensemble {target_name(fn)!r} at step {step} returned {_fault(out, logits)}")
     return out
 
