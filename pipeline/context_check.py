@@ -13,11 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .workflow import ConfigError
-
-
-class ContextError(ConfigError):
-    """A cell whose prompts do not fit one of its models (one line naming the dataset, model and limit)."""
+from .errors import UserError
 
 
 def model_dir(entry: dict[str, Any]) -> Path | None:
@@ -36,14 +32,16 @@ def model_dir(entry: dict[str, Any]) -> Path | None:
     return Path(where) if kind != "distill" and where and (Path(where) / "config.json").is_file() else None
 
 
-def context_limit(path: Path) -> int | None:
+def context_limit(path: Path, error: type[UserError] = UserError) -> int | None:
     """``max_position_embeddings`` from ``path/config.json`` (None when it gives none)."""
     from .files import read_user_text
 
     try:
         limit = json.loads(read_user_text(path / "config.json", "model config")).get("max_position_embeddings")
+    except UserError as err:
+        raise error(str(err)) from None
     except (json.JSONDecodeError, AttributeError):
-        raise ContextError(f"model config {path / 'config.json'} is not a JSON object") from None
+        raise error(f"model config {path / 'config.json'} is not a JSON object") from None
     return limit if isinstance(limit, int) and not isinstance(limit, bool) else None
 
 
@@ -63,15 +61,16 @@ def longest_prompt(task_name: str, size: Any, chat: bool, data_dir: Any, seed: i
     return max((len(ids) for ids in tokenizer(prompts).input_ids), default=0)
 
 
-def check_context(cells: dict[str, dict[str, Any]]) -> None:
-    """Refuse (``ContextError``) the first cell whose longest prompt plus ``max_new_tokens`` exceeds a model's
-    ``max_position_embeddings``; each dataset is rendered once per model directory."""
+def check_context(cells: dict[str, dict[str, Any]], error: type[UserError] = UserError) -> None:
+    """Refuse the first cell whose longest prompt plus ``max_new_tokens`` exceeds a model's
+    ``max_position_embeddings``: one line, an ``error`` (the config check passes its own). Each dataset is
+    rendered once per model directory."""
     longest: dict[tuple, int | None] = {}
     for cell_id, entry in cells.items():
         cell = entry["cell"]
         for model in cell["models"]:
             path = model_dir(model)
-            limit = path and context_limit(path)
+            limit = path and context_limit(path, error)
             if not limit:
                 continue
             key = (cell["task"], json.dumps(cell["size"]), cell["chat"], str(path))
@@ -81,7 +80,7 @@ def check_context(cells: dict[str, dict[str, Any]]) -> None:
                 )
             prompt = longest[key]
             if prompt is not None and prompt + cell["max_new_tokens"] > limit:
-                raise ContextError(
+                raise error(
                     f"cell {cell_id}: the longest {cell['task']} prompt is {prompt} tokens under model "
                     f"{model['name']!r}; with max_new_tokens={cell['max_new_tokens']} it needs "
                     f"{prompt + cell['max_new_tokens']} positions, and {model['name']!r} holds {limit} "

@@ -303,7 +303,7 @@ def check_local(config: dict[str, Any], cells: dict[str, dict[str, Any]]) -> Non
             raise ConfigError(f"config key datasets.{cell['task']}: {err}") from None
         except (OSError, ValueError) as err:  # a damaged local file
             raise ConfigError(f"config key datasets.{cell['task']}: cannot read its data: {err}") from None
-    check_context(cells)  # every prompt plus max_new_tokens fits its models' context
+    check_context(cells, ConfigError)  # every prompt plus max_new_tokens fits its models' context
 
 
 def fill_defaults(config: dict[str, Any], schema: dict[str, Any], depth: int = 2) -> dict[str, Any]:
