@@ -229,10 +229,21 @@ def needs_output(row):
     return None if isinstance(row.get("output"), str) else "no output"
 
 
+NEAR_MISSES = [  # JSON, but not one of the cell's samples
+    b'{"id": "zz", "output": "x"}',
+    b'{"id": "e1"}',
+    b'{"id": 1, "output": "x"}',
+    b'{"output": "x"}',
+    b'["e1", "x"]',
+    b'"e1"',
+    b'{"id": "e2", "output": 7}',
+    b"null",
+]
 pieces = st.lists(
     st.one_of(
         st.tuples(st.just("good"), st.sampled_from(IDS), st.integers(0, 9)),
         st.tuples(st.just("bytes"), st.binary(max_size=30).map(lambda b: b.replace(b"\n", b"")), st.just(0)),
+        st.tuples(st.just("bytes"), st.sampled_from(NEAR_MISSES), st.just(0)),
     ),
     max_size=8,
 )
