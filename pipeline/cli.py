@@ -145,9 +145,12 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 def _read_json(path: str, what: str):
     """A JSON file's content; a one-line UserError naming the file (``what`` it is) when it cannot be read."""
+    from .files import read_user_text
+
+    text = read_user_text(Path(path), what)
     try:
-        return json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as err:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
         raise UserError(f"{what} {path}: {err}") from None
 
 

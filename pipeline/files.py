@@ -1,15 +1,21 @@
-"""Result files: atomic writes with ordinary permissions, JSONL reading, writable-directory checks.
+"""Result files: atomic writes with ordinary permissions, user files read with one-line errors,
+JSONL reading, writable-directory checks, and an exclusive lock held by one process at a time.
 
 Every file a job writes appears whole or not at all (a temporary file beside
 it, then a rename) and gets the permissions the user's umask gives a new
-file, as if written in place.
+file, as if written in place. Every file the user gives is read through
+``read_user_bytes``/``read_user_text``: one that cannot be read (missing, a
+directory, a device, too large, not UTF-8) is a one-line ``UserError`` naming it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import socket
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -69,10 +75,91 @@ def write_atomic(path: Path, data: str | bytes) -> None:
         os.fsync(f.fileno())
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every record of a JSONL file (blank lines skipped)."""
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+MAX_USER_FILE = 2**30  # bytes: a user file larger than this is refused, never read into memory
+
+
+def read_user_bytes(path: Path, what: str = "file", limit: int = MAX_USER_FILE) -> bytes:
+    """The bytes of a file the user gave (``what`` it is, for the message); a one-line UserError naming it
+    when it is missing, not a regular file (a directory, a device, a pipe), unreadable or over ``limit``."""
+    path = Path(path)
+    try:
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:  # a pipe must not block
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file (a device or a pipe)"
+                raise UserError(f"{what} {path} is {kind}; expected a file")
+            if info.st_size > limit:
+                raise UserError(f"{what} {path} is too large ({info.st_size} bytes; at most {limit} are read)")
+            return f.read()
+    except IsADirectoryError:
+        raise UserError(f"{what} {path} is a directory; expected a file") from None
+    except OSError as err:
+        raise UserError(f"{what} {path}: {err.strerror or type(err).__name__}") from None
+
+
+def read_user_text(path: Path, what: str = "file", limit: int = MAX_USER_FILE) -> str:
+    """``read_user_bytes`` decoded as UTF-8; a file that is not UTF-8 is a one-line UserError naming it."""
+    data = read_user_bytes(path, what, limit)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise UserError(
+            f"{what} {path} is not UTF-8 text (byte 0x{data[err.start]:02x} on line {line}); save it as UTF-8"
+        ) from None
+
+
+def read_jsonl(path: Path, what: str = "JSONL file") -> list[dict[str, Any]]:
+    """Every record of a JSONL file (blank lines skipped); a one-line UserError naming the file and line
+    of the first record that is not JSON."""
+    rows = []
+    for n, line in enumerate(read_user_text(path, what).split("\n"), 1):  # not splitlines: U+2028 is text
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise UserError(f"{what} {path} line {n} is not valid JSON: {err.msg}") from None
+    return rows
+
+
+class LockHeld(UserError):
+    """Another living process holds the lock (one line naming it)."""
+
+
+@contextlib.contextmanager
+def exclusive(path: Path, what: str):
+    """Hold an exclusive OS lock (``flock``) on ``path`` for the block, the holder's pid and host written
+    into it; released by the OS when the process dies, so a later process takes over a dead holder's lock.
+    A lock another living process holds is a one-line ``LockHeld`` naming that process (``what``: the
+    thing locked, for the message). The lock file is removed when the block ends."""
+    path = Path(path)
+    writable_dir(path.parent)
+    while True:
+        handle = open(path, "a+")  # noqa: SIM115 (closed below)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise LockHeld(f"{what} is in use by {holder} (lock {path}); wait for it to finish") from None
+        try:
+            same = os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:  # not a file the previous holder removed between our open and our lock
+            break
+        handle.close()
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        handle.flush()
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # while still held: a waiting process sees another inode and retries
+        handle.close()
 
 
 def writable_dir(path: Path) -> Path:

@@ -35,7 +35,7 @@ from .decoding.spec import parse_method
 from .decoding.static import compile_ahead
 from .errors import UserError
 from .files import read_jsonl, writable_dir, write_atomic
-from .journal import Journal
+from .journal import Journal, journal_lock
 from .models import ModelSpec, load_set
 from .speed import Policy, summarize
 from .timing import Probe, provenance
@@ -144,11 +144,17 @@ def run_cell(
     leaves ``<out>.speed.json`` to ``write_speed`` (the workflow's own rule, so that changing how
     speed is judged never regenerates a sample).
     """
-    from tqdm import tqdm
-
     out = Path(out)
     journal = Path(journal) if journal else out
     writable_dir(out.parent)
+    with journal_lock(journal):
+        return _run_cell(cell, out, progress, journal, speed)
+
+
+def _run_cell(cell: Cell, out: Path, progress: bool, journal: Path, speed: bool) -> dict[str, Any] | None:
+    """``run_cell``'s work, under the journal's lock."""
+    from tqdm import tqdm
+
     task = get_task(cell.task)
     examples = task.load(cell.size, cell.data_dir, cell.seed)
     if cell.seed + len(examples) > 2**64:

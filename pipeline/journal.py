@@ -20,9 +20,15 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from .files import ResultsError, writable_dir, write_atomic
+from .files import ResultsError, exclusive, writable_dir, write_atomic
 
 Check = Callable[[dict[str, Any]], str | None]  # a sample's problem in words, or None when it is valid
+
+
+def journal_lock(path: Path):
+    """One job per journal at a time (``files.exclusive`` on ``<journal>.lock``): a second job on a cell being
+    generated stops at once with one line naming the first; a job whose holder died takes over and resumes."""
+    return exclusive(Path(f"{path}.lock"), f"the cell journal {path}")
 
 
 class Journal:

@@ -15,24 +15,23 @@ from typing import Any
 
 from tasks import TaskError, get_task
 
-from .files import write_atomic
+from .files import read_user_text, write_atomic
 
 
 def read_generations(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
+    if not path.exists():
         raise TaskError(f"generations file {path} not found")
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                raise TaskError(f"{path}:{n} is not valid JSON") from None
-            if "id" not in row or "output" not in row:
-                raise TaskError(f"{path}:{n} needs the fields 'id' and 'output'")
-            rows.append(row)
+    for n, line in enumerate(read_user_text(path, "generations file").split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise TaskError(f"{path}:{n} is not valid JSON") from None
+        if not isinstance(row, dict) or "id" not in row or "output" not in row:
+            raise TaskError(f"{path}:{n} needs the fields 'id' and 'output'")
+        rows.append(row)
     return rows
 
 

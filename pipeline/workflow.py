@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from .errors import UserError
+from .files import read_user_text
 from .preflight import models_to_prepare  # noqa: F401  (the Snakefile's and tests' name for it)
 
 SCHEMA = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "config.schema.yaml"
@@ -57,10 +58,9 @@ def load_config_file(path: Path) -> dict[str, Any]:
     """A YAML or JSON config file, duplicate keys refused; ConfigError names what is wrong."""
     path = Path(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.load(f, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)
-    except OSError as err:
-        raise ConfigError(f"config file {path}: {err.strerror}") from None
+        data = yaml.load(read_user_text(path, "config file"), Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
+    except UserError as err:
+        raise ConfigError(str(err)) from None
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
     if data is None:
@@ -291,6 +291,7 @@ def local_problems(config: dict[str, Any], cells: dict[str, dict[str, Any]], gpu
 
     Hub sources are checked only when the hub is offline (then they must be in the local hub cache).
     """
+    from .context_check import check_context
     from tasks import HubSkipped, TaskError, get_task
 
     from . import preflight
@@ -311,6 +312,11 @@ def local_problems(config: dict[str, Any], cells: dict[str, dict[str, Any]], gpu
             found.append(f"config key datasets.{cell['task']}: {err}")
         except (OSError, ValueError) as err:  # a damaged local file
             found.append(f"config key datasets.{cell['task']}: cannot read its data: {err}")
+    if not problems + found:  # every prompt plus max_new_tokens fits its models' context
+        try:
+            check_context(cells, ConfigError)
+        except ConfigError as err:
+            found.append(str(err))
     return infos, problems + found
 
 

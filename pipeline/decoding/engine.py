@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from .ensemble import single_model
+from .ensemble import check_output, check_rows, single_model
 from .proposers import Proposal, Proposer
 from .runner import Runner
 from .sampling import Sampling, probs, sample
@@ -91,7 +91,7 @@ class Member:
             return
         end = len(tokens)  # the last new row predicts position `end`
         keep = min(end - start, end - committed + 1)
-        rows = self.runner.extend(tokens[start:], keep)
+        rows = check_rows(self.runner.extend(tokens[start:], keep), self.runner, keep)
         first_new = end - keep + 1
         if self.rows is not None and first_new == start + 1 and self.first <= start:
             old = self.rows[max(committed - self.first, 0) :]
@@ -197,11 +197,13 @@ class Decoder:
         rows = [self.members[i].span(start, stop) for i in self.targets]
         if self.audit is not None:
             self.audit.check(self.tokens, start, stop, rows, self.targets, self.target_fn, self.sampling)
+        step, vocab = start - self.prompt_len, rows[0].shape[-1]
         if self.sampling.greedy:
             if self.target_fn is single_model:  # argmax softmax(l) = argmax l: skip the softmax
-                return rows[0].argmax(dim=-1)
-            return self.target_fn(rows, Sampling.identity()).argmax(dim=-1)
-        return self.target_fn(rows, self.sampling)
+                return check_output(rows[0], single_model, step, stop - start, vocab, logits=True).argmax(dim=-1)
+            out = self.target_fn(rows, Sampling.identity())
+            return check_output(out, self.target_fn, step, stop - start, vocab).argmax(dim=-1)
+        return check_output(self.target_fn(rows, self.sampling), self.target_fn, step, stop - start, vocab)
 
     def _draw_target(self) -> int:
         dist = self._target(self.committed, self.committed + 1)

@@ -150,6 +150,70 @@ def gated_ensemble(logits: Sequence[Tensor], sampling: Sampling, threshold: floa
     return torch.where(confident, probs(lead, sampling), weighted_ensemble(logits, sampling, weights))
 
 
+class EnsembleOutputError(ArgumentError):
+    """An ensemble function (or a runner) gave the decoder something that is not a distribution."""
+
+
+def target_name(fn: Callable) -> str:
+    """The name an ensemble function is known by (its registered name; a partial's function's name)."""
+    fn = getattr(fn, "func", fn)
+    named = next((e.name for e in ENSEMBLES.values() if e.fn is fn), None)
+    return named or getattr(fn, "__name__", repr(fn))
+
+
+def check_output(out: Any, fn: Callable, step: int, rows: int, vocab: int, logits: bool = False) -> Tensor:
+    """``out`` if it is a ``[rows, vocab]`` floating tensor whose every row has a finite positive mass and no
+    NaN; else a one-line ``EnsembleOutputError`` naming the ensemble and the step. One reduction (the row
+    sums: NaN if any entry is NaN, -inf or 0 when no entry has mass), one host sync. ``logits``: ``out``
+    holds logits (a row needs a finite maximum and no NaN: the row maxima, NaN where a row has one)."""
+    if not isinstance(out, Tensor):
+        raise EnsembleOutputError(
+            f"ensemble {target_name(fn)!r} at step {step} returned a {type(out).__name__}, expected a tensor"
+        )
+    if tuple(out.shape) != (rows, vocab):
+        raise EnsembleOutputError(
+            f"ensemble {target_name(fn)!r} at step {step} returned shape {tuple(out.shape)}, expected "
+            f"({rows}, {vocab}): one row per position over the models' vocabulary of {vocab}"
+        )
+    if not out.is_floating_point():
+        raise EnsembleOutputError(
+            f"ensemble {target_name(fn)!r} at step {step} returned dtype {out.dtype}, expected a floating tensor"
+        )
+    if logits:  # a finite maximum per row (NaN where a row holds one)
+        ok = all(-math.inf < top < math.inf for top in out.amax(dim=-1).tolist())
+    else:  # a finite positive mass per row (NaN where a row holds one, -inf or 0 where no entry has mass)
+        ok = all(0 < total < math.inf for total in out.sum(dim=-1).tolist())
+    if not ok:
+        raise EnsembleOutputError(f"ensemble {target_name(fn)!r} at step {step} returned {_fault(out, logits)}")
+    return out
+
+
+def check_rows(rows: Any, runner: Any, keep: int) -> Tensor:
+    """A runner's logits rows if they are ``[keep, vocab]`` floating rows (shape and dtype only: no reduction;
+    their values meet ``check_output`` in the target); else a one-line ``EnsembleOutputError``."""
+    vocab = getattr(runner, "vocab_size", None)
+    shape = tuple(rows.shape) if isinstance(rows, Tensor) else None
+    if shape is None or len(shape) != 2 or shape[0] != keep or (vocab is not None and shape[1] != vocab):
+        raise EnsembleOutputError(
+            f"runner {type(runner).__name__} returned {shape or type(rows).__name__} logits rows, expected "
+            f"({keep}, {vocab if vocab is not None else 'V'})"
+        )
+    if not rows.is_floating_point():
+        raise EnsembleOutputError(f"runner {type(runner).__name__} returned {rows.dtype} logits rows, expected float")
+    return rows
+
+
+def _fault(out: Tensor, logits: bool) -> str:
+    """What is wrong with a distribution that failed ``check_output`` (only computed on failure)."""
+    if bool(torch.isnan(out).any()):
+        return "NaN entries"
+    if bool((~torch.isfinite(out).any(dim=-1)).any()):
+        return "no finite entry in a row"
+    if bool((out < 0).any()) and not logits:
+        return "negative entries (expected probabilities >= 0)"
+    return "a row with no positive finite mass (expected probabilities, not all zero)"
+
+
 def single_model(logits: Sequence[Tensor], sampling: Sampling) -> Tensor:
     """The target of one-model methods (``large_model``, ``small_model``, ``sd``)."""
     (row,) = logits

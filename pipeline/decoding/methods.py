@@ -232,15 +232,51 @@ def _concurrent(decoder: Decoder, plan: Plan) -> Iterator[None]:
             decoder.concurrent = None
 
 
-def _eos_set(eos_token_id: Any) -> set[int]:
+def _eos_set(eos_token_id: Any, vocab: int) -> set[int]:
     if eos_token_id is None:
         return set()
-    if is_int(eos_token_id):
-        return {eos_token_id}
-    ids = list(eos_token_id) if isinstance(eos_token_id, (list, tuple, set)) else [None]
+    ids = [eos_token_id] if is_int(eos_token_id) else None
+    if ids is None:
+        ids = list(eos_token_id) if isinstance(eos_token_id, (list, tuple, set)) else [None]
     if not ids or not all(is_int(i) and i >= 0 for i in ids):
         raise ArgumentError(f"eos_token_id={eos_token_id!r}: expected an int token id, a list of them, or None")
+    if outside := sorted(i for i in ids if i >= vocab):
+        raise ArgumentError(
+            f"eos_token_id={eos_token_id!r}: {outside[0]} is outside the vocabulary of {vocab} "
+            f"(expected ids in 0..{vocab - 1}); generation could never stop on it"
+        )
     return set(ids)
+
+
+def model_name(model: torch.nn.Module, index: int) -> str:
+    """How an error names a model: its index and, where known, its name or path."""
+    path = getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
+    return f"model {index} ({path})"
+
+
+def check_loaded(models: Sequence[torch.nn.Module]) -> None:
+    """Refuse a model without parameters or with any on the ``meta`` device (its weights never loaded)."""
+    for i, model in enumerate(models):
+        params = list(model.parameters()) if isinstance(model, torch.nn.Module) else None
+        if not params:
+            raise ArgumentError(f"{model_name(model, i)} has no parameters: expected a loaded causal LM")
+        if any(p.is_meta for p in params):
+            raise ArgumentError(
+                f"{model_name(model, i)} has weights on the 'meta' device (never loaded); "
+                "load it with real weights (from_pretrained without device_map='meta') first"
+            )
+
+
+def check_context(models: Sequence[torch.nn.Module], used: Sequence[int], prompt_len: int, new_tokens: int) -> None:
+    """Refuse a prompt plus ``max_new_tokens`` beyond a used model's context (``config.max_position_embeddings``)."""
+    need = prompt_len + new_tokens
+    for i in used:
+        limit = getattr(getattr(models[i], "config", None), "max_position_embeddings", None)
+        if is_int(limit) and need > limit:
+            raise ArgumentError(
+                f"a prompt of {prompt_len} tokens plus max_new_tokens={new_tokens} needs {need} positions; "
+                f"{model_name(models[i], i)} holds {limit} (config.max_position_embeddings)"
+            )
 
 
 def generate(
@@ -286,6 +322,7 @@ def generate(
     """
     if not isinstance(models, (list, tuple)) or not models:
         raise ArgumentError("models must be a non-empty list of causal LMs")
+    check_loaded(models)
     vocab = _vocab_size(models, vocab_size)
     if method_args is not None and not isinstance(method_args, dict):
         raise ArgumentError(f"method_args={method_args!r}: expected a dict of argument names to values")
@@ -302,7 +339,11 @@ def generate(
     if stop_strings and tokenizer is None:
         raise ArgumentError("stop_strings need a tokenizer to decode the output")
     check_seed(seed)
-    stopper = Stopper(max_new_tokens, _eos_set(eos_token_id), stop_strings, tokenizer.decode if tokenizer else None)
+    stopper = Stopper(
+        max_new_tokens, _eos_set(eos_token_id, vocab), stop_strings, tokenizer.decode if tokenizer else None
+    )
+    used = sorted(set(plan.members) | {i for turn, _ in plan.schedule or [] for i in turn if is_int(i)})
+    check_context(models, range(len(models)) if spec.kind == "peer" else used, len(prompt), max_new_tokens)
 
     def result(tokens: list[int], stats: GenerationStats) -> GenerationResult:
         text = tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else None
@@ -313,7 +354,6 @@ def generate(
             raise ArgumentError(f"{method!r} runs transformers' generate: an audit checks our decoder only")
         return result(*run_peer(spec, models, prompt, resolved, sampling, stopper, seed))
 
-    used = sorted(set(plan.members) | {i for turn, _ in plan.schedule or [] for i in turn if is_int(i)})
     device = next(models[used[0]].parameters()).device
     stats = GenerationStats(method=method, prompt_tokens=len(prompt))
     stats.models = [ModelStats() for _ in models]

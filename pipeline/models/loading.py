@@ -42,18 +42,49 @@ def load(
     from safetensors import SafetensorError
 
     try:
-        if device == "auto":
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map="auto").eval()
-        else:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
         tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError, SafetensorError) as err:  # damaged or partial files: one line naming them
+    except (OSError, ValueError, KeyError, TypeError) as err:  # first: it costs less than the weights
+        said = " ".join(str(err).split())  # every line of the message, joined: none cut mid-sentence
+        said = said if len(said) <= 240 else said[:240].rsplit(" ", 1)[0] + " ..."
+        raise ModelError(
+            f"model directory {path} has no usable tokenizer (tokenizer.json or tokenizer_config.json missing "
+            f"or damaged): {type(err).__name__}: {said}"
+        ) from None
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()  # its multi-line load report: said below in one line instead
+    hf_logging.disable_progress_bar()  # a log holds what went wrong, not a bar per load
+    try:
+        placement = {"device_map": "auto"} if device == "auto" else {}
+        model, info = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, output_loading_info=True, **placement)
+        model = (model if device == "auto" else model.to(device)).eval()
+    except RuntimeError:  # tensors of other shapes than config.json gives (transformers' report is silenced)
+        raise ModelError(
+            f"model directory {path} could not be loaded: its weight files hold tensors of other shapes than "
+            "its config.json describes (files of another model?)"
+        ) from None
+    except (OSError, ValueError, KeyError, SafetensorError) as err:  # damaged or partial files
         raise ModelError(f"model directory {path} could not be loaded: {one_line(err)}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+    if missing := info.get("missing_keys"):  # they would be random: a silently wrong model
+        raise ModelError(
+            f"model directory {path} could not be loaded: {len(missing)} weights are missing from its files "
+            f"(first: {sorted(missing)[0]}); the files are incomplete or of another model"
+        )
     head_file = path / "head_tokens.json"
     if head_file.exists() and not full_head:  # a distilled draft whose head scores a subset of the vocabulary
+        from ..files import read_user_text
         from .restricted import RestrictedHeadLM
 
-        model = RestrictedHeadLM(model, json.loads(head_file.read_text())).eval()
+        try:
+            head = json.loads(read_user_text(head_file, "restricted head"))
+        except json.JSONDecodeError as err:
+            raise ModelError(f"restricted head {head_file} is not valid JSON: {err.msg}") from None
+        model = RestrictedHeadLM(model, head).eval()
     if pack is None:
         pack = dtype == torch.float32 and device != "auto" and torch.device(device).type == "cpu" and engine == "eager"
     if pack:
