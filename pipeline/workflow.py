@@ -291,10 +291,10 @@ def local_problems(config: dict[str, Any], cells: dict[str, dict[str, Any]], gpu
 
     Hub sources are checked only when the hub is offline (then they must be in the local hub cache).
     """
-    from .context_check import check_context
     from tasks import HubSkipped, TaskError, get_task
 
     from . import preflight
+    from .context_check import check_context
 
     problems = []
     data_dir = config["data_dir"]
