@@ -126,10 +126,13 @@ class SpecEnsLM(TemplateLM):
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs: Any) -> list[tuple[float, bool]]:
         out = []
+        last = None, None  # (input, rows) -> log-probs: the choices of one question share their forwards
         for key, context, continuation in tqdm(requests, disable=disable_tqdm, desc="specens loglikelihood"):
             n = len(continuation)
             tokens = (context + continuation)[-(self.max_length + 1) :]  # the window, cut from the left
-            logprobs = continuation_logprobs(self.models, self.members, self.target_fn, tokens, n)
+            if last[0] != (tokens[:-1], n):
+                last = (tokens[:-1], n), continuation_logprobs(self.models, self.members, self.target_fn, tokens, n)
+            logprobs = last[1]
             target = torch.tensor(continuation).unsqueeze(-1)
             result = (
                 float(logprobs.gather(-1, target).sum()),
