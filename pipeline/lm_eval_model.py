@@ -42,6 +42,7 @@ from tasks.base import cut_at_stops
 from .decoding import Sampling, generate
 from .decoding.methods import plan_method
 from .decoding.spec import parse_method
+from .errors import UserError
 from .models import load_set, parse_model
 
 IGNORED = {"batch_size", "max_batch_size", "device"}  # lm-eval passes these to every model
@@ -129,6 +130,8 @@ class SpecEnsLM(TemplateLM):
         last = None, None  # (input, rows) -> log-probs: the choices of one question share their forwards
         for key, context, continuation in tqdm(requests, disable=disable_tqdm, desc="specens loglikelihood"):
             n = len(continuation)
+            if not 0 < n <= self.max_length:
+                raise UserError(f"a continuation of {n} tokens: expected 1 to max_length={self.max_length}")
             tokens = (context + continuation)[-(self.max_length + 1) :]  # the window, cut from the left
             if last[0] != (tokens[:-1], n):
                 last = (tokens[:-1], n), continuation_logprobs(self.models, self.members, self.target_fn, tokens, n)

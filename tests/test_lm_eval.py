@@ -215,3 +215,12 @@ def test_a_multiple_choice_task_scores_as_lm_evals_hf_model(tiny_dir, tmp_path, 
         scores[model] = [float(r[0]) for row in sorted(rows, key=lambda r: r["doc_id"]) for r in row["filtered_resps"]]
     assert len(scores["hf"]) == 8
     assert scores["specens"] == pytest.approx(scores["hf"], abs=1e-4)
+
+
+def test_a_continuation_longer_than_the_window_is_one_clear_error(tiny_dir):
+    from pipeline.errors import UserError
+    from pipeline.lm_eval_model import SpecEnsLM
+
+    lm = SpecEnsLM(models=f"a={tiny_dir}", max_length=3)
+    with pytest.raises(UserError, match="continuation of 5 tokens: expected 1 to max_length=3"):
+        lm._loglikelihood_tokens([(None, [1, 2], [3, 4, 5, 6, 7])])
