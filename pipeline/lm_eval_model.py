@@ -10,10 +10,10 @@
 
 ``models`` and a list ``gamma`` are joined with ``+`` (lm-eval splits
 ``model_args`` on commas); a model is a name of the default config or
-``NAME=SOURCE``. Every other key is a method argument (``lambda``,
-``weights`` joined with ``+``, ``alpha``, ``beta``, ``threshold``,
-``proposer``, ``first_proposer``), but ``max_length`` (the context window
-for log-likelihoods; default the first model's).
+``NAME=SOURCE``. ``max_length`` is the context window of log-likelihoods
+(default the first model's); every other key is a method argument
+(``lambda``, ``weights`` joined with ``+``, ``alpha``, ``beta``,
+``threshold``, ``proposer``, ``first_proposer``).
 
 ``generate_until`` runs the decoder. ``loglikelihood`` scores a continuation
 under the method's distribution: one forward per member over context and

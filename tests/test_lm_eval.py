@@ -179,7 +179,7 @@ def _cd(alpha, beta):  # r = softmax(l_1 - alpha l_2) over {v: p_1(v) >= beta ma
 @pytest.mark.parametrize(
     "methods,args,combine",
     [
-        (["we", "we_p", "we_sd", "we_se", "we_me"], "lambda=0.3", _we(0.3)),
+        (["we", "we_p", "we_sd", "we_se", "we_me", "hf_assisted_ensemble"], "lambda=0.3", _we(0.3)),
         (["cd", "cd_sd"], "alpha=0.5", _cd(0.5, 0.0)),
         (["cd"], "alpha=0.5,beta=0.6", _cd(0.5, 0.6)),  # the mask drops a third to half of the vocabulary
     ],
