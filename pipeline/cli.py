@@ -406,7 +406,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     return 0
 
 
-@command("lm-eval", "lm-eval's command line with the 'specens' model registered", passthrough=True)
+@command("lm-eval", "lm-eval's command line: its own models (hf, vllm, ...) and 'specens'", passthrough=True)
 def cmd_lm_eval(argv: list[str]) -> int:
     from .lm_eval_model import main as lm_eval_main
 

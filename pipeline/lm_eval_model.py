@@ -1,41 +1,87 @@
 """The shared decoder as an lm-evaluation-harness model named ``specens``.
 
-lm-eval's own ``lm_eval`` command imports no plugins, so run it through
-``pipeline lm-eval`` (same arguments), which registers the model first::
+``pipeline lm-eval`` is lm-eval's command line (same arguments) with
+``specens`` registered beside every model of the harness (``hf``, ``vllm``,
+...), so the harness's own baseline runs through it too::
 
     pipeline lm-eval --model specens \\
-        --model_args method=we_se,models=smollm2-135m-instruct+smollm2-draft-l1,gamma=1+4,lambda=0.5 \\
+        --model_args method=we_se,models=smollm2-135m-instruct+smollm2-draft-l2,gamma=1+4,lambda=0.5 \\
         --tasks gsm8k_local --include_path tasks/lm_eval --limit 5
 
 ``models`` and a list ``gamma`` are joined with ``+`` (lm-eval splits
-``model_args`` on commas). Every other key is a method argument (``lambda``,
-``weights`` joined with ``+``, ``alpha``, ``beta``, ``proposer``,
-``first_proposer``). Only ``generate_until`` is offered: the decoder
-generates, it does not score log-likelihoods.
+``model_args`` on commas); a model is a name of the default config or
+``NAME=SOURCE``. ``max_length`` is the context window of log-likelihoods
+(default the first model's); every other key is a method argument
+(``lambda``, ``weights`` joined with ``+``, ``alpha``, ``beta``,
+``threshold``, ``proposer``, ``first_proposer``).
+
+``generate_until`` runs the decoder. ``loglikelihood`` scores a continuation
+under the method's distribution: one forward per member over context and
+continuation, the rows predicting the continuation combined by the method's
+target function (the one generation samples from, ``plan_method``) at
+temperature 1 without top-k or top-p. That is the large model's distribution
+for ``large_model``, ``sd`` and the peers of the large model, the ensemble's
+for ``E``, ``E_p``, ``E_sd``, ``E_se`` and ``hf_assisted_ensemble``, and the
+mixture's for ``we_me``/``we_me_sd`` (the same ``we`` distribution).
+``loglikelihood_rolling`` sums it over a whole text in windows of the context.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
-from lm_eval.api.model import LM
+import lm_eval.models  # noqa: F401  (the harness's models: registering ours into an empty registry would hide them)
+import torch
+from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 from tasks.base import cut_at_stops
 
-from .decoding import generate
+from .decoding import Sampling, generate
+from .decoding.methods import plan_method
+from .decoding.spec import parse_method
+from .errors import UserError
 from .models import load_set, parse_model
 
 IGNORED = {"batch_size", "max_batch_size", "device"}  # lm-eval passes these to every model
+ROWS = 256  # positions combined at once (float64 rows over the vocabulary)
 
 
 def _split(value: Any, cast=str) -> list:
     return [cast(v) for v in str(value).split("+") if v]
 
 
+def target_distribution(method: str, models: list, gamma: Any, method_args: dict[str, Any]):
+    """The members (model indices) and target function of ``method``: what its tokens are drawn from."""
+    plan, args = plan_method(method, models, gamma, dict(method_args))
+    spec = parse_method(method)
+    if spec.kind == "peer" and spec.ensemble is not None:  # verified against the ensemble's distribution
+        params = {k: v for k, v in args.items() if k in spec.ensemble.params}
+        return list(range(len(models))), partial(spec.ensemble.fn, **params)
+    return plan.members, plan.target_fn
+
+
+def continuation_logprobs(models: list, members: list[int], target_fn, tokens: list[int], n: int) -> torch.Tensor:
+    """Log-probabilities ``[n, V]`` of the last ``n`` positions of ``tokens`` under the target distribution.
+
+    One forward per member over ``tokens[:-1]``, keeping the ``n`` rows that predict ``tokens[-n:]``.
+    """
+    rows = []
+    with torch.inference_mode():
+        for i in members:
+            model = models[i]
+            device = next(model.parameters()).device
+            ids = torch.tensor([tokens[:-1]], device=device)
+            logits = model(input_ids=ids, use_cache=False, logits_to_keep=n).logits[0, -n:]
+            rows.append(logits.to("cpu", torch.float64))
+        chunks = [target_fn([r[s : s + ROWS] for r in rows], Sampling.identity()).log() for s in range(0, n, ROWS)]
+    return torch.cat(chunks)
+
+
 @register_model("specens")
-class SpecEnsLM(LM):
+class SpecEnsLM(TemplateLM):
     def __init__(
         self,
         models: str,
@@ -43,6 +89,7 @@ class SpecEnsLM(LM):
         gamma: Any = 1,
         seed: int = 0,
         max_gen_toks: int = 256,
+        max_length: int | None = None,
         **kwargs: Any,
     ):
         super().__init__()
@@ -54,6 +101,67 @@ class SpecEnsLM(LM):
         self.method_args = {k: v for k, v in kwargs.items() if k not in IGNORED}
         if "weights" in self.method_args:
             self.method_args["weights"] = _split(self.method_args["weights"], float)
+        self.members, self.target_fn = target_distribution(method, self.models, self.gamma, self.method_args)
+        self._max_length = int(max_length) if max_length else None
+
+    @property
+    def eot_token_id(self) -> int:
+        return self.tokenizer.eos_token_id
+
+    @property
+    def prefix_token_id(self) -> int:
+        """The token an empty context is replaced by: BOS, else EOS (as lm-eval's ``hf`` model)."""
+        bos = self.tokenizer.bos_token_id
+        return bos if bos is not None else self.tokenizer.eos_token_id
+
+    @property
+    def max_length(self) -> int:
+        """The context window for log-likelihoods: ``max_length``, else the first model's (as ``hf`` reads it)."""
+        from lm_eval.models.utils import resolve_max_length
+
+        return self._max_length or resolve_max_length(self.models[0].config, self.tokenizer)
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
+        special = {} if add_special_tokens is None else {"add_special_tokens": add_special_tokens}
+        return self.tokenizer.encode(string, **special)
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs: Any) -> list[tuple[float, bool]]:
+        out = []
+        last = None, None  # (input, rows) -> log-probs: the choices of one question share their forwards
+        for key, context, continuation in tqdm(requests, disable=disable_tqdm, desc="specens loglikelihood"):
+            n = len(continuation)
+            if not 0 < n <= self.max_length:
+                raise UserError(f"a continuation of {n} tokens: expected 1 to max_length={self.max_length}")
+            tokens = (context + continuation)[-(self.max_length + 1) :]  # the window, cut from the left
+            if last[0] != (tokens[:-1], n):
+                last = (tokens[:-1], n), continuation_logprobs(self.models, self.members, self.target_fn, tokens, n)
+            logprobs = last[1]
+            target = torch.tensor(continuation).unsqueeze(-1)
+            result = (
+                float(logprobs.gather(-1, target).sum()),
+                bool((logprobs.argmax(dim=-1) == target.squeeze(-1)).all()),
+            )
+            out.append(result)
+            if key is not None:
+                self.cache_hook.add_partial("loglikelihood", key, result)
+        return out
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+        out = []
+        for (string,) in tqdm([r.args for r in requests], disable=disable_tqdm, desc="specens rolling"):
+            windows = get_rolling_token_windows(
+                token_list=self.tok_encode(string),
+                prefix_token=self.prefix_token_id,
+                max_seq_len=self.max_length,
+                context_len=1,
+            )
+            pairs = [(None, *make_disjoint_window(w)) for w in windows]
+            total = sum(ll for ll, _ in self._loglikelihood_tokens(pairs, disable_tqdm=True))
+            out.append(total)
+            self.cache_hook.add_partial("loglikelihood_rolling", (string,), total)
+        return out
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         out = []
@@ -79,14 +187,9 @@ class SpecEnsLM(LM):
             out.append(cut_at_stops(result.text, until))
         return out
 
-    def loglikelihood(self, requests):
-        raise NotImplementedError("specens generates; choose generate_until tasks (e.g. gsm8k_local)")
-
-    loglikelihood_rolling = loglikelihood
-
 
 def main(argv: list[str] | None = None) -> int:
-    """Run lm-eval's command line with the ``specens`` model registered."""
+    """Run lm-eval's command line with ``specens`` registered beside the harness's own models."""
     import sys
 
     from lm_eval.__main__ import cli_evaluate
