@@ -219,18 +219,23 @@ def cmd_speed(args: argparse.Namespace) -> int:
     return 0
 
 
+WANDB_ARGS = (  # the W&B run's settings, shared by the per-cell and the per-experiment runs
+    arg("--experiment", default="default"),
+    arg("--project", default="specens"),
+    arg("--entity"),
+    arg("--mode", default="auto", choices=["auto", "online", "offline", "disabled"]),
+    arg("--init-timeout", type=float, default=15.0, help="seconds to wait for the W&B server"),
+)
+
+
 @command(
     "wandb-log",
     "log one scored cell to Weights & Biases",
     arg("samples", type=Path),
     arg("status", type=Path, help="where the outcome (run id, mode or the error) is written"),
     arg("--cell-file", required=True, help="the cell file: its dims become the run's config"),
-    arg("--experiment", default="default"),
-    arg("--project", default="specens"),
-    arg("--entity"),
-    arg("--mode", default="auto", choices=["auto", "online", "offline", "disabled"]),
+    *WANDB_ARGS,
     arg("--dir", type=Path, default=Path("results"), help="where W&B keeps its run files"),
-    arg("--init-timeout", type=float, default=15.0, help="seconds to wait for the W&B server"),
 )
 def cmd_wandb_log(args: argparse.Namespace) -> int:
     from .tracking import WandbFailed, log_cell
@@ -250,11 +255,7 @@ def cmd_wandb_log(args: argparse.Namespace) -> int:
     "log an experiment's aggregate tables as its own W&B run",
     arg("results", type=Path, help="the results directory (its tables/)"),
     arg("status", type=Path, help="where the outcome (run id, mode or the error) is written"),
-    arg("--experiment", default="default"),
-    arg("--project", default="specens"),
-    arg("--entity"),
-    arg("--mode", default="auto", choices=["auto", "online", "offline", "disabled"]),
-    arg("--init-timeout", type=float, default=15.0, help="seconds to wait for the W&B server"),
+    *WANDB_ARGS,
 )
 def cmd_wandb_log_experiment(args: argparse.Namespace) -> int:
     from .tracking import WandbFailed, log_experiment

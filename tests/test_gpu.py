@@ -14,7 +14,7 @@ from pipeline.decoding.runner import set_engine
 from pipeline.decoding.static import StaticRunner
 
 from .conftest import perturbed, tiny_llama
-from .test_static_runner import CASES, PROMPTS
+from .test_static_runner import CASES, PROMPTS, assert_autotuned_emits_eager_tokens
 
 pytestmark = [
     pytest.mark.gpu,
@@ -62,10 +62,4 @@ def test_autotuned_engine_on_cuda_emits_the_eager_runners_tokens():
     model = tiny_llama(5, layers=1, hidden=16).to("cuda")
     fast = set_engine(copy.deepcopy(model), "compiled+autotune")
     StaticRunner(fast, 32, max_len=60)
-    for temperature in (0.0, 1.0):
-        for method, args in [("large_model", {}), ("sd", {"proposer": "lookup"})]:
-            for prompt in PROMPTS[:4]:
-                kw = dict(gamma=3, max_new_tokens=30, method_args=args, temperature=temperature, seed=3)
-                want = generate([model], prompt, method, **kw)
-                with torch._dynamo.config.patch(error_on_recompile=True):
-                    assert generate([fast], prompt, method, **kw).token_ids == want.token_ids
+    assert_autotuned_emits_eager_tokens(model, fast)

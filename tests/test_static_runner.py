@@ -115,6 +115,17 @@ def test_inductor_on_the_cpu_matches_eager():
             assert generate([fast] * len(models), prompt, method, **kw).token_ids == want.token_ids
 
 
+def assert_autotuned_emits_eager_tokens(model, fast) -> None:
+    """``fast`` (an autotuned copy of ``model``) emits ``model``'s tokens, greedy and sampled, compiling nothing."""
+    for temperature in (0.0, 1.0):
+        for method, args in [("large_model", {}), ("sd", {"proposer": "lookup"})]:
+            for prompt in PROMPTS[:4]:
+                kw = dict(gamma=3, max_new_tokens=30, method_args=args, temperature=temperature, seed=3)
+                want = generate([model], prompt, method, **kw)
+                with torch._dynamo.config.patch(error_on_recompile=True):
+                    assert generate([fast], prompt, method, **kw).token_ids == want.token_ids
+
+
 def test_autotuned_cpu_kernels_emit_the_eager_runners_tokens():
     """``compiled+autotune``: inductor's own C++ matrix kernels over frozen float32 weights (counted), the
     eager runner's tokens greedy and sampled, nothing compiled again while decoding."""
@@ -125,13 +136,7 @@ def test_autotuned_cpu_kernels_emit_the_eager_runners_tokens():
     before = counters["inductor"]["cpp_templated_kernel_counter"]
     StaticRunner(fast, 32, max_len=60)  # compiles every bucket, for the cache size the generations use
     assert counters["inductor"]["cpp_templated_kernel_counter"] >= len(BUCKETS) > before
-    for temperature in (0.0, 1.0):
-        for method, args in [("large_model", {}), ("sd", {"proposer": "lookup"})]:
-            for prompt in PROMPTS[:4]:
-                kw = dict(gamma=3, max_new_tokens=30, method_args=args, temperature=temperature, seed=3)
-                want = generate([model], prompt, method, **kw)
-                with torch._dynamo.config.patch(error_on_recompile=True):
-                    assert generate([fast], prompt, method, **kw).token_ids == want.token_ids
+    assert_autotuned_emits_eager_tokens(model, fast)
 
 
 def test_buckets_and_cache_sizes():

@@ -24,6 +24,19 @@ DEFAULT = yaml.safe_load((ROOT / "config" / "default.yaml").read_text())
 # ---- config checks ------------------------------------------------------------------------
 
 
+# the jobs that make one cell again: its group, its W&B run, then the experiment's tables, notebook and run
+ONE_CELL_AGAIN = {
+    "generate": 1,
+    "speed": 1,
+    "score": 1,
+    "wandb_log": 1,
+    "wandb_experiment": 1,
+    "aggregate": 1,
+    "notebook": 1,
+    "all": 1,
+}
+
+
 def with_change(path: str, value):
     config = json.loads(json.dumps(DEFAULT))
     *parents, last = path.split(".")
@@ -413,16 +426,7 @@ def test_a_rerun_does_nothing_and_a_crashed_cell_resumes(tiny_run):
     resumed = snakemake(work, *args)
     assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
     counts = job_counts(resumed.stdout + resumed.stderr)
-    assert counts == {
-        "generate": 1,
-        "speed": 1,
-        "score": 1,
-        "wandb_log": 1,
-        "wandb_experiment": 1,
-        "aggregate": 1,
-        "notebook": 1,
-        "all": 1,
-    }
+    assert counts == ONE_CELL_AGAIN
     new_rows = (gen / f"{cell_id}.jsonl").read_text().splitlines()
     assert new_rows[0] == rows[0]  # kept as it was, timing included: not generated again
     assert json.loads(new_rows[1])["id"] == json.loads(rows[1])["id"] and not journal.exists()
@@ -473,16 +477,7 @@ def test_rerun_unstable_measures_the_flagged_cells_again_and_nothing_else(tiny_r
     run = snakemake(copy, "-n", "--cores", "2", "--configfile", str(copy / "config.yaml"))
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-2000:]
-    assert job_counts(out) == {
-        "generate": 1,
-        "speed": 1,
-        "score": 1,
-        "wandb_log": 1,
-        "wandb_experiment": 1,
-        "aggregate": 1,
-        "notebook": 1,
-        "all": 1,
-    }
+    assert job_counts(out) == ONE_CELL_AGAIN
     assert re.search(rf"wildcards: cell={re.escape(flagged)}$", out, re.M)
 
 
