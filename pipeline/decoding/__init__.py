@@ -1,6 +1,6 @@
 """The shared decoder: every decoding method, lossless, behind one ``generate``.
 
-See ``docs/ALGORITHMS.md`` for the contract each method keeps.
+See ``docs/algorithms.md`` for the contract each method keeps.
 """
 
 from .ensemble import ENSEMBLES, register_ensemble
