@@ -123,10 +123,10 @@ def test_the_paper_grid_on_an_a100(tmp_path, monkeypatch, capsys):
     assert "acceptance 0.7 (assumed)" in out.splitlines()[0]
 
 
-def test_the_default_run_against_its_measured_time_in_the_readme():
-    """The run README.md times (before the peers grid and we_me: 9 cells), on 'cpu' as measured here, two
+def test_the_default_run_against_its_measured_time_in_the_docs():
+    """The run docs/speed.md times (before the peers grid and we_me: 9 cells), on 'cpu' as measured here, two
     jobs at a time: its forecast generation wall time against the run's time less install and preparation."""
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "speed.md").read_text()
     took = re.search(
         r"took (\d+) min (\d+) s on this\s+project's 2-core CPU machine \(install (\d+) min; model\s+"
         r"preparation (\d+) min (\d+) s",

@@ -71,17 +71,17 @@ def test_lm_eval_generates_through_the_decoder(tiny_dir, tmp_path, monkeypatch, 
     assert 0.0 <= results[metric] <= 1.0
 
 
-def readme_example() -> list[str]:
-    """The README's lm-eval example, as a list of words (environment assignments first)."""
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("**lm-eval.**") :]
+def docs_example() -> list[str]:
+    """docs/scoring.md's lm-eval example, as a list of words (environment assignments first)."""
+    text = (REPO / "docs" / "scoring.md").read_text()
+    section = text[text.index("## lm-eval") :]
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     return shlex.split(block.replace("\\\n", " "))
 
 
 @needs_data
-def test_the_readme_example_runs_as_written(tiny_dir, tiny_dir2, tmp_path, monkeypatch):
-    """The README's command, its --limit made 1: its model names resolve by the default config (a tiny
+def test_the_docs_example_runs_as_written(tiny_dir, tiny_dir2, tmp_path, monkeypatch):
+    """docs/scoring.md's command, its --limit made 1: its model names resolve by the default config (a tiny
     model stands in for each once resolved, so no draft is distilled here)."""
     import importlib
 
@@ -89,7 +89,7 @@ def test_the_readme_example_runs_as_written(tiny_dir, tiny_dir2, tmp_path, monke
 
     resolve = importlib.import_module("pipeline.models.resolve")  # the module (the package re-exports its function)
 
-    words = readme_example()
+    words = docs_example()
     env = {}
     while "=" in words[0]:
         key, _, value = words.pop(0).partition("=")

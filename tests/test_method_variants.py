@@ -183,9 +183,9 @@ def test_bad_threshold_is_one_line(pair, threshold):
         generate(pair, PROMPT, "gac", method_args={"threshold": threshold})
 
 
-def test_the_readme_example_is_the_registered_code():
-    """The README's worked example of ``register_ensemble`` is the code of ``gac``, verbatim."""
-    readme = (ROOT / "README.md").read_text()
+def test_the_docs_example_is_the_registered_code():
+    """docs/extending.md's worked example of ``register_ensemble`` is the code of ``gac``, verbatim."""
+    readme = (ROOT / "docs" / "extending.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
     example = next(b for b in blocks if '@register_ensemble("gac"' in b)
     source = (ROOT / "pipeline" / "decoding" / "ensemble.py").read_text()

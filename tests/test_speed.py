@@ -42,7 +42,7 @@ def test_the_paired_bootstrap_interval_covers_a_known_ratio():
         assert method == "BCa"
         hits += low <= truth <= high
         widths.append((high - low) / 2 / truth)
-    assert 0.88 <= hits / 300 <= 0.98, hits  # nominal 95%; bootstrap intervals run short at n=30 (README)
+    assert 0.88 <= hits / 300 <= 0.98, hits  # nominal 95%; bootstrap intervals run short at n=30 (docs/speed.md)
     assert 0.04 < np.median(widths) < 0.15
     # seeded: the same data and seed give the same interval
     data = draw(12)
