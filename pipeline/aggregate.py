@@ -371,7 +371,7 @@ def aggregate(results: Path, reported: dict | None = None) -> list[Path]:
         caption = (
             "Ours over transformers' own methods: each cell's side-by-side speed-up over its standard method "
             f"divided by the peer's, prompts paired ({conf} paired-bootstrap interval); `hf_assisted_ensemble` "
-            "is not the weighted ensemble's distribution (README: Peers).\n"
+            "is not the weighted ensemble's distribution (docs/exactness.md).\n"
         )
         tables.append(("ours_vs_peers", "Ours over transformers' methods", caption, versus, versus))
     num, txt = _best(df, "speedup_vs_large")

@@ -45,7 +45,7 @@ GPUS = {
 }
 ACCEPTANCE = 0.7  # assumed per-token acceptance of a proposal when nothing better is known
 # The fraction of the bandwidth bound the default (eager) engine reaches, and the least a forward costs (kernel
-# launches): on an H100, 0.20 for the 7B shape and 2.4 ms for the 68M one (README: Engines and devices); on the
+# launches): on an H100, 0.20 for the 7B shape and 2.4 ms for the 68M one (docs/cluster.md: The H100 figures); on the
 # 'cpu' above, one thread, eager+pack, the bundled model: 57.4 ms a token against 33.7 at the bound.
 EFFICIENCY, FLOOR_MS = {"cpu": 0.59}, {"cpu": 0.0}
 GPU_EFFICIENCY, GPU_FLOOR_MS = 0.2, 2.4

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU measurements, in three calls of under 10 minutes each (see README: Engines and devices).
+# The GPU measurements, in three calls of under 10 minutes each (see docs/cluster.md: The H100 figures).
 # Prepare here first (CPU): python benchmarks/gpu/product_path.py --prepare .gpu-carry
 # Then on the GPU machine, from the repository root, with .gpu-carry carried:
 #   bash benchmarks/gpu/run.sh tests     # the GPU tests (~3 min on an H100)

@@ -26,8 +26,8 @@ matrix products (``max-autotune``). On a CPU it freezes the weights into the
 graph and packs them for inductor's own C++ matrix kernels, which on a
 matrix-vector product read the weights about as fast as a plain sum does
 (the bundled model, 2 cores: 1.64x the tokens/s of the eager engine with
-oneDNN-prepacked layers, 1.94x per one-token forward; README, "Engines and
-devices"). The price: compiling takes minutes per model (about 18 for
+oneDNN-prepacked layers, 1.94x per one-token forward; docs/benchmarks.md,
+benchmarks/engines/). The price: compiling takes minutes per model (about 18 for
 SmolLM2-135M on 2 cores, 3 for its 2-layer draft) and each bucket's graph
 holds its own packed copy of the weights.
 
