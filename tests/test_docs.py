@@ -22,12 +22,13 @@ FENCE = re.compile(r"^```([\w+-]*)\n(.*?)^```\s*$", re.S | re.M)
 SHELL = {"bash", "sh", "shell", "console"}
 
 # Every shell command of README.md and docs/*.md (continuations joined, comments and repeated spaces dropped):
-# the test that runs it (tests/FILE::NAME), or why no test here can ("gpu: ..." or "cluster: ..."). Commands of
+# the test that runs it (tests/FILE::NAME), or why no test here can ("gpu: ...", "cluster: ...", or "suite: ..." for
+# the command that runs the suite). Commands of
 # `pipeline`, `python -m pipeline.bench` and `python -m pipeline.engine_bench` are also parsed with the program's
 # own argument parser below; the benchmarks' runs take minutes, and the test named in PROGRAMS runs each program.
 COMMANDS = {
     "make run": "tests/test_workflow.py::test_the_whole_dag_writes_tables_plots_wandb_runs_and_a_notebook",
-    "make test": "cluster: the whole suite (about 14 minutes on 2 cores); the suite itself is what it runs",
+    "make test": "suite: it runs every test here (about 14 minutes on 2 cores)",
     "make bench": "tests/test_bundled_model.py::test_benchmark_runs_prints_every_method_and_records_the_run",
     ".venv/bin/pipeline --help": "tests/test_docs.py::test_the_readmes_cheap_commands_run_as_written",
     ".venv/bin/python -m pipeline.workflow config/default.yaml": (
@@ -224,7 +225,7 @@ def test_every_shell_command_is_run_by_a_test_or_marked():
     stale = [c for c in COMMANDS if c not in found]
     assert not stale, "COMMANDS lists commands no page has any more:\n" + "\n".join(stale)
     for command, how in [*COMMANDS.items(), *((p, t) for p, (_, t) in PROGRAMS.items())]:
-        if how.startswith(("gpu: ", "cluster: ")):
+        if how.startswith(("gpu: ", "cluster: ", "suite: ")):
             continue
         file, _, name = how.partition("::")
         assert re.search(rf"^def {name}\(", (ROOT / file).read_text(), re.M), f"{command}: {how} does not exist"
