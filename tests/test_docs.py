@@ -273,7 +273,10 @@ def test_the_readmes_cheap_commands_run_as_written(capsys):
     assert exit_.value.code == 0 and "preflight" in capsys.readouterr().out
     assert workflow.main([str(ROOT / "config" / "default.yaml")]) == 0
     captured = capsys.readouterr()
-    assert len(captured.out.split()) == 16 and "16 cells" in captured.err
+    cells = len(captured.out.split())
+    assert f"{cells} cells" in captured.err
+    stated = re.search(r"speculative methods beside them \((\d+) cells\)", README.read_text())
+    assert stated and int(stated[1]) == cells, "the README's count of the default grid's cells is stale"
 
 
 def test_the_readmes_own_model_pair_passes_the_config_check(tmp_path, monkeypatch, capsys):
