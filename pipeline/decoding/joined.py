@@ -33,7 +33,7 @@ from .runner import Runner
 from .sampling import Sampling, probs
 from .spec import MethodSpec
 from .stats import GenerationStats, ModelStats
-from .union import MemberMap, UnionVocab, check_joinable, same_vocabulary
+from .union import MemberMap, UnionVocab, check_joinable, check_present, same_vocabulary
 
 
 def join(models: Sequence[torch.nn.Module], tokenizers: Any, spec: MethodSpec, names: list[str]) -> UnionVocab | None:
@@ -42,9 +42,10 @@ def join(models: Sequence[torch.nn.Module], tokenizers: Any, spec: MethodSpec, n
     if not isinstance(tokenizers, (list, tuple)) or len(tokenizers) != len(models):
         count = len(tokenizers) if isinstance(tokenizers, (list, tuple)) else type(tokenizers).__name__
         raise ArgumentError(f"tokenizers: expected a list of {len(models)} tokenizers, one per model; got {count}")
-    union = check_joinable(tokenizers, names)  # a missing tokenizer is refused here, whatever the others
+    check_present(tokenizers, names)
     if same_vocabulary(tokenizers):
         return None
+    union = check_joinable(tokenizers, names)
     if spec.ensemble is not None and spec.ensemble.full_vocab:
         raise ArgumentError(
             f"{spec.name!r} cannot join models with different tokenizers: contrastive decoding needs the amateur "

@@ -244,11 +244,8 @@ class UnionVocab:
 _CACHE: dict[tuple[str, ...], UnionVocab] = {}
 
 
-def check_joinable(tokenizers: Sequence[Any], names: Sequence[str] | None = None) -> UnionVocab:
-    """The union vocabulary of ``tokenizers`` (one per model, in the set's order; ``names`` say how an error
-    names each member); raises ``JoinError`` (a one-line ``UserError``) naming the member and why the set
-    cannot be joined: a missing or unsupported tokenizer, a string of bytes a member cannot encode, an EOS
-    missing from some. Built once per set of tokenizers (cached by their hashes)."""
+def check_present(tokenizers: Sequence[Any], names: Sequence[str] | None = None) -> tuple[list, list[str]]:
+    """One tokenizer per member, none missing (``JoinError`` naming the member otherwise)."""
     tokenizers = list(tokenizers)
     names = list(names) if names is not None else [f"model {i}" for i in range(len(tokenizers))]
     if len(names) != len(tokenizers):
@@ -256,6 +253,15 @@ def check_joinable(tokenizers: Sequence[Any], names: Sequence[str] | None = None
     for name, tok in zip(names, tokenizers):
         if tok is None:
             raise JoinError(f"{name} has no tokenizer; models with different vocabularies need one each")
+    return tokenizers, names
+
+
+def check_joinable(tokenizers: Sequence[Any], names: Sequence[str] | None = None) -> UnionVocab:
+    """The union vocabulary of ``tokenizers`` (one per model, in the set's order; ``names`` say how an error
+    names each member); raises ``JoinError`` (a one-line ``UserError``) naming the member and why the set
+    cannot be joined: a missing or unsupported tokenizer, a string of bytes a member cannot encode, an EOS
+    missing from some. Built once per set of tokenizers (cached by their hashes)."""
+    tokenizers, names = check_present(tokenizers, names)
     key = tuple(tokenizer_hash(t, n) for t, n in zip(tokenizers, names))
     if key not in _CACHE:
         _CACHE[key] = UnionVocab(tokenizers, names)
