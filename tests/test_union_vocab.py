@@ -196,12 +196,15 @@ def _stats():
 def test_greedy_speculative_forms_equal_the_union_ensemble(toks, hetero, base, proposer):
     a, b, _ = toks
     models, tokenizers = hetero[:2], [a, b]
-    args = {"weights": [0.6, 0.4]} if base == "we" else {"weights": [0.6, 0.4], "threshold": 0.3}
-    accepted = 0
+    args = {"weights": [0.6, 0.4]} if base == "we" else {"weights": [0.6, 0.4], "threshold": 0.75}
+    accepted, others = 0, set()
     for text in (PROMPT_TEXT, "c", "ba bc"):
         prompt = a.encode(text)
         want = generate(models, prompt, base, max_new_tokens=30, method_args=args, tokenizers=tokenizers)
         assert len(want.pieces) == 30 and want.stats.union_size == 10 and want.stats.union_map_s > 0
+        for single in ("large_model", "small_model"):  # the ensemble is neither member alone
+            alone = generate(models, prompt, single, max_new_tokens=30, tokenizers=tokenizers).token_ids
+            others.add((single, alone != want.token_ids))
         for variant, gammas in (("_sd", [1, 3]), ("_se", [[1, 3], [2, 2]])):
             for gamma in gammas:
                 for first in (0, 1):
@@ -211,6 +214,7 @@ def test_greedy_speculative_forms_equal_the_union_ensemble(toks, hetero, base, p
                     assert got.text == want.text == "".join(want.pieces)
                     accepted += got.stats.accepted
     assert accepted > 0
+    assert ("large_model", True) in others and ("small_model", True) in others
 
 
 def test_greedy_three_members_two_conventions(toks, hetero):
@@ -244,7 +248,7 @@ def test_end_symbol_stops_and_maps_every_eos(toks, hetero):
 
 # ---- sampling: the first two union tokens follow the exact joint ---------------------------------------------
 
-N = 1200
+N = 1000
 ALPHA = 1e-3
 SETTINGS = {
     "T1": {"temperature": 1.0, "top_k": 0, "top_p": 1.0},
@@ -268,22 +272,27 @@ def ref_union_probs(model, member, own: list[int], size: int, setting) -> np.nda
     return out
 
 
-def ref_target(models, union, own_prompts, context: list[int], setting, weights) -> np.ndarray:
-    out = np.zeros(union.size)
-    for model, member, own, w in zip(models, union.members, own_prompts, weights):
+def ref_target(models, union, own_prompts, context: list[int], setting, weights, threshold=None) -> np.ndarray:
+    """``we`` over U; with a ``threshold``, ``gac``: the lead alone where its largest P over U reaches it."""
+    each = []
+    for model, member, own in zip(models, union.members, own_prompts):
         ids = own + [t for u in context for t in member.encodings[u]]
-        out += w * ref_union_probs(model, member, ids, union.size, setting)
-    return out
+        each.append(ref_union_probs(model, member, ids, union.size, setting))
+    if threshold is not None and each[0].max() >= threshold:
+        return each[0]
+    return sum(w * p for w, p in zip(weights, each))
 
 
-def exact_joint(models, tokenizers, prompt, setting, weights) -> np.ndarray:
+def exact_joint(models, tokenizers, prompt, setting, weights, threshold=None) -> np.ndarray:
     union = check_joinable(tokenizers)
     text = tokenizers[0].decode(prompt, skip_special_tokens=True)
     own_prompts = [list(prompt)] + [list(t.encode(text)) for t in tokenizers[1:]]
-    first = ref_target(models, union, own_prompts, [], setting, weights)
-    return np.stack(
-        [first[u] * ref_target(models, union, own_prompts, [u], setting, weights) for u in range(union.size)]
-    )
+
+    def target(context):
+        return ref_target(models, union, own_prompts, context, setting, weights, threshold)
+
+    first = target([])
+    return np.stack([first[u] * target([u]) for u in range(union.size)])
 
 
 def empirical_joint(models, tokenizers, prompt, method, setting, size, **kw) -> np.ndarray:
@@ -305,6 +314,7 @@ CASES = [  # (method, members, weights, setting, generate kwargs)
     ("we_se", 3, W3, "p07", {"gamma": [1, 1, 2]}),
     ("we_sd", 3, W3, "k3", {"gamma": 2, "method_args": {"first_proposer": 0, "proposer": "lookup"}}),
     ("we_me", 3, W3, "T1", {}),
+    ("gac_se", 2, W2, "T1", {"gamma": [1, 2], "method_args": {"threshold": 0.75}}),
 ]
 
 
@@ -314,7 +324,7 @@ def test_first_two_union_tokens_follow_the_exact_joint(toks, hetero, case):
     models, tokenizers = hetero[:n], list(toks[:n])
     prompt = tokenizers[0].encode("ab a\nab")
     kw = {**kw, "method_args": {"weights": weights, **kw.get("method_args", {})}}
-    expected = exact_joint(models, tokenizers, prompt, SETTINGS[setting], weights)
+    expected = exact_joint(models, tokenizers, prompt, SETTINGS[setting], weights, kw["method_args"].get("threshold"))
     counts = empirical_joint(models, tokenizers, prompt, method, SETTINGS[setting], len(expected), **kw)
     p = chi_square_pvalue(counts, expected)
     assert p > ALPHA, f"{method}: chi-square p={p:.2e}, total variation {0.5 * np.abs(counts / N - expected).sum():.3f}"
@@ -358,7 +368,7 @@ SAMPLING = {"greedy": {}, "sampling": {"temperature": 0.9, "top_k": 6, "top_p": 
 def audited(toks, hetero, method, proposer, setting, n=110):
     three = not method.startswith("gac")
     models, tokenizers = (hetero, list(toks)) if three else (hetero[:2], list(toks[:2]))
-    args = {"weights": [0.5, 0.3, 0.2]} if three else {"weights": [0.6, 0.4], "threshold": 0.4}
+    args = {"weights": [0.5, 0.3, 0.2]} if three else {"weights": [0.6, 0.4], "threshold": 0.75}
     if proposer is not None:
         args["proposer"] = proposer
     gamma = [2, 3, 1][: len(models)] if method.endswith("_se") else 3
