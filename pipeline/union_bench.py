@@ -132,6 +132,7 @@ def bench_union(
                 "tau": tokens / e["calls0"] if e["calls0"] else None,
                 "union_size": int(e["size"]),
                 "union_map_share": e["map"] / e["wall"],
+                "union_map_ms_per_token": 1000 * e["map"] / tokens if tokens else None,
             }
         )
     return rows
@@ -139,14 +140,14 @@ def bench_union(
 
 def render(rows: list[dict[str, Any]]) -> str:
     lines = [
-        f"| method | tok/s | speed-up over {rows[0]['method']} [95% interval] |    τ | union map share |",
-        "|---|---:|---|---:|---:|",
+        f"| method | tok/s | speed-up over {rows[0]['method']} [95% interval] | τ | union map share | map ms/token |",
+        "|---|---:|---|---:|---:|---:|",
     ]
     for r in rows:
         tau = f"{r['tau']:.2f}" if r["tau"] else "-"
         lines.append(
             f"| {r['method']} | {r['tok_s']:.1f} | {fmt(r['speedup'], *r['interval'])} | {tau} "
-            f"| {100 * r['union_map_share']:.1f}% |"
+            f"| {100 * r['union_map_share']:.1f}% | {r['union_map_ms_per_token']:.3f} |"
         )
     return "\n".join(lines)
 

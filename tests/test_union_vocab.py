@@ -400,3 +400,20 @@ def test_the_union_audit_catches_a_crop_off_by_one(toks, hetero, monkeypatch):
     monkeypatch.setattr(UnionRunner, "crop", crop_keeping_one_stale_token)
     with pytest.raises(AuditError, match="differs from a recompute from scratch"):
         audited(toks, hetero, "we_se", "draft", "sampling")
+
+
+# ---- the benchmark's pieces ----------------------------------------------------------------------------------
+
+
+def test_union_bench_rows_and_a_sentencepiece_twin(toks, hetero):
+    from pipeline.union_bench import bench_union, render, sentencepiece_twin
+
+    a = toks[0]
+    twin = sentencepiece_twin(a)
+    union = check_joinable([a, twin])
+    assert set(union.strings) == set(check_joinable([a, a]).strings)  # the same strings, spelled otherwise
+    assert twin.convert_ids_to_tokens(twin.encode("ab a")) == ["ab", "▁a"]
+    rows = bench_union(hetero[:2], [a, toks[1]], ["ab a", "c"], max_new_tokens=6)
+    assert [r["method"] for r in rows] == ["we", "we_sd", "we_se", "we_me"]
+    assert all(r["tokens"] == 12 and r["union_size"] == 10 and 0 < r["union_map_share"] < 1 for r in rows)
+    assert rows[0]["speedup"] == 1.0 and "we_se" in render(rows)
