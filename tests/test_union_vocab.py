@@ -334,8 +334,8 @@ def test_the_check_rejects_a_map_that_does_not_sum_duplicates(toks, hetero, monk
     """A planted wrong rule: a member's duplicates overwrite each other instead of adding up."""
 
     def last_wins(self, member, logits):
-        index, inside = member.device_maps(logits.shape[-1], self.union.size, logits.device)
-        p = torch.softmax(logits.masked_fill(~inside, float("-inf")) / self.warp.temperature, dim=-1)
+        index, outside = member.device_maps(logits.shape[-1], self.union.size, logits.device)
+        p = torch.softmax(logits.masked_fill(outside, float("-inf")) / self.warp.temperature, dim=-1)
         out = torch.zeros((p.shape[0], self.union.size + 1), dtype=p.dtype).scatter_(1, index.expand_as(p), p)
         return out[:, : self.union.size].log()
 

@@ -98,8 +98,8 @@ class Joined:
     def to_union(self, member: MemberMap, logits: Tensor) -> Tensor:
         """``log P_m`` over ``U`` from a member's logits rows ``[k, V_m]``: mask, warp, scatter-add, log."""
         start = time.perf_counter()
-        index, inside = member.device_maps(logits.shape[-1], self.union.size, logits.device)
-        p = probs(logits.masked_fill(~inside, float("-inf")), self.warp)
+        index, outside = member.device_maps(logits.shape[-1], self.union.size, logits.device)
+        p = probs(logits.masked_fill(outside, float("-inf")), self.warp)
         out = torch.zeros((p.shape[0], self.union.size + 1), dtype=p.dtype, device=p.device)
         out.index_add_(1, index, p)
         rows = out[:, : self.union.size].log()

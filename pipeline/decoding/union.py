@@ -167,13 +167,13 @@ class MemberMap:
 
     def device_maps(self, rows: int, size: int, device: torch.device) -> tuple[Tensor, Tensor]:
         """For a model with ``rows`` output rows: the index into ``U`` (plus the dropped column) and the mask of
-        ids in ``U``, on ``device`` (made once)."""
+        ids outside ``U``, on ``device`` (made once)."""
         key = (str(device), rows)
         if key not in self._on:
             index = torch.full((rows,), size, dtype=torch.long)
             common = min(rows, self.index.shape[0])
             index[:common] = self.index[:common]
-            self._on[key] = index.to(device), (index < size).to(device)
+            self._on[key] = index.to(device), (index == size).to(device)
         return self._on[key]
 
 
