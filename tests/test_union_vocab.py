@@ -217,6 +217,22 @@ def test_greedy_speculative_forms_equal_the_union_ensemble(toks, hetero, base, p
     assert ("large_model", True) in others and ("small_model", True) in others
 
 
+def test_parallel_ensemble_and_single_targets_over_the_union(toks, hetero):
+    """``we_p`` gives ``we``'s union tokens; ``sd`` with a draft of another family gives ``large_model``'s (the
+    first model's P over U); a stop string ends the text."""
+    a, b, _ = toks
+    models, tokenizers = hetero[:2], [a, b]
+    for text in (PROMPT_TEXT, "c"):
+        prompt = a.encode(text)
+        for base, fast, kw in (("we", "we_p", {}), ("large_model", "sd", {"gamma": 3})):
+            want = generate(models, prompt, base, max_new_tokens=25, tokenizers=tokenizers).token_ids
+            assert generate(models, prompt, fast, max_new_tokens=25, tokenizers=tokenizers, **kw).token_ids == want
+        full = generate(models, prompt, "we", max_new_tokens=25, tokenizers=tokenizers)
+        stop = full.text[5:7]
+        cut = generate(models, prompt, "we", max_new_tokens=25, tokenizers=tokenizers, stop_strings=[stop])
+        assert cut.stats.stop_reason == "stop_string" and stop in cut.text and full.text.startswith(cut.text)
+
+
 def test_greedy_three_members_two_conventions(toks, hetero):
     weights = [0.5, 0.3, 0.2]
     for text in (PROMPT_TEXT, "cab"):
