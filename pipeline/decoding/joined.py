@@ -132,6 +132,11 @@ class UnionRunner:
     def stats(self) -> ModelStats:
         return self.inner.stats
 
+    @property
+    def device(self) -> torch.device:
+        """The model's device (``parallel.py`` gives a CUDA member its own stream)."""
+        return getattr(self.inner, "device", torch.device("cpu"))
+
     def own_tokens(self, tokens: list[int]) -> tuple[list[int], list[int]]:
         """The member's own tokens for union ``tokens`` (the prompt's positions first) and, per union position,
         its own length once that position is fed (the prompt's positions all end with the own prompt)."""
