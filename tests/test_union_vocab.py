@@ -160,6 +160,19 @@ def test_unencodable_bytes_are_refused(toks):
     assert "sp cannot encode the bytes '\\n'" in one_line(err)
 
 
+def test_a_prompt_a_member_spells_otherwise_is_refused():
+    """Both tokenizers have "A", but the second lowercases its input: it would see another prompt."""
+    from tokenizers import normalizers
+
+    first, lower = byte_level(["a", "b", "A", "Ġ"], []), byte_level(["a", "b", "A", "Ġ"], [])
+    lower.backend_tokenizer.normalizer = normalizers.Lowercase()
+    models = [tiny_llama(4, vocab=len(first)), tiny_llama(5, vocab=len(lower))]
+    with pytest.raises(ArgumentError) as err:
+        generate(models, first.encode("Ab a"), "we", tokenizers=[first, lower])
+    assert "model 1 (LlamaForCausalLM)'s tokenizer encodes the prompt's text 'Ab a' as 'ab a'" in one_line(err)
+    assert generate(models, first.encode("ab a"), "we", max_new_tokens=3, tokenizers=[first, lower]).stats.union_size
+
+
 def test_different_vocabularies_without_tokenizers_say_to_pass_them(hetero):
     with pytest.raises(ArgumentError, match=r"pass generate\(tokenizers=\[...\]\)"):
         generate(hetero[:2], [1, 2], "we")

@@ -73,13 +73,17 @@ class Joined:
         self.own_prompts = [list(prompt)] + [self._encode(m, text) for m in union.members[1:]]
         stats.union_size = union.size
 
-    @staticmethod
-    def _encode(member: MemberMap, text: str) -> list[int]:
+    def _encode(self, member: MemberMap, text: str) -> list[int]:
+        """A member's own encoding of the prompt's text (its special tokens included), refused in one line
+        unless its regular tokens spell that text (a SentencePiece tokenizer's leading space allowed)."""
         ids = list(member.tokenizer.encode(text))
-        unk = getattr(member.tokenizer, "unk_token_id", None)
-        if not ids or (unk is not None and unk in ids):
+        size, index = self.union.size, member.index.tolist()
+        spelled = b"".join(self.union.strings[index[i]] for i in ids if i < len(index) and index[i] < size)
+        if spelled not in (text.encode(), b" " + text.encode()):
             raise ArgumentError(
-                f"{member.name}'s tokenizer cannot encode the prompt's text {text[:40]!r} (unknown token)"
+                f"{member.name}'s tokenizer encodes the prompt's text {text[:40]!r} as "
+                f"{spelled[:40].decode('utf-8', errors='replace')!r} (unknown or normalised characters); "
+                "it cannot share this prompt"
             )
         return ids
 
