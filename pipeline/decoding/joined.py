@@ -65,7 +65,7 @@ class Joined:
         self.warp = Sampling.identity() if sampling.greedy else sampling
         self.sampling = sampling if sampling.greedy else Sampling.identity()  # what the decoder runs at
         first = union.members[0]
-        index = first.index.tolist()
+        index = first.union_ids
         # the prompt's tokens outside U (its specials) stay distinct but are never a union id (prompt lookup
         # proposes none of them)
         self.prompt = [index[t] if t < len(index) and index[t] < union.size else -1 - t for t in prompt]
@@ -77,7 +77,7 @@ class Joined:
         """A member's own encoding of the prompt's text (its special tokens included), refused in one line
         unless its regular tokens spell that text (a SentencePiece tokenizer's leading space allowed)."""
         ids = list(member.tokenizer.encode(text))
-        size, index = self.union.size, member.index.tolist()
+        size, index = self.union.size, member.union_ids
         spelled = b"".join(self.union.strings[index[i]] for i in ids if i < len(index) and index[i] < size)
         if spelled not in (text.encode(), b" " + text.encode()):
             raise ArgumentError(
@@ -89,7 +89,7 @@ class Joined:
 
     def eos(self, ids: set[int]) -> set[int]:
         """The first model's EOS ids as union ids (specials outside ``U`` can never be emitted: dropped)."""
-        index = self.union.members[0].index.tolist()
+        index = self.union.members[0].union_ids
         return {index[i] for i in ids if i < len(index) and index[i] < self.union.size}
 
     def runner(self, i: int, inner: Runner) -> UnionRunner:

@@ -34,7 +34,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any
 
 import torch
@@ -164,6 +164,11 @@ class MemberMap:
     eos: int | None
     longest: int  # the most own tokens one union token's encoding holds
     _on: dict[tuple[str, int], tuple[Tensor, Tensor]] = field(default_factory=dict, repr=False)
+
+    @cached_property
+    def union_ids(self) -> list[int]:
+        """``index`` as a list (read per generation for the prompt and the EOS ids)."""
+        return self.index.tolist()
 
     def device_maps(self, rows: int, size: int, device: torch.device) -> tuple[Tensor, Tensor]:
         """For a model with ``rows`` output rows: the index into ``U`` (plus the dropped column) and the mask of
