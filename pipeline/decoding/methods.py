@@ -364,6 +364,8 @@ def generate(
     stopper = Stopper(max_new_tokens, eos, stop_strings, decode)
     used = sorted(set(plan.members) | {i for turn, _ in plan.schedule or [] for i in turn if is_int(i)})
     check_context(models, range(len(models)) if spec.kind == "peer" else used, len(prompt), max_new_tokens)
+    for i in used if union is not None else ():  # each member's own prompt (at least one own token per new one)
+        check_context(models, [i], len(joined.own_prompts[i]), max_new_tokens)
 
     def result(tokens: list[int], stats: GenerationStats) -> GenerationResult:
         if union is not None:
