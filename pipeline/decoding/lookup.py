@@ -28,7 +28,9 @@ class PromptLookup:
 
     def draft(self, tokens: list[int], committed: int) -> Proposal | None:
         token = self.propose(tokens)
-        return None if token is None else Proposal(token, None, self)  # one-hot
+        if token is None or token < 0:  # a negative id marks a prompt token no proposal may name (joined.py)
+            return None
+        return Proposal(token, None, self)  # one-hot
 
     def propose(self, tokens: list[int]) -> int | None:
         """The token that followed the latest earlier match of the context's tail, or None."""

@@ -15,6 +15,7 @@ from ..errors import ArgumentError
 from .audit import Audit
 from .engine import Decoder, DynamicGamma, Member, Stopper
 from .ensemble import finite, single_model
+from .joined import Joined, join
 from .lookup import PromptLookup
 from .parallel import ConcurrentForwards
 from .peers import run_peer
@@ -37,6 +38,7 @@ class GenerationResult:
     stats: GenerationStats
     text: str | None = None
     method_args: dict[str, Any] = field(default_factory=dict)  # the arguments as resolved (defaults filled)
+    pieces: list[str] | None = None  # models with different tokenizers: the union tokens emitted, as text
 
 
 @dataclass(frozen=True)
@@ -62,9 +64,9 @@ def _vocab_size(models: Sequence[torch.nn.Module], vocab_size: int | None) -> in
     if len(set(sizes)) > 1:
         desc = ", ".join(f"model {i}: {s}" for i, s in enumerate(sizes))
         raise ArgumentError(
-            f"models have different vocabularies ({desc}); an ensemble needs one shared tokenizer: choose "
-            "models of one family ('python -m pipeline preflight CONFIG' checks every set before any job); "
-            "only where the tokenizer is shared and an embedding matrix is padded, generate(vocab_size=...) joins them"
+            f"models have different vocabularies ({desc}); pass generate(tokenizers=[...]), one per model, to "
+            "decode over the union of their vocabularies (docs/tokenizers.md); only where the tokenizer is shared "
+            "and an embedding matrix is padded, generate(vocab_size=...) joins them"
         )
     return sizes[0]
 
@@ -248,6 +250,15 @@ def _eos_set(eos_token_id: Any, vocab: int) -> set[int]:
     return set(ids)
 
 
+def _names(models: Sequence[torch.nn.Module]) -> list[str]:
+    return [model_name(m, i) for i, m in enumerate(models)]
+
+
+def _own_runner(model: torch.nn.Module, stats: ModelStats, max_len: int, device: torch.device):
+    """A runner over a model's own vocabulary (its whole output head), as a union member's inner runner."""
+    return make_runner(model, int(model.get_output_embeddings().weight.shape[0]), stats, max_len, device)
+
+
 def model_name(model: torch.nn.Module, index: int) -> str:
     """How an error names a model: its index and, where known, its name or path."""
     path = getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
@@ -294,6 +305,7 @@ def generate(
     *,
     stop_strings: Sequence[str] = (),
     tokenizer: Any = None,
+    tokenizers: Sequence[Any] | None = None,
     vocab_size: int | None = None,
     audit: Audit | None = None,
     gamma_schedule: str = "fixed",
@@ -318,12 +330,17 @@ def generate(
     (prompt lookup alone) or ``lookup+draft`` (lookup where the context
     matches, the model elsewhere). Stop strings need a ``tokenizer``. Tests
     pass an ``audit`` (``audit.py``) to have every distribution recomputed.
+    Models with different tokenizers take ``tokenizers`` (one per model, in
+    order) and decode over the union of their vocabularies
+    (``docs/tokenizers.md``): ``prompt_ids`` are the first model's ids, the
+    result's ``token_ids`` are union ids, ``pieces`` and ``text`` their text.
     Raises ``ValueError`` on any bad argument before decoding.
     """
     if not isinstance(models, (list, tuple)) or not models:
         raise ArgumentError("models must be a non-empty list of causal LMs")
     check_loaded(models)
-    vocab = _vocab_size(models, vocab_size)
+    union = None if tokenizers is None else join(models, tokenizers, parse_method(method), _names(models))
+    vocab = _vocab_size(models, vocab_size) if union is None else int(models[0].get_output_embeddings().weight.shape[0])
     if method_args is not None and not isinstance(method_args, dict):
         raise ArgumentError(f"method_args={method_args!r}: expected a dict of argument names to values")
     plan, resolved = plan_method(method, models, gamma, dict(method_args or {}))
@@ -336,16 +353,23 @@ def generate(
     else:
         resolved["gamma_schedule"] = gamma_schedule
     prompt = _prompt_list(prompt_ids, vocab)
-    if stop_strings and tokenizer is None:
+    if stop_strings and tokenizer is None and union is None:
         raise ArgumentError("stop_strings need a tokenizer to decode the output")
     check_seed(seed)
-    stopper = Stopper(
-        max_new_tokens, _eos_set(eos_token_id, vocab), stop_strings, tokenizer.decode if tokenizer else None
-    )
+    eos, decode = _eos_set(eos_token_id, vocab), tokenizer.decode if tokenizer else None
+    stats = GenerationStats(method=method, prompt_tokens=len(prompt))
+    if union is not None:  # the decoder runs over union ids (joined.py)
+        joined = Joined(union, prompt, sampling, stats)
+        prompt, sampling, eos, decode = joined.prompt, joined.sampling, joined.eos(eos), union.text
+    stopper = Stopper(max_new_tokens, eos, stop_strings, decode)
     used = sorted(set(plan.members) | {i for turn, _ in plan.schedule or [] for i in turn if is_int(i)})
     check_context(models, range(len(models)) if spec.kind == "peer" else used, len(prompt), max_new_tokens)
+    for i in used if union is not None else ():  # each member's own prompt (at least one own token per new one)
+        check_context(models, [i], len(joined.own_prompts[i]), max_new_tokens)
 
     def result(tokens: list[int], stats: GenerationStats) -> GenerationResult:
+        if union is not None:
+            return GenerationResult(tokens, stats, union.text(tokens), resolved, joined.pieces(tokens))
         text = tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else None
         return GenerationResult(tokens, stats, text, resolved)
 
@@ -355,10 +379,16 @@ def generate(
         return result(*run_peer(spec, models, prompt, resolved, sampling, stopper, seed))
 
     device = next(models[used[0]].parameters()).device
-    stats = GenerationStats(method=method, prompt_tokens=len(prompt))
     stats.models = [ModelStats() for _ in models]
     max_len = len(prompt) + max_new_tokens + 1  # the most positions a runner is fed
-    members = [Member(make_runner(m, vocab, stats.models[i], max_len, device)) for i, m in enumerate(models)]
+    if union is None:
+        members = [Member(make_runner(m, vocab, stats.models[i], max_len, device)) for i, m in enumerate(models)]
+    else:
+        members = [
+            Member(joined.runner(i, _own_runner(m, stats.models[i], joined.max_len(i, max_new_tokens), device)))
+            for i, m in enumerate(models)
+        ]
+        audit = None if audit is None else joined.audit(audit)
     generator = None
     if not sampling.greedy:
         generator = torch.Generator(device=device)

@@ -37,6 +37,8 @@ class GenerationStats:
     device_time_s: float | None = None  # on a GPU: CUDA events around the whole decode
     time_to_first_token_s: float | None = None
     stop_reason: str = ""
+    union_size: int = 0  # models with different tokenizers: the size of the union vocabulary (0: one vocabulary)
+    union_map_s: float = 0.0  # ... and the seconds spent mapping the members' rows into it
 
     def record_round(self, count: int, accepted: int) -> None:
         """One verification round: ``count`` proposals checked in order, the first ``accepted`` accepted."""
