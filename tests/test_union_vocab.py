@@ -446,3 +446,18 @@ def test_union_bench_rows_and_a_sentencepiece_twin(toks, hetero):
     assert [r["method"] for r in rows] == ["we", "we_sd", "we_se", "we_me"]
     assert all(r["tokens"] == 12 and r["union_size"] == 10 and 0 < r["union_map_share"] < 1 for r in rows)
     assert rows[0]["speedup"] == 1.0 and "we_se" in render(rows)
+
+
+def test_compiled_engine_members_give_the_eager_tokens(toks, hetero):
+    """Union members on the static-cache engine (runs of several own tokens per union token, crops at union
+    boundaries) emit the eager engine's tokens, greedy and sampled."""
+    import copy
+
+    from pipeline.decoding.runner import set_engine
+
+    compiled = [set_engine(copy.deepcopy(m), "compiled", backend="eager") for m in hetero[:2]]
+    prompt, tokenizers = toks[0].encode(PROMPT_TEXT), list(toks[:2])
+    for kw in ({}, {"temperature": 1.0, "seed": 3}):
+        for method, gamma in (("we", 1), ("we_se", [1, 3])):
+            want = generate(hetero[:2], prompt, method, gamma, 40, tokenizers=tokenizers, **kw).token_ids
+            assert generate(compiled, prompt, method, gamma, 40, tokenizers=tokenizers, **kw).token_ids == want

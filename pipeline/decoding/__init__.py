@@ -7,6 +7,7 @@ from .ensemble import ENSEMBLES, register_ensemble
 from .methods import GenerationResult, generate, method_names
 from .sampling import Sampling
 from .stats import GenerationStats, ModelStats
+from .union import UnionVocab, check_joinable
 
 __all__ = [
     "ENSEMBLES",
@@ -14,6 +15,8 @@ __all__ = [
     "GenerationStats",
     "ModelStats",
     "Sampling",
+    "UnionVocab",
+    "check_joinable",
     "generate",
     "method_names",
     "register_ensemble",
