@@ -77,7 +77,7 @@ def train_tokenizer(texts: list[str], vocab: int, teacher_tokenizer):
     trainer = trainers.BpeTrainer(
         vocab_size=vocab,
         special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        initial_alphabet=byte_alphabet(teacher_tokenizer),
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer)
@@ -89,6 +89,18 @@ def train_tokenizer(texts: list[str], vocab: int, teacher_tokenizer):
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, **roles)
     fast.chat_template = getattr(teacher_tokenizer, "chat_template", None)
     return fast
+
+
+def byte_alphabet(teacher_tokenizer) -> list[str]:
+    """The single bytes the student's tokenizer starts from, as byte-level characters: those the teacher has a
+    token for when it is byte-level itself (a byte-level BPE may leave out bytes that never occur in UTF-8,
+    such as 0xC0; a student token holding one could not be spelt by its teacher, and the pair could not be
+    joined), else all 256."""
+    from tokenizers import pre_tokenizers
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = teacher_tokenizer.get_vocab()
+    return [c for c in alphabet if c in vocab] if "Ġ" in vocab else alphabet
 
 
 def student_model(base, teacher, teacher_tokenizer, tokenizer):
@@ -216,7 +228,8 @@ def distill_student(teacher, teacher_tokenizer, out_dir: Path, recipe: StudentRe
         pack_linears(teacher)  # the teacher only runs inference from here: generation 2x faster
     rng = random.Random(recipe.seed)
     files = stdlib_files(rng)
-    prompts = stdlib_prompts(files, recipe.prompts, rng)
+    prompts = sorted(stdlib_prompts(files, 2 * recipe.prompts, rng), key=len)[: recipe.prompts]  # the shorter half:
+    # batches of like lengths, little padding (the teacher's generation is most of the recipe's time)
     if getattr(teacher_tokenizer, "chat_template", None):  # half as chat turns: the instruct model's use
         chat = [{"role": "user", "content": CHAT_ASK.format(p)} for p in prompts[1::2]]
         prompts[1::2] = [
