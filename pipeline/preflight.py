@@ -297,15 +297,15 @@ def different_tokenizers(config: dict[str, Any], names: list[str], infos: dict[s
     first = infos[names[0]]
     for name in names[1:]:
         other = infos[name]
-        if first.vocab is not None and other.vocab is not None and first.vocab != other.vocab:
-            return (
-                f"{names[0]!r} and {name!r} have different tokenizers (vocabularies of {len(first.vocab)} and "
-                f"{len(other.vocab)} tokens)"
-            )
         if first.vocab_size and other.vocab_size and first.vocab_size != other.vocab_size:
             return (
                 f"{names[0]!r} has a vocabulary of {first.vocab_size} and {name!r} of {other.vocab_size} "
                 "(config.json vocab_size)"
+            )
+        if first.vocab is not None and other.vocab is not None and first.vocab != other.vocab:
+            return (
+                f"{names[0]!r} and {name!r} have different tokenizers (vocabularies of {len(first.vocab)} and "
+                f"{len(other.vocab)} tokens)"
             )
     if mixed_tokenizers(config["models"], names):
         return f"{', '.join(map(repr, names))} tokenize differently (a student with a tokenizer of its own)"
