@@ -38,15 +38,16 @@ CHAT_ASK = "Complete this Python function.\n```python\n{}```"  # half the prompt
 class StudentRecipe:
     layers: int = 2
     vocab: int = 4096  # the student tokenizer's size, special tokens included
-    prompts: int = 64  # standard-library functions continued by the teacher (half as chat turns)
-    new_tokens: int = 96
+    prompts: int = 48  # standard-library functions continued by the teacher (half as chat turns)
+    new_tokens: int = 64
     source_files: int = 60  # standard-library files added to the tokenizer's training text
+    source_chunks: int = 32  # chunks of that source (256 student tokens) also trained on, as plain text
     steps: int = 300
     lr: float = 2e-3
     warmup: int = 10
-    max_train_seconds: float = 120.0
+    max_train_seconds: float = 100.0
     batch: int = 16  # teacher generation batch
-    eval_prompts: int = 16
+    eval_prompts: int = 8
     seed: int = 0
 
 
@@ -140,6 +141,18 @@ def encode_pairs(tokenizer, pairs: list[tuple[str, str]]) -> list[tuple[torch.Te
         if any(t >= 0 for t in target):
             out.append((torch.tensor([ids[:-1]]), torch.tensor(target)))
     return out
+
+
+def source_examples(tokenizer, sources: list[str], count: int, size: int = 256):
+    """(input ids, targets) of ``count`` chunks of source text, every position a target (two per file at most)."""
+    out = []
+    for text in sources:
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+        for i in range(0, min(len(ids) - size, 2 * size), size):
+            out.append((torch.tensor([ids[i : i + size]]), torch.tensor(ids[i + 1 : i + size + 1])))
+        if len(out) >= count:
+            break
+    return out[:count]
 
 
 def train(model, examples, recipe: StudentRecipe) -> dict:
@@ -250,7 +263,7 @@ def distill_student(teacher, teacher_tokenizer, out_dir: Path, recipe: StudentRe
     tokenizer = train_tokenizer([p + c for p, c in generated] + sources, recipe.vocab, teacher_tokenizer)
     facts.update(tokenizer_seconds=round(time.perf_counter() - t_tok, 1), vocab=len(tokenizer))
     student = student_model(base, teacher, teacher_tokenizer, tokenizer)
-    examples = encode_pairs(tokenizer, generated)
+    examples = encode_pairs(tokenizer, generated) + source_examples(tokenizer, sources, recipe.source_chunks)
     if not examples:
         raise ModelError(f"the teacher {teacher_name!r} continued no prompt: nothing to train a student on")
     facts.update(train(student, examples, recipe))
