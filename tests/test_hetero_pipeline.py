@@ -233,3 +233,32 @@ def test_lm_eval_over_a_mixed_set(student, tiny_dir):
 
     request = Instance("generate_until", {}, ("def add(a, b):", {"until": ["\n\n"], "max_gen_toks": 5}), 0)
     assert isinstance(lm.generate_until([request])[0], str)
+
+
+def test_string_agreement_of_an_oracle_student_is_prefix_consistent_everywhere(student):
+    """A student that always predicts its own next token: its piece starts where the teacher's next token starts,
+    so one is a prefix of the other at every shared boundary; they are equal exactly where both tokenize alike."""
+    from types import SimpleNamespace
+
+    from pipeline.models.student import string_agreement
+
+    _, teacher_tok, out = student
+    tok = AutoTokenizer.from_pretrained(out)
+    prompt, cont = "def area(r):\n", '    """The area of a circle."""\n    return 3.14159 * r * r\n'
+    held = [(teacher_tok(prompt).input_ids, teacher_tok(cont).input_ids)]
+
+    def oracle(ids):
+        ids = ids[0].tolist()
+        nxt = torch.tensor(ids[1:] + [tok.eos_token_id])
+        return SimpleNamespace(logits=torch.nn.functional.one_hot(nxt, len(tok)).float()[None])
+
+    got = string_agreement(oracle, tok, teacher_tok, held)
+    enc = tok(prompt + cont, return_offsets_mapping=True)
+    student_at = {start: tok.decode([i]) for i, (start, _) in zip(enc.input_ids, enc.offset_mapping)}
+    teacher_at, at = {}, len(prompt)
+    for i in held[0][1]:
+        teacher_at[at] = teacher_tok.decode([i])
+        at += len(teacher_at[at])
+    shared = [k for k in teacher_at if k in student_at and k > 0]
+    assert got["eval_positions"] == len(shared) > 0 and got["agreement_prefix"] == 1.0
+    assert got["agreement"] == round(sum(student_at[k] == teacher_at[k] for k in shared) / len(shared), 4) < 1

@@ -5,8 +5,9 @@ own continuations of standard-library prompts plus standard-library source; it k
 tokens (its EOS among them) and its chat template. The student is the teacher's first few decoder layers
 with an embedding (tied head) for the new vocabulary, each row initialised from the teacher's embeddings
 of that token's string as the teacher tokenizes it (mean-pooled), then trained by next-token cross-entropy
-on the teacher's continuations under the student's tokenization (sequence-level distillation). No
-benchmark data is trained on (as ``distill.py``).
+on the teacher's continuations under the student's tokenization (sequence-level distillation), with a few
+chunks of standard-library source as plain text beside them. No benchmark data is trained on (as
+``distill.py``).
 
 Agreement is measured in string terms on held-out prompts continued by the teacher (``distill.heldout_prompts``):
 at each position of the continuation where both tokenizations have a boundary, the student's argmax piece
