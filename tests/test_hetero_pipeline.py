@@ -167,9 +167,9 @@ def test_the_default_configs_hetero_grid():
     assert sorted(hetero) == [
         "humaneval/smol+v4k/we-T1",
         "humaneval/smol+v4k/we_me-T1",
-        "humaneval/smol+v4k/we_me_sd-T1-g3",
-        "humaneval/smol+v4k/we_sd-T1-g3",
-        "humaneval/smol+v4k/we_se-T1-g1-3",
+        "humaneval/smol+v4k/we_me_sd-T1-g2",
+        "humaneval/smol+v4k/we_sd-T1-g2",
+        "humaneval/smol+v4k/we_se-T1-g1-2",
     ]
     for cell_id, entry in hetero.items():
         cell = entry["cell"]
