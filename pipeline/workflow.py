@@ -252,11 +252,6 @@ def _check_teachers(models: dict[str, Any]) -> None:
         if distill is None:
             continue
         where = f"config key models.{name}.distill"
-        if own_tokenizer(spec):  # a student with a tokenizer of its own: its recipe's keys
-            try:
-                recipe_from(distill, name)
-            except ModelError as err:
-                raise ConfigError(f"{where}: {err}") from None
         fields = {f.name: f for f in dataclasses.fields(StudentRecipe if own_tokenizer(spec) else Recipe)}
         for key, value in distill.items():
             if key in ("teacher", "tokenizer"):
@@ -270,6 +265,11 @@ def _check_teachers(models: dict[str, Any]) -> None:
                 kind = "an integer" if want_int else "a number"
                 floor = ">= 0" if zero_ok else "> 0"
                 raise ConfigError(f"{where}.{key}: {value!r} is not accepted; expected {kind} {floor}")
+        if own_tokenizer(spec):  # a student with a tokenizer of its own: its tokenizer's settings
+            try:
+                recipe_from(distill, name)
+            except ModelError as err:
+                raise ConfigError(f"{where}: {err}") from None
         teacher = distill.get("teacher", BUNDLED)
         if not isinstance(teacher, str) or (teacher != BUNDLED and teacher not in models):
             raise ConfigError(

@@ -262,3 +262,19 @@ def test_string_agreement_of_an_oracle_student_is_prefix_consistent_everywhere(s
     shared = [k for k in teacher_at if k in student_at and k > 0]
     assert got["eval_positions"] == len(shared) > 0 and got["agreement_prefix"] == 1.0
     assert got["agreement"] == round(sum(student_at[k] == teacher_at[k] for k in shared) / len(shared), 4) < 1
+
+
+@pytest.mark.parametrize(
+    "distill, said",
+    [
+        ({"tokenizer": {"vocab": 512}, "head_tokens": 5}, "unknown key 'head_tokens'; accepted: teacher, tokenizer"),
+        ({"tokenizer": {"vocab": 100}}, "models.st.distill.tokenizer.vocab: 100 is not accepted"),
+        ({"tokenizer": {"size": 512}}, "unknown config key 'size' in models.st.distill.tokenizer"),
+        ({"tokenizer": {"vocab": 512}, "steps": 0}, "models.st.distill.steps: 0 is not accepted"),
+    ],
+)
+def test_a_bad_student_recipe_is_one_config_line(tmp_path, distill, said):
+    models = {"smollm2-135m-instruct": {}, "st": {"distill": {"teacher": "smollm2-135m-instruct", **distill}}}
+    with pytest.raises(ConfigError) as err:
+        check_config(hetero_config(tmp_path, models, ["we"]))
+    assert said in str(err.value) and "\n" not in str(err.value)
