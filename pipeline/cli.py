@@ -89,9 +89,15 @@ def cmd_models(args: argparse.Namespace) -> int:
     arg("--layers", type=int, default=2),
     arg("--head-tokens", type=int, help="restrict the head to this many ids (0: full; default 4096)"),
     arg("--steps", type=int, help="training steps (default: the recipe's, 400 for a draft, 300 for a student)"),
-    arg("--prompts", type=int, help="standard-library prompts the teacher continues (default 64)"),
     arg(
-        "--max-train-seconds", type=float, help="a bound on training time (default 150 for a draft, 120 for a student)"
+        "--prompts",
+        type=int,
+        help="standard-library prompts the teacher continues (default 64 for a draft, 48 for a student)",
+    ),
+    arg(
+        "--max-train-seconds",
+        type=float,
+        help="a bound on training time (default 150 s for a draft, 100 s for a student)",
     ),
     arg("--seed", type=int, default=0),
     arg("--vocab", type=int, help="a student with a byte-level BPE tokenizer of its own, of this many tokens"),
