@@ -48,7 +48,8 @@ CELL = [*ROW, "gamma", "dataset"]  # one cell of a table
 COLUMNS = (  # a cell's row of cells.csv, in order, after its dimensions
     "samples new_tokens tokens_per_s baseline_tokens_per_s speedup_side_by_side speedup_ci_low speedup_ci_high tau "
     "tau_by_model acceptance_rate draft_acceptance_rate position_acceptance predicted_speedup exact_match "
-    "mismatches_numerics mismatches_bug mismatches_unchecked pairs_interfered pairs_remeasured overhead unstable flags"
+    "mismatches_numerics mismatches_bug mismatches_unchecked pairs_interfered pairs_remeasured overhead union_size "
+    "union_map_s unstable flags"
 ).split()
 
 
@@ -398,12 +399,14 @@ def aggregate(results: Path, reported: dict | None = None) -> list[Path]:
         "on a CPU every sample is expected to match.\n"
     )
     tables.append(("exactness", "Exactness at T=0", caption, exact, exact))
-    columns = "acceptance_rate speedup_side_by_side predicted_speedup overhead"
+    columns = "acceptance_rate speedup_side_by_side predicted_speedup overhead union_size union_map_s"
     pvm = _by_cell(df.dropna(subset=["predicted_speedup"]), columns)
     caption = (
         "Predicted: the method's forwards priced at each model's measured cost of one forward (a forward of k "
         "tokens assumed as cheap as one, the loop free); measured: side by side. Overhead: share of wall time "
-        "outside model forwards.\n"
+        "outside model forwards. Union: for members with different tokenizers, the size of the union vocabulary "
+        "and the seconds spent mapping the members' rows into it over the cell's samples (part of the overhead; "
+        "blank for one shared vocabulary).\n"
     )
     tables.append(("predicted_vs_measured", "Predicted vs measured speed-up", caption, pvm, pvm))
     cats = _categories(df)

@@ -36,7 +36,7 @@ from .decoding.static import compile_ahead
 from .errors import UserError
 from .files import read_jsonl, writable_dir, write_atomic
 from .journal import Journal, journal_lock
-from .models import ModelSpec, load_set
+from .models import ModelSpec, load_members, union_tokenizers
 from .speed import Policy, summarize
 from .timing import Probe, provenance
 
@@ -161,13 +161,15 @@ def _run_cell(cell: Cell, out: Path, progress: bool, journal: Path, speed: bool)
         raise UserError(f"seed={cell.seed}: the samples use seeds up to seed + {len(examples) - 1}, beyond 2**64-1")
     log = Journal(journal, [ex.id for ex in examples], sample_check(cell))
     done = log.recover()  # before the models load: a journal problem costs nothing
-    models, tokenizer = load_set(cell.models)
+    models, tokenizers = load_members(cell.models)
+    tokenizer, union = tokenizers[0], union_tokenizers(tokenizers)  # prompts are the first model's tokens
     settings = {k: v for k, v in cell.__dict__.items() if k not in ("models", "policy")}
     meta = {"environment": environment(), "cell": {**settings, "models": [m.name for m in cell.models]}}
     write_atomic(out.with_suffix(".meta.json"), json.dumps(meta, indent=2, default=str) + "\n")
     sampling = {k: settings[k] for k in ("gamma", "gamma_schedule", "max_new_tokens", "temperature", "top_k", "top_p")}
     # every run of the cell: its models and settings (methods that do not speculate ignore gamma_schedule)
-    run = partial(generate, models, eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer, **sampling)
+    joined = {} if union is None else {"tokenizers": union}  # different tokenizers: over their union
+    run = partial(generate, models, eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer, **joined, **sampling)
 
     rendered = [(ex, *render(task, ex, tokenizer, cell.chat)) for ex in examples]
     prompts = {ex.id: tokenizer(prompt).input_ids for ex, prompt, _ in rendered}
@@ -217,6 +219,8 @@ def _run_cell(cell: Cell, out: Path, progress: bool, journal: Path, speed: bool)
         if ex.meta.get("category"):
             row["category"] = ex.meta["category"]
         row.update(output=method.text, token_ids=method.token_ids, stats=method.stats.to_dict())
+        if getattr(method, "pieces", None) is not None:  # different tokenizers: union ids, and their text
+            row["pieces"] = method.pieces
         if "baseline" in results[counted]:
             b = results[counted]["baseline"]
             row["baseline"] = {"output": b.text, "token_ids": b.token_ids, "stats": b.stats.to_dict()}

@@ -15,7 +15,10 @@
 (``lambda``, ``weights`` joined with ``+``, ``alpha``, ``beta``,
 ``threshold``, ``proposer``, ``first_proposer``).
 
-``generate_until`` runs the decoder. ``loglikelihood`` scores a continuation
+``generate_until`` runs the decoder; models with different tokenizers run over
+the union of their vocabularies there (contexts are encoded by the first
+model's tokenizer, the others encode the text), and refuse log-likelihoods.
+``loglikelihood`` scores a continuation
 under the method's distribution: one forward per member over context and
 continuation, the rows predicting the continuation combined by the method's
 target function (the one generation samples from, ``plan_method``) at
@@ -43,7 +46,7 @@ from .decoding import Sampling, generate
 from .decoding.methods import plan_method
 from .decoding.spec import parse_method
 from .errors import UserError
-from .models import load_set, parse_model
+from .models import load_members, parse_model, union_tokenizers
 
 IGNORED = {"batch_size", "max_batch_size", "device"}  # lm-eval passes these to every model
 ROWS = 256  # positions combined at once (float64 rows over the vocabulary)
@@ -93,7 +96,10 @@ class SpecEnsLM(TemplateLM):
         **kwargs: Any,
     ):
         super().__init__()
-        self.models, self.tokenizer = load_set([parse_model(m) for m in _split(models)])
+        specs = [parse_model(m) for m in _split(models)]
+        self.models, tokenizers = load_members(specs)
+        self.tokenizer, self.union = tokenizers[0], union_tokenizers(tokenizers)  # contexts: the first's tokens
+        self.names = [s.name for s in specs]
         self.method = method
         self.gamma = _split(gamma, int) if "+" in str(gamma) else int(gamma)
         self.seed = seed
@@ -101,7 +107,9 @@ class SpecEnsLM(TemplateLM):
         self.method_args = {k: v for k, v in kwargs.items() if k not in IGNORED}
         if "weights" in self.method_args:
             self.method_args["weights"] = _split(self.method_args["weights"], float)
-        self.members, self.target_fn = target_distribution(method, self.models, self.gamma, self.method_args)
+        self.members, self.target_fn = None, None  # different tokenizers: no log-likelihoods (see below)
+        if self.union is None:
+            self.members, self.target_fn = target_distribution(method, self.models, self.gamma, self.method_args)
         self._max_length = int(max_length) if max_length else None
 
     @property
@@ -126,6 +134,11 @@ class SpecEnsLM(TemplateLM):
         return self.tokenizer.encode(string, **special)
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs: Any) -> list[tuple[float, bool]]:
+        if self.union is not None:
+            raise UserError(
+                f"models {' + '.join(self.names)} have different tokenizers: log-likelihoods of a continuation are "
+                "defined over one shared tokenization, so loglikelihood tasks need one; generate_until tasks run"
+            )
         out = []
         last = None, None  # (input, rows) -> log-probs: the choices of one question share their forwards
         for key, context, continuation in tqdm(requests, disable=disable_tqdm, desc="specens loglikelihood"):
@@ -183,6 +196,7 @@ class SpecEnsLM(TemplateLM):
                 eos_token_id=self.tokenizer.eos_token_id,
                 stop_strings=until,
                 tokenizer=self.tokenizer,
+                **({} if self.union is None else {"tokenizers": self.union}),
             )
             out.append(cut_at_stops(result.text, until))
         return out

@@ -204,19 +204,29 @@ def _gguf(spec: ModelSpec, kind: str, where: Any, info: ModelInfo) -> ModelInfo:
 def _draft(spec: ModelSpec, teacher: ModelSpec, info: ModelInfo) -> ModelInfo:
     from .models.cache import cache_dir
     from .models.distill import Recipe, draft_name
+    from .models.student import recipe_from, student_name
 
     base = inspect(teacher, info.dtype)
     info.problems += base.problems
-    recipe = Recipe(**{k: v for k, v in spec.distill.items() if k != "teacher"})
-    out = None if base.problems else cache_dir() / "drafts" / draft_name(teacher, recipe)
+    student = "tokenizer" in spec.distill  # a tokenizer of its own, trained with the student
+    if student:
+        recipe = recipe_from(spec.distill, spec.name)
+    else:
+        recipe = Recipe(**{k: v for k, v in spec.distill.items() if k != "teacher"})
+    out = None if base.problems else cache_dir() / "drafts" / (student_name if student else draft_name)(teacher, recipe)
     if out is not None and (out / "config.json").exists():
-        info.where = f"distilled draft {out}"
+        info.where = f"distilled {'student' if student else 'draft'} {out}"
         return read_dir(info, out)
-    info.where = f"will be distilled from {teacher.name}"
+    info.where = f"will be distilled from {teacher.name}" + (" (a tokenizer of its own)" if student else "")
     if base.config is not None:
         info.config = {**base.config, "num_hidden_layers": recipe.layers}
         info.config.pop("layer_types", None)
-    info.vocab, info.chat_template = base.vocab, base.chat_template
+        if student:
+            info.config["vocab_size"] = recipe.vocab
+    info.chat_template = base.chat_template  # a student keeps its teacher's chat template
+    if student:
+        return info  # its vocabulary is trained with it: read once it is distilled
+    info.vocab = base.vocab
     info.restricted_head = bool(recipe.head_tokens) and not spec.full_head
     info.head_tokens = recipe.head_tokens or None
     return info
@@ -237,21 +247,16 @@ def set_problems(config: dict[str, Any], cells: dict[str, dict[str, Any]], infos
         cell, dims = c["cell"], c["dims"]
         names = dims["models"]
         where = f"grid {dims['grid']!r}, set {dims['model_set']!r}"
-        first = infos[names[0]]
-        for name in names[1:] if tuple(names) not in joined else ():
+        differ = different_tokenizers(config, names, infos)
+        if differ and (why := one_tokenizer_only(parse_method(dims["method"]))):
+            problems[
+                f"{where}: {dims['method']!r} needs one shared tokenizer but {differ} ({why}); the other methods "
+                "run over the union of their vocabularies"
+            ] = None
+        elif differ and tuple(names) not in joined:
             joined.add(tuple(names))
-            other = infos[name]
-            if first.vocab_size and other.vocab_size and first.vocab_size != other.vocab_size:
-                problems[
-                    f"{where}: {names[0]!r} has a vocabulary of {first.vocab_size} and {name!r} of "
-                    f"{other.vocab_size} (config.json vocab_size); the decoder joins models that share one "
-                    "tokenizer: pick members of one model family"
-                ] = None
-            elif first.vocab is not None and other.vocab is not None and first.vocab != other.vocab:
-                problems[
-                    f"{where}: {names[0]!r} and {name!r} have different tokenizers (vocabularies of "
-                    f"{len(first.vocab)} and {len(other.vocab)} tokens); the decoder joins models that share one"
-                ] = None
+            if problem := joinable_problem(names, infos):
+                problems[f"{where}: {problem}"] = None
         if cell.get("chat"):
             for name in names:
                 if infos[name].vocab is not None and not infos[name].chat_template:
@@ -265,6 +270,66 @@ def set_problems(config: dict[str, Any], cells: dict[str, dict[str, Any]], infos
         except ValueError as err:
             problems[f"{where}: {err}; or set 'full_head: true' on that model"] = None
     return list(problems)
+
+
+def own_tokenizer(model: dict[str, Any]) -> bool:
+    """A config model that is a student with a tokenizer of its own (``distill: {tokenizer: ...}``)."""
+    return "tokenizer" in (model.get("distill") or {})
+
+
+def mixed_tokenizers(models: dict[str, Any], names: list[str]) -> bool:
+    """Whether the config alone shows that a set's members tokenize differently: a student with a tokenizer of
+    its own beside any other model (other sets are told apart by their files, in the preflight)."""
+    return len(set(names)) > 1 and any(own_tokenizer(models[n]) for n in names)
+
+
+def one_tokenizer_only(spec) -> str | None:
+    """Why a method cannot run over a set of different tokenizers (None: it can, over their union)."""
+    if spec.ensemble is not None and spec.ensemble.name == "cd":
+        return "contrastive decoding subtracts the members' log-probabilities token by token, over one vocabulary"
+    if spec.kind == "peer":
+        return "transformers' own methods run one shared tokenizer"
+    return None
+
+
+def different_tokenizers(config: dict[str, Any], names: list[str], infos: dict[str, ModelInfo]) -> str | None:
+    """How a set's members tokenize differently, in words (None: one shared tokenizer, as far as is known)."""
+    first = infos[names[0]]
+    for name in names[1:]:
+        other = infos[name]
+        if first.vocab_size and other.vocab_size and first.vocab_size != other.vocab_size:
+            return (
+                f"{names[0]!r} has a vocabulary of {first.vocab_size} and {name!r} of {other.vocab_size} "
+                "(config.json vocab_size)"
+            )
+        if first.vocab is not None and other.vocab is not None and first.vocab != other.vocab:
+            return (
+                f"{names[0]!r} and {name!r} have different tokenizers (vocabularies of {len(first.vocab)} and "
+                f"{len(other.vocab)} tokens)"
+            )
+    if mixed_tokenizers(config["models"], names):
+        return f"{', '.join(map(repr, names))} tokenize differently (a student with a tokenizer of its own)"
+    return None
+
+
+def joinable_problem(names: list[str], infos: dict[str, ModelInfo]) -> str | None:
+    """Why the union decoder cannot join a set of different tokenizers, read from their files (None: it can,
+    or a member is not on this machine yet: the job checks it then)."""
+    try:
+        from .decoding.union import check_joinable
+    except ImportError:  # a decoder without the union: generate refuses the set when the job runs
+        return None
+    if any(infos[n].path is None or infos[n].vocab is None for n in names):
+        return None
+    from transformers import AutoTokenizer
+
+    from .errors import UserError
+
+    try:
+        check_joinable([AutoTokenizer.from_pretrained(infos[n].path) for n in names], names)
+    except UserError as err:
+        return str(err)
+    return None
 
 
 def models_to_prepare(config: dict[str, Any], cells: dict[str, dict[str, Any]]) -> list[str]:

@@ -30,7 +30,7 @@ LIBRARIES = ("torch", "transformers", "snakemake", "lm_eval", "wandb", "pandas",
 SPEED_KEYS = (
     "samples new_tokens wall_time_s tokens_per_s baseline_tokens_per_s speedup_side_by_side speedup_ci_low "
     "speedup_ci_high speedup_ci_method confidence tau tau_by_model acceptance_rate draft_acceptance_rate "
-    "predicted_speedup overhead pairs_interfered pairs_remeasured unstable flags provenance"
+    "predicted_speedup overhead union_size union_map_s pairs_interfered pairs_remeasured unstable flags provenance"
 ).split()
 RATIOS = ("speedup_vs_standard", "speedup_vs_large")  # computed across cells by the aggregate step
 

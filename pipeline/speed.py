@@ -240,6 +240,15 @@ def decoding_metrics(stats: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def union_metrics(stats: list[dict[str, Any]]) -> dict[str, Any]:
+    """Models with different tokenizers: the union vocabulary's size and the seconds spent mapping the members'
+    rows into it, over the cell's samples (None for one shared vocabulary)."""
+    size = max((s.get("union_size") or 0 for s in stats), default=0)
+    if not size:
+        return {"union_size": None, "union_map_s": None}
+    return {"union_size": size, "union_map_s": sum(s.get("union_map_s") or 0.0 for s in stats)}
+
+
 def predicted_speedup(rows: list[dict[str, Any]]) -> float | None:
     """Speed-up predicted from counted forwards and measured per-forward costs (side-by-side rows).
 
@@ -305,6 +314,7 @@ def summarize(rows: list[dict[str, Any]], policy: Policy = Policy(), exactness: 
         "wall_time_s": wall,
         "tokens_per_s": tokens / wall if wall else None,
         **decoding_metrics(stats),
+        **union_metrics(stats),
         "overhead": 1 - sum(s["forward_time_s"] for s in stats) / wall if wall else None,
         "confidence": policy.confidence,
         "policy": asdict(policy),

@@ -23,7 +23,12 @@ import yaml
 
 from .errors import UserError
 from .files import read_user_text
-from .preflight import models_to_prepare  # noqa: F401  (the Snakefile's and tests' name for it)
+from .preflight import (
+    mixed_tokenizers,
+    models_to_prepare,  # noqa: F401  (the Snakefile's and tests' name for it)
+    one_tokenizer_only,
+    own_tokenizer,
+)
 
 SCHEMA = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "config.schema.yaml"
 GRID_KEYS = "datasets gamma gamma_schedule temperature max_new_tokens method_args proposer se_large_gamma".split()
@@ -239,19 +244,20 @@ def _check_teachers(models: dict[str, Any]) -> None:
     another (not distilled) model of the config."""
     import dataclasses
 
-    from pipeline.models import BUNDLED, Recipe
+    from pipeline.models import BUNDLED, ModelError, Recipe
+    from pipeline.models.student import StudentRecipe, recipe_from
 
-    fields = {f.name: f for f in dataclasses.fields(Recipe)}
     for name, spec in models.items():
         distill = spec.get("distill")
         if distill is None:
             continue
         where = f"config key models.{name}.distill"
+        fields = {f.name: f for f in dataclasses.fields(StudentRecipe if own_tokenizer(spec) else Recipe)}
         for key, value in distill.items():
-            if key == "teacher":
+            if key in ("teacher", "tokenizer"):
                 continue
             if key not in fields:
-                raise ConfigError(f"{where}: unknown key {key!r}; accepted: teacher, {', '.join(fields)}")
+                raise ConfigError(f"{where}: unknown key {key!r}; accepted: teacher, tokenizer, {', '.join(fields)}")
             want_int = isinstance(fields[key].default, int)
             ok = not isinstance(value, bool) and isinstance(value, int if want_int else int | float)
             zero_ok = key in ("head_tokens", "seed", "warmup")
@@ -259,6 +265,11 @@ def _check_teachers(models: dict[str, Any]) -> None:
                 kind = "an integer" if want_int else "a number"
                 floor = ">= 0" if zero_ok else "> 0"
                 raise ConfigError(f"{where}.{key}: {value!r} is not accepted; expected {kind} {floor}")
+        if own_tokenizer(spec):  # a student with a tokenizer of its own: its tokenizer's settings
+            try:
+                recipe_from(distill, name)
+            except ModelError as err:
+                raise ConfigError(f"{where}: {err}") from None
         teacher = distill.get("teacher", BUNDLED)
         if not isinstance(teacher, str) or (teacher != BUNDLED and teacher not in models):
             raise ConfigError(
@@ -351,6 +362,12 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 args = {k: v for k, v in g["method_args"].items() if k in spec.accepted_args()}
                 if "proposer" in spec.accepted_args():  # not the peers (transformers' own methods)
                     args.setdefault("proposer", g["proposer"])
+                if mixed_tokenizers(config["models"], names) and (why := one_tokenizer_only(spec)):
+                    raise ConfigError(
+                        f"grid {grid['name']!r}, set {set_name!r}: {method!r} needs one shared tokenizer but "
+                        f"{', '.join(map(repr, names))} tokenize differently ({why}); the other methods run over "
+                        "the union of their vocabularies"
+                    )
                 restricted = [repr(m) for m in names if _restricted_head(config["models"][m])]
                 try:  # the decoder's own check of the method and its arguments, before any job starts
                     spec.check(len(names), args, restricted)
@@ -405,7 +422,8 @@ def _standard(spec) -> str | None:
 
 def _restricted_head(model: dict[str, Any]) -> bool:
     distill = model.get("distill")
-    return distill is not None and not model.get("full_head") and distill.get("head_tokens") != 0
+    restricted = distill is not None and not model.get("full_head") and distill.get("head_tokens") != 0
+    return restricted and not own_tokenizer(model)  # a student's head is its own vocabulary's, whole
 
 
 def _gammas(sweep: list[Any], kind: str, n: int, grid: str) -> list[Any]:

@@ -115,14 +115,21 @@ def model_path(tmp_path, monkeypatch):
     return root
 
 
+ONE_TOKENIZER = ("llama+qwen", "qwen+qwen3b")  # members of different tokenizers: run with a method that needs one
+
+
 def config_of(model_sets: dict[str, list[str]], models: dict, chat: bool = False) -> dict:
-    return check_config(
-        {
-            "models": models,
-            "grids": [{"name": "g", "model_sets": model_sets, "methods": ["large_model", "we", "we_sd"]}],
-            "datasets": {"humaneval": {"size": 5, "chat": chat}},
-        }
-    )
+    """A grid of the sets; those of ``ONE_TOKENIZER`` under contrastive decoding (other ensembles run over the union
+    of their vocabularies)."""
+    grids = [
+        {"name": name, "model_sets": sets, "methods": methods}
+        for name, sets, methods in (
+            ("g", {k: v for k, v in model_sets.items() if k not in ONE_TOKENIZER}, ["large_model", "we", "we_sd"]),
+            ("c", {k: v for k, v in model_sets.items() if k in ONE_TOKENIZER}, ["large_model", "cd"]),
+        )
+        if sets
+    ]
+    return check_config({"models": models, "grids": grids, "datasets": {"humaneval": {"size": 5, "chat": chat}}})
 
 
 BAD = {

@@ -193,7 +193,7 @@ BAD_CONFIGS = {
             "      smol+l2: [smollm2-135m-instruct, smollm2-draft-l2]",
             "      smol+l2: [smollm2-135m-instruct, smollm2-draft-l2]\n      smol+l2: [smollm2-135m-instruct]",
         ),
-        "config key 'smol+l2' is given twice (line 23 of",
+        "config key 'smol+l2' is given twice (line 25 of",
     ),
     "results at the root": (("results: results", 'results: "/"'), "results: '/' is a filesystem root"),
     "model name that is a path": (

@@ -236,13 +236,13 @@ def test_dry_run_of_the_default_grid_lists_exactly_its_jobs(tmp_path):
     run = snakemake(tmp_path, "-n")
     assert run.returncode == 0, run.stderr[-2000:]
     n = len(expand_cells(check_config(DEFAULT)))
-    assert n == 16  # 5 + 1 + 6 + 4 cells per grid, one gamma each; no gamma for we/we_me/cd
+    assert n == 21  # 5 + 1 + 6 + 4 + 5 cells per grid, one gamma each; no gamma for we/we_me/cd
     assert job_counts(run.stdout + run.stderr) == {
         "all": 1,
         "cell": n,
         "grid": 1,
         "timing": 1,
-        "prepare_model": 3,  # the bundled model and two drafts distilled from it: nothing to fetch
+        "prepare_model": 4,  # the bundled model, two drafts and a student distilled from it: nothing to fetch
         "generate": n,
         "speed": n,
         "score": n,

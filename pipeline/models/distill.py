@@ -263,13 +263,20 @@ def distill(teacher, tokenizer, out_dir: Path, recipe: Recipe, teacher_name: str
 
 
 def save(draft: RestrictedHeadLM, tokenizer, out_dir: Path, meta: dict, kept: list[int] | None) -> None:
+    files = {META: json.dumps(meta, indent=2)}
+    if kept is not None:
+        files[HEAD_FILE] = json.dumps(kept)
+    save_dir(draft.base, tokenizer, out_dir, files)
+
+
+def save_dir(model, tokenizer, out_dir: Path, files: dict[str, str]) -> None:
+    """A model directory written whole or not at all: the model, its tokenizer and ``files`` (name -> text)."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
-    draft.base.save_pretrained(tmp)
+    model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    if kept is not None:
-        (tmp / HEAD_FILE).write_text(json.dumps(kept))
-    (tmp / META).write_text(json.dumps(meta, indent=2))
+    for name, text in files.items():
+        (tmp / name).write_text(text)
     if out_dir.exists():
         shutil.rmtree(out_dir)
     tmp.rename(out_dir)

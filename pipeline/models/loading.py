@@ -100,14 +100,18 @@ def load_bundled(dtype: torch.dtype = torch.float32, device: str | torch.device 
 
 def check_tokenizers(names: list[str], tokenizers: list[Any]) -> None:
     """Refuse a model set whose tokenizers differ, naming both vocabularies."""
+    if (other := first_different(tokenizers)) is not None:
+        first, vocab = tokenizers[0].get_vocab(), tokenizers[other].get_vocab()
+        raise ModelError(
+            f"models {names[0]!r} (vocabulary of {len(first)}) and {names[other]!r} (vocabulary of {len(vocab)}) "
+            "have different tokenizers; an ensemble needs one shared vocabulary"
+        )
+
+
+def first_different(tokenizers: list[Any]) -> int | None:
+    """The index of the first tokenizer whose vocabulary differs from the first's (None: one shared tokenizer)."""
     first = tokenizers[0].get_vocab()
-    for name, tok in zip(names[1:], tokenizers[1:]):
-        vocab = tok.get_vocab()
-        if vocab != first:
-            raise ModelError(
-                f"models {names[0]!r} (vocabulary of {len(first)}) and {name!r} (vocabulary of {len(vocab)}) "
-                "have different tokenizers; an ensemble needs one shared vocabulary"
-            )
+    return next((i for i, tok in enumerate(tokenizers[1:], 1) if tok.get_vocab() != first), None)
 
 
 def truncated_copy(model: torch.nn.Module, n_layers: int) -> torch.nn.Module:

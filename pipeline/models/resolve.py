@@ -7,14 +7,17 @@ from pathlib import Path
 
 from .cache import cache_dir, cache_lock
 from .distill import META, Recipe, distill, draft_name
-from .loading import check_tokenizers, load
+from .loading import check_tokenizers, first_different, load
 from .sources import bundled_dir, gguf_dir, hub_dir, locate
 from .spec import ModelError, ModelSpec
+from .student import StudentRecipe, distill_student, recipe_from, student_name
 
 
 def resolve(spec: ModelSpec, cache: Path | None = None) -> Path:
     """A local model directory for ``spec`` (converted, fetched or distilled on first use)."""
     kind, where = locate(spec)
+    if kind == "distill" and "tokenizer" in spec.distill:  # a student with a tokenizer of its own
+        return ensure_draft(where, recipe_from(spec.distill, spec.name))
     if kind == "distill":
         args = {k: v for k, v in spec.distill.items() if k != "teacher"}
         try:
@@ -37,18 +40,33 @@ def load_spec(spec: ModelSpec):
 
 def load_set(specs: list[ModelSpec]):
     """Load a model set (one, a pair, a triple) and check that it shares one tokenizer."""
+    models, tokenizers = load_members(specs)
+    check_tokenizers([s.name for s in specs], tokenizers)
+    return models, tokenizers[0]
+
+
+def load_members(specs: list[ModelSpec]):
+    """Load a model set whose members may tokenize differently: its models and one tokenizer per model."""
     loaded = [load_spec(s) for s in specs]
-    check_tokenizers([s.name for s in specs], [tok for _, tok in loaded])
-    return [m for m, _ in loaded], loaded[0][1]
+    return [m for m, _ in loaded], [tok for _, tok in loaded]
 
 
-def ensure_draft(teacher: str | ModelSpec, recipe: Recipe, force: bool = False, out_dir: Path | None = None) -> Path:
-    """The distilled draft's directory, distilled on first use and cached after.
+def union_tokenizers(tokenizers: list) -> list | None:
+    """What ``generate(tokenizers=...)`` takes for a loaded set: every member's tokenizer where they differ,
+    None where the set shares one (it decodes over that one vocabulary)."""
+    return None if first_different(tokenizers) is None else list(tokenizers)
+
+
+def ensure_draft(
+    teacher: str | ModelSpec, recipe: Recipe | StudentRecipe, force: bool = False, out_dir: Path | None = None
+) -> Path:
+    """The distilled draft's (or student's, for a ``StudentRecipe``) directory, distilled on first use and cached after.
 
     ``teacher`` is a model name (resolved like any model) or a full spec (a model of the config, with its source).
     """
     spec = teacher if isinstance(teacher, ModelSpec) else ModelSpec(teacher)
-    out = out_dir or cache_dir() / "drafts" / draft_name(spec, recipe)
+    student = isinstance(recipe, StudentRecipe)
+    out = out_dir or cache_dir() / "drafts" / (student_name if student else draft_name)(spec, recipe)
     if (out / META).exists() and not force:
         return out
     with cache_lock(out):
@@ -56,4 +74,4 @@ def ensure_draft(teacher: str | ModelSpec, recipe: Recipe, force: bool = False, 
             return out
         model, tokenizer = load_spec(dataclasses.replace(spec, pack=False))
         print(f"distilling {out.name} from {spec.name} (once; a few minutes on a CPU)", flush=True)
-        return distill(model, tokenizer, out, recipe, spec.name)
+        return (distill_student if student else distill)(model, tokenizer, out, recipe, spec.name)
