@@ -10,7 +10,9 @@ under ``generations/``, and writes to ``tables/`` (CSV and Markdown) and
   by side in the same job when the cell ran its baseline beside it;
 - ``speedup_vs_large``: tokens/s over the large model alone (its own cell,
   prompts paired by id);
-- ``quality``: every task metric (pass@1, accuracy, ROUGE, ...);
+- ``quality``: every task metric (pass@1, accuracy, ROUGE, ...) with its 95% interval;
+- ``likelihood``: multiple-choice tasks scored by log-likelihood (``likelihood/<task>.json``), one row per
+  distinct distribution (the methods that share it named), each figure with its 95% interval;
 - ``acceptance``: τ (mean accepted length), acceptance rates, per-position
   acceptance;
 - ``exactness``: at T=0, the share of samples equal to the baseline's token
@@ -38,6 +40,7 @@ from typing import Any
 import pandas as pd
 
 from .files import ResultsError, atomic_path, read_jsonl, write_atomic
+from .intervals import fmt_quality
 from .results_file import load_reported, paper_vs_ours, write_results_file
 from .speed import Policy, fmt, halfwidth, paired_speedup, relative_speedup
 from .speedup_table import OVERALL, OVERALL_NOTE
@@ -181,6 +184,46 @@ def _cell_table(df: pd.DataFrame, values: list[str]) -> pd.DataFrame:
     else:
         t.columns = [f"{ds} {v.removeprefix('q:')}" for v, ds in t.columns]
     return t
+
+
+def _with_intervals(numbers: pd.DataFrame) -> pd.DataFrame:
+    """Each figure of a quality table (columns ``X``, ``X_low``, ``X_high``) as ``0.31 [0.27, 0.36]``."""
+    figures = [c for c in numbers.columns if not str(c).endswith(("_low", "_high"))]
+    text = pd.DataFrame(index=numbers.index)
+    for c in figures:
+        low, high = (numbers.get(f"{c}{k}", pd.Series(None, index=numbers.index)) for k in ("_low", "_high"))
+        text[c] = [fmt_quality(*(None if pd.isna(x) else x for x in v)) for v in zip(numbers[c], low, high)]
+    return text
+
+
+def _quality(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every task metric per cell with its interval: numbers (``X``, ``X_low``, ``X_high``) and text."""
+    qcols = [c for c in df.columns if c.startswith("q:")]
+    numbers = _cell_table(df, qcols) if qcols else pd.DataFrame()
+    return numbers, _with_intervals(numbers) if not numbers.empty else numbers
+
+
+def _likelihood(df: pd.DataFrame, results: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Quality by log-likelihood (``likelihood/<task>.json``), one row per distribution the grid's cells draw
+    from, with the methods that share it: numbers and text, as ``_quality``."""
+    used = {f"{m} ({s})" for m, s in zip(df["method"], df["model_set"])}
+    rows: dict[str, dict[str, Any]] = {}
+    for path in sorted((results / "likelihood").glob("*.json")):
+        found = json.loads(path.read_text())
+        for key, score in found["scores"].items():
+            if not used.intersection(score.get("uses", [])):
+                continue  # a distribution of another config's grid
+            row = rows.setdefault(key, {"methods": "; ".join(u for u in score["uses"] if u in used)})
+            for metric, f in score["metrics"].items():
+                name = f"{found['task']} {metric} (n={found['questions']})"
+                row.update({name: f["value"], f"{name}_low": f["low"], f"{name}_high": f["high"]})
+    if not rows:
+        return pd.DataFrame(), pd.DataFrame()
+    numbers = pd.DataFrame.from_dict(rows, orient="index").rename_axis("distribution")
+    methods = numbers.pop("methods")
+    text = _with_intervals(numbers)
+    numbers["methods"] = text["methods"] = methods
+    return numbers, text
 
 
 def _by_cell(df: pd.DataFrame, columns: str) -> pd.DataFrame:
@@ -377,9 +420,22 @@ def aggregate(results: Path, reported: dict | None = None) -> list[Path]:
     num, txt = _best(df, "speedup_vs_large")
     caption = "Tokens/s over the large model's own cell (another job; prompts paired by id). " + OVERALL_NOTE
     tables.append(("speedup_vs_large", "Speed-up over the large model alone", caption, num, txt))
-    qcols = [c for c in df.columns if c.startswith("q:")]
-    quality = _cell_table(df, qcols) if qcols else pd.DataFrame()
-    tables.append(("quality", "Quality", "", quality, quality, ".3f"))
+    num, txt = _quality(df)
+    caption = (
+        "Every task metric of each cell's outputs, under its own name (pass@1, acc, ...), with its 95% interval "
+        "over examples [low, high]: Wilson's for a proportion, else a bootstrap (docs/quality.md). Intervals "
+        "that overlap read as no significant difference.\n"
+    )
+    tables.append(("quality", "Quality", caption, num, txt))
+    num, txt = _likelihood(df, results)
+    caption = (
+        "Multiple-choice tasks scored by log-likelihood through lm-eval, once per distinct distribution rather "
+        "than per cell: a lossless accelerated method (`sd`, `*_sd`, `*_se`, `*_me`, the peers) draws from its "
+        "standard method's distribution and shares its figures (methods: the cells it stands for); scored at "
+        "temperature 1 whatever the cells' T. acc: the answer with the highest log-likelihood; acc_norm: per "
+        "character; n questions; 95% Wilson interval [low, high] (docs/quality.md).\n"
+    )
+    tables.append(("likelihood", "Quality by log-likelihood, per distribution", caption, num, txt))
     columns = "tau tau_by_model acceptance_rate draft_acceptance_rate position_acceptance"
     acc = _by_cell(df[df["kind"] != "plain"], columns)
     caption = (

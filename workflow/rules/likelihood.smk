@@ -1,0 +1,23 @@
+# Quality by log-likelihood (likelihood_tasks): one job per lm-eval task, scoring it once under each distinct
+# distribution of the grids (a lossless accelerated method shares its ensemble's; pipeline/likelihood.py).
+# Its spec is a param, so a change of the grid's distributions or the task's limit reruns it. It declares two
+# CPUs, so that it never runs beside a generation job that is being timed.
+
+
+rule likelihood:
+    input:
+        models=lambda w: [f"{RESULTS}/models/{m}.json" for m in LIKELIHOOD[w.task]["models"]],
+    output:
+        f"{RESULTS}/likelihood/{{task}}.json",
+    params:
+        spec=lambda w: json.dumps(LIKELIHOOD[w.task], sort_keys=True),
+    log:
+        f"{RESULTS}/logs/likelihood/{{task}}.log",
+    threads: 2
+    resources:
+        mem_mb=8000,
+        runtime=60,
+    conda:
+        env("decode")
+    shell:
+        '"$PY" -m pipeline.cli likelihood {params.spec:q} {output:q} --threads {threads} > {log:q} 2>&1'
