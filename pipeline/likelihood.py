@@ -173,7 +173,7 @@ def load_distributions(distributions: dict[str, dict[str, Any]], model_entries: 
 
 def lm_eval_task(name: str):
     """lm-eval's task ``name``: one of tasks/lm_eval (quick), else of the harness's own (indexed, about 25 s)."""
-    from lm_eval.tasks import TaskManager, get_task_dict
+    from lm_eval.tasks import TaskManager
 
     for defaults in (False, True):
         manager = TaskManager(include_path=str(LM_EVAL_TASKS), include_defaults=defaults)
@@ -181,13 +181,7 @@ def lm_eval_task(name: str):
             break
     else:
         raise UserError(f"unknown lm-eval task {name!r}; accepted: the harness's tasks and {_local_tasks()}")
-    leaves = []
-
-    def walk(d):
-        for v in d.values():
-            walk(v) if isinstance(v, dict) else leaves.append(v)
-
-    walk(get_task_dict([name], manager))
+    leaves = list(manager.load([name])["tasks"].values())
     if len(leaves) != 1 or leaves[0].OUTPUT_TYPE not in SCORED:
         kind = "a group of tasks" if len(leaves) != 1 else f"scored by {leaves[0].OUTPUT_TYPE}"
         raise UserError(f"lm-eval task {name!r} is {kind}; expected one task of output type {' or '.join(SCORED)}")
