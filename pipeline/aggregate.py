@@ -40,7 +40,7 @@ from typing import Any
 import pandas as pd
 
 from .files import ResultsError, atomic_path, read_jsonl, write_atomic
-from .intervals import fmt_quality
+from .intervals import fmt_quality, interval
 from .results_file import load_reported, paper_vs_ours, write_results_file
 from .speed import Policy, fmt, halfwidth, paired_speedup, relative_speedup
 from .speedup_table import OVERALL, OVERALL_NOTE
@@ -217,6 +217,7 @@ def _likelihood(df: pd.DataFrame, results: Path) -> tuple[pd.DataFrame, pd.DataF
             for metric, f in score["metrics"].items():
                 name = f"{found['task']} {metric} (n={found['questions']})"
                 row.update({name: f["value"], f"{name}_low": f["low"], f"{name}_high": f["high"]})
+            row.update(_paired_with_large(found, key))
     if not rows:
         return pd.DataFrame(), pd.DataFrame()
     numbers = pd.DataFrame.from_dict(rows, orient="index").rename_axis("distribution")
@@ -224,6 +225,22 @@ def _likelihood(df: pd.DataFrame, results: Path) -> tuple[pd.DataFrame, pd.DataF
     text = _with_intervals(numbers)
     numbers["methods"] = text["methods"] = methods
     return numbers, text
+
+
+def _paired_with_large(found: dict[str, Any], key: str) -> dict[str, float | None]:
+    """An ensemble's figures minus its large model's on the same questions (``<task> <metric> - large``), with
+    a paired interval (a bootstrap over questions): whether the ensemble differs from its large model."""
+    score = found["scores"][key]
+    ref = found["scores"].get(score.get("models", [key])[0])
+    if ref is None or ref is score:
+        return {}
+    out = {}
+    for metric, values in score["per_question"].items():
+        diff = [a - b for a, b in zip(values, ref["per_question"][metric])]
+        low, high, _ = interval(diff)
+        name = f"{found['task']} {metric} - large"
+        out.update({name: sum(diff) / len(diff), f"{name}_low": low, f"{name}_high": high})
+    return out
 
 
 def _by_cell(df: pd.DataFrame, columns: str) -> pd.DataFrame:
@@ -503,7 +520,9 @@ def aggregate(results: Path, reported: dict | None = None) -> list[Path]:
         "than per cell: a lossless accelerated method (`sd`, `*_sd`, `*_se`, `*_me`, the peers) draws from its "
         "standard method's distribution and shares its figures (methods: the cells it stands for); scored at "
         "temperature 1 whatever the cells' T. acc: the answer with the highest log-likelihood; acc_norm: per "
-        "character; n questions; 95% Wilson interval [low, high] (docs/quality.md).\n"
+        "character; n questions; 95% Wilson interval [low, high]. `- large`: an ensemble's figure minus its large "
+        "model's on the same questions, with a paired 95% bootstrap interval: excluding 0, the ensemble differs "
+        "significantly (docs/quality.md).\n"
     )
     tables.append(("likelihood", "Quality by log-likelihood, per distribution", caption, num, txt))
     columns = "tau tau_by_model acceptance_rate draft_acceptance_rate position_acceptance"

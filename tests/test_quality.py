@@ -192,15 +192,52 @@ def test_the_shipped_subset_and_its_licence():
 # ---- the quality tables ----------------------------------------------------------------------------
 
 
-def _likelihood_file(results: Path, uses: list[str]) -> None:
-    per_question = [1.0] * 9 + [0.0] * 21
-    low, high, how = interval(per_question)
-    metrics = {"acc": {"value": 0.3, "low": low, "high": high, "interval": how}}
-    score = {"metrics": metrics, "per_question": {"acc": per_question}, "uses": uses}
-    found = {"task": "mmlu_mc", "questions": 30, "confidence": 0.95, "scores": {"m": score, "old": {**score}}}
-    found["scores"]["old"]["uses"] = ["we (a set of another config)"]
+LARGE = "smollm2-135m-instruct"
+WE = "we(weights=0.5/0.5): smollm2-135m-instruct + smollm2-draft-l2"
+
+
+def _likelihood_file(results: Path) -> None:
+    """likelihood/mmlu_mc.json as the job writes it: the large model, an ensemble of the grid (9 and 12 right of
+    30, the ensemble right wherever the large model is), and a distribution of another config's grid."""
+    large, we = [1.0] * 9 + [0.0] * 21, [1.0] * 12 + [0.0] * 18
+
+    def score(values, models, uses):
+        low, high, how = interval(values)
+        metrics = {"acc": {"value": sum(values) / len(values), "low": low, "high": high, "interval": how}}
+        return {"metrics": metrics, "per_question": {"acc": values}, "models": models, "uses": uses}
+
+    scores = {
+        LARGE: score(large, [LARGE], [f"large_model ({LARGE})", "sd (smol+l2)", "sd (gone)"]),
+        WE: score(we, [LARGE, "smollm2-draft-l2"], ["we (smol+l2)", "we_sd (smol+l2)"]),
+        "old": score(we, ["x", "y"], ["we (a set of another config)"]),
+    }
     (results / "likelihood").mkdir()
+    found = {"task": "mmlu_mc", "questions": 30, "confidence": 0.95, "scores": scores}
     (results / "likelihood" / "mmlu_mc.json").write_text(json.dumps(found))
+
+
+def test_the_quality_tables_give_each_figure_its_interval(tmp_path):
+    from pipeline.aggregate import _likelihood, _quality, collect
+
+    results = synthetic_results(tmp_path, "default.yaml")
+    for i, summary in enumerate(sorted((results / "generations").rglob("*.speed.json"))):
+        low, high, _ = interval([1.0] * (i % 3) + [0.0] * (20 - i % 3))
+        figures = {"task": "humaneval", "pass@1": (i % 3) / 20, "pass@1_low": low, "pass@1_high": high}
+        summary.with_name(summary.name.replace(".speed.", ".summary.")).write_text(json.dumps(figures))
+    _likelihood_file(results)
+    df = collect(results)
+    numbers, text = _quality(df)
+    assert list(numbers.columns) == ["humaneval pass@1", "humaneval pass@1_high", "humaneval pass@1_low"]
+    assert list(text.columns) == ["humaneval pass@1"] and len(text) == len(df)
+    assert set(text["humaneval pass@1"]) == {"0.00 [0.00, 0.16]", "0.05 [0.01, 0.24]", "0.10 [0.03, 0.30]"}
+
+    numbers, text = _likelihood(df, results)
+    assert list(numbers.index) == [LARGE, WE]  # the other config's distribution left out
+    assert text.loc[LARGE, "methods"] == f"large_model ({LARGE}); sd (smol+l2)"
+    assert text.loc[WE, "mmlu_mc acc (n=30)"] == "0.40 [0.25, 0.58]"
+    assert text.loc[LARGE, "mmlu_mc acc - large"] == "-"  # the ensemble's difference, paired by question
+    assert numbers.loc[WE, "mmlu_mc acc - large"] == pytest.approx(0.1)
+    assert 0 < numbers.loc[WE, "mmlu_mc acc - large_low"] < 0.1 < numbers.loc[WE, "mmlu_mc acc - large_high"]
 
 
 # ---- the speed-up plot at the paper grid's size ------------------------------------------------------
