@@ -216,12 +216,36 @@ def score_task(name: str, lm, limit: int | None = None) -> dict[str, Any]:
     return {"task": name, "questions": len({x.doc_id for x in instances}), "confidence": CONFIDENCE, "scores": out}
 
 
+def model_groups(distributions: dict[str, dict[str, Any]]) -> list[dict[str, dict[str, Any]]]:
+    """The distributions in groups that share no model (the connected components of model sharing): each group's
+    models are loaded together, one group at a time, so a grid of many model sets never holds all at once."""
+    groups: list[tuple[set[str], dict[str, dict[str, Any]]]] = []
+    for key, d in distributions.items():
+        models, members = set(d["models"]), {key: d}
+        for g in [g for g in groups if g[0] & models]:
+            groups.remove(g)
+            models |= g[0]
+            members = {**g[1], **members}
+        groups.append((models, members))
+    return [{k: v for k, v in distributions.items() if k in g[1]} for g in groups]
+
+
 def run(spec: dict[str, Any], out: Path, threads: int | None = None) -> dict[str, Any]:
-    """Score the task of a job spec (``job_specs``) and write the result to ``out``."""
+    """Score the task of a job spec (``job_specs``), one group of model sets at a time; write the result to
+    ``out``."""
+    import gc
+
     if threads:
         torch.set_num_threads(threads)
-    lm = load_distributions(spec["distributions"], spec["models"])
-    result = score_task(spec["task"], lm, spec.get("limit"))
+    result: dict[str, Any] = {}
+    for group in model_groups(spec["distributions"]):
+        lm = load_distributions(group, spec["models"])
+        found = score_task(spec["task"], lm, spec.get("limit"))
+        result = {**found, "scores": {**result.get("scores", {}), **found["scores"]}}
+        del lm
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     for key, d in spec["distributions"].items():
         result["scores"][key].update({k: d[k] for k in ("method", "models", "args", "uses") if k in d})
     write_atomic(Path(out), json.dumps(result, indent=1) + "\n")

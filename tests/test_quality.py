@@ -292,3 +292,16 @@ def test_the_paper_grids_speedup_plot_reads(tmp_path):
     path = plot_speedup_vs_gamma(df, tmp_path / "speedup_vs_gamma.png")
     width, height = Image.open(path).size
     assert 1000 <= width <= 4000 and 1000 <= height <= 4000
+
+
+def test_model_sets_that_share_no_model_are_loaded_apart():
+    from pipeline.likelihood import grid_distributions, model_groups
+    from pipeline.workflow import load_checked
+
+    _, cells = load_checked(REPO / "config" / "paper.yaml")
+    groups = model_groups(grid_distributions(cells))
+    models = [{m for d in g.values() for m in d["models"]} for g in groups]
+    assert all(not (a & b) for i, a in enumerate(models) for b in models[i + 1 :])
+    assert sorted(len(m) for m in models) == [2, 2, 2, 3, 3]  # qwen 3b; llama3; opt; qwen 1.5b; llama-2 (we, cd)
+    _, cells = load_checked(REPO / "config" / "default.yaml")
+    assert len(model_groups(grid_distributions(cells))) == 1  # every set holds the bundled model

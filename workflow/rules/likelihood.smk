@@ -15,8 +15,9 @@ rule likelihood:
         f"{RESULTS}/logs/likelihood/{{task}}.log",
     threads: 2
     resources:
-        mem_mb=8000,
-        runtime=60,
+        gpu=1,
+        mem_mb=32000,
+        runtime=120,
     conda:
         env("decode")
     shell:
