@@ -40,7 +40,7 @@ from typing import Any
 import pandas as pd
 
 from .files import ResultsError, atomic_path, read_jsonl, write_atomic
-from .intervals import fmt_quality, interval
+from .intervals import bootstrap_interval, fmt_quality
 from .results_file import load_reported, paper_vs_ours, write_results_file
 from .speed import Policy, fmt, halfwidth, paired_speedup, relative_speedup
 from .speedup_table import OVERALL, OVERALL_NOTE
@@ -237,7 +237,7 @@ def _paired_with_large(found: dict[str, Any], key: str) -> dict[str, float | Non
     out = {}
     for metric, values in score["per_question"].items():
         diff = [a - b for a, b in zip(values, ref["per_question"][metric])]
-        low, high, _ = interval(diff)
+        low, high = bootstrap_interval(diff)
         name = f"{found['task']} {metric} - large"
         out.update({name: sum(diff) / len(diff), f"{name}_low": low, f"{name}_high": high})
     return out

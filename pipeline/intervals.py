@@ -28,14 +28,21 @@ def interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[f
 
         ci = binomtest(int(x.sum()), int(x.size)).proportion_ci(confidence_level=confidence, method="wilson")
         return float(ci.low), float(ci.high), "wilson"
-    if np.ptp(x) == 0:  # every example alike: nothing to resample
-        return float(x[0]), float(x[0]), "bootstrap"
+    return (*bootstrap_interval(x, confidence), "bootstrap")
+
+
+def bootstrap_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """A seeded percentile bootstrap of the mean over examples (also for paired differences, where a proportion's
+    interval does not apply); a point when every value is alike."""
+    x = np.asarray(values, dtype=float)
+    if np.ptp(x) == 0:  # nothing to resample
+        return float(x[0]), float(x[0])
     from scipy.stats import bootstrap
 
     res = bootstrap(
         (x,), np.mean, confidence_level=confidence, n_resamples=RESAMPLES, method="percentile", random_state=SEED
     )
-    return float(res.confidence_interval.low), float(res.confidence_interval.high), "bootstrap"
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
 def per_example(ids: Sequence[str], values: Sequence[float | None]) -> list[float]:

@@ -246,6 +246,7 @@ def run(spec: dict[str, Any], out: Path, threads: int | None = None) -> dict[str
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+    result["scores"] = {key: result["scores"][key] for key in spec["distributions"]}  # in the grid's order
     for key, d in spec["distributions"].items():
         result["scores"][key].update({k: d[k] for k in ("method", "models", "args", "uses") if k in d})
     write_atomic(Path(out), json.dumps(result, indent=1) + "\n")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.intervals import fmt_quality, interval, per_example
+from pipeline.intervals import bootstrap_interval, fmt_quality, interval, per_example
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,6 +31,7 @@ def test_other_scores_get_a_seeded_bootstrap_around_their_mean():
     assert how == "bootstrap" and low < sum(values) / len(values) < high
     assert interval(values) == (low, high, how)  # seeded
     assert interval([]) == (None, None, None)
+    assert bootstrap_interval([0.0] * 5) == (0.0, 0.0)  # a paired difference of nothing: no width
 
 
 def test_samples_of_one_example_are_averaged_before_the_interval():

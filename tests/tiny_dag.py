@@ -120,7 +120,9 @@ def check_likelihood(results: Path, config: dict) -> None:
         return
     table = pd.read_csv(results / "tables" / "likelihood.csv").set_index("distribution")
     assert len(table) == 4  # tiny; we and cd of the pair; we of the trio
-    assert "sd (pair)" in table.loc["tiny", "methods"] and "we_se (pair)" in table.loc[table.index[1], "methods"]
+    assert table.loc["tiny", "methods"] == "large_model (tiny); sd (pair); hf_assisted (pair)"
+    assert table.loc["we(weights=0.5/0.5): tiny + tiny-copy", "methods"] == "we (pair); we_se (pair)"
+    assert list(table.index)[0] == "tiny"  # in the grid's order
     for metric in ("acc", "acc_norm"):
         name = f"mmlu_mc {metric} (n=3)"
         assert (table[f"{name}_low"] <= table[name]).all() and (table[name] <= table[f"{name}_high"]).all()
