@@ -306,3 +306,14 @@ def test_model_sets_that_share_no_model_are_loaded_apart():
     assert sorted(len(m) for m in models) == [2, 2, 2, 3, 3]  # qwen 3b; llama3; opt; qwen 1.5b; llama-2 (we, cd)
     _, cells = load_checked(REPO / "config" / "default.yaml")
     assert len(model_groups(grid_distributions(cells))) == 1  # every set holds the bundled model
+
+
+def test_the_forecast_counts_the_likelihood_job():
+    from pipeline import estimate
+    from pipeline.preflight import inspect_config
+    from pipeline.workflow import load_checked, models_to_prepare
+
+    config, cells = load_checked(REPO / "config" / "default.yaml")
+    infos = inspect_config(config, models_to_prepare(config, cells), "float32")
+    result = estimate.forecast(config, cells, infos, estimate.GPUS["cpu"], 0.59, 0.0, estimate.ACCEPTANCE)
+    assert result["jobs"]["likelihood"] == 1 and result["submissions"] == len(infos) + len(cells) + 2

@@ -1,7 +1,7 @@
 # Quality by log-likelihood (likelihood_tasks): one job per lm-eval task, scoring it once under each distinct
 # distribution of the grids (a lossless accelerated method shares its ensemble's; pipeline/likelihood.py).
 # Its spec is a param, so a change of the grid's distributions or the task's limit reruns it. It declares two
-# CPUs, so that it never runs beside a generation job that is being timed.
+# CPUs (their threads waiting passively, as generate's), so that it never runs beside a generation job being timed.
 
 
 rule likelihood:
@@ -21,4 +21,5 @@ rule likelihood:
     conda:
         env("decode")
     shell:
-        '"$PY" -m pipeline.cli likelihood {params.spec:q} {output:q} --threads {threads} > {log:q} 2>&1'
+        'OMP_WAIT_POLICY=PASSIVE "$PY" -m pipeline.cli likelihood {params.spec:q} {output:q} --threads {threads}'
+        " > {log:q} 2>&1"
