@@ -206,21 +206,26 @@ def _quality(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 def _likelihood(df: pd.DataFrame, results: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Quality by log-likelihood (``likelihood/<task>.json``), one row per distribution the grid's cells draw
     from, with the methods that share it: numbers and text, as ``_quality``."""
-    used = {f"{m} ({s})" for m, s in zip(df["method"], df["model_set"])}
+    order: dict[str, int] = {}  # each method of a set by its first cell, so the rows follow the grid
+    for i, use in enumerate(f"{m} ({s})" for m, s in zip(df["method"], df["model_set"])):
+        order.setdefault(use, i)
+    used = set(order)
     rows: dict[str, dict[str, Any]] = {}
     for path in sorted((results / "likelihood").glob("*.json")):
         found = json.loads(path.read_text())
         for key, score in found["scores"].items():
             if not used.intersection(score.get("uses", [])):
                 continue  # a distribution of another config's grid
-            row = rows.setdefault(key, {"methods": "; ".join(u for u in score["uses"] if u in used)})
+            uses = sorted((u for u in score["uses"] if u in used), key=order.get)
+            row = rows.setdefault(key, {"methods": "; ".join(uses), "_first": order[uses[0]]})
             for metric, f in score["metrics"].items():
                 name = f"{found['task']} {metric} (n={found['questions']})"
                 row.update({name: f["value"], f"{name}_low": f["low"], f"{name}_high": f["high"]})
             row.update(_paired_with_large(found, key))
     if not rows:
         return pd.DataFrame(), pd.DataFrame()
-    numbers = pd.DataFrame.from_dict(rows, orient="index").rename_axis("distribution")
+    numbers = pd.DataFrame.from_dict(rows, orient="index").rename_axis("distribution").sort_values("_first")
+    numbers.pop("_first")
     methods = numbers.pop("methods")
     text = _with_intervals(numbers)
     numbers["methods"] = text["methods"] = methods

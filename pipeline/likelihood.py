@@ -35,6 +35,7 @@ from .intervals import CONFIDENCE, interval
 
 LM_EVAL_TASKS = Path(__file__).resolve().parents[1] / "tasks" / "lm_eval"
 SCORED = ("multiple_choice", "loglikelihood")  # lm-eval output types scored by log-likelihood alone
+PROGRESS = 50  # a line in the job's log every this many contexts
 
 
 def distribution(method: str, models: list[str], method_args: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -133,7 +134,10 @@ def _lm_class():
                 windows.append(((context + continuation)[-(self.max_length + 1) : -n], continuation))
             used = sorted({i for members, _ in self.targets.values() for i in members})
             out = []
-            for context, group in itertools.groupby(windows, key=lambda w: w[0]):  # a question's answers, in turn
+            groups = itertools.groupby(windows, key=lambda w: w[0])  # a question's answers, in turn
+            for k, (context, group) in enumerate(groups, 1):
+                if k % PROGRESS == 0:
+                    print(f"{k} contexts scored", flush=True)
                 continuations = [c for _, c in group]
                 rows = {i: member_rows(self.models[i], context, continuations) for i in used}
                 for j, c in enumerate(continuations):
