@@ -291,6 +291,8 @@ def test_the_paper_grids_speedup_plot_reads(tmp_path):
         xs = [tuple(c[0].get_xdata()) for c in lines]
         assert len(set(xs)) == len(xs)  # spread apart: no two series at the same x
     assert max(len(ax.containers) for ax in axes) >= 12
+    hollow = [c for ax in axes for c in ax.collections if len(c.get_facecolors()) and (c.get_facecolors() == 1).all()]
+    assert hollow  # unstable cells drawn hollow (white inside)
     path = plot_speedup_vs_gamma(df, tmp_path / "speedup_vs_gamma.png")
     width, height = Image.open(path).size
     assert 1000 <= width <= 4000 and 1000 <= height <= 4000
