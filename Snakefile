@@ -19,6 +19,7 @@ include: "workflow/rules/prepare.smk"
 include: "workflow/rules/generate.smk"
 include: "workflow/rules/speed.smk"
 include: "workflow/rules/score.smk"
+include: "workflow/rules/likelihood.smk"
 include: "workflow/rules/wandb.smk"
 include: "workflow/rules/aggregate.smk"
 

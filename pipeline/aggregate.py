@@ -10,7 +10,9 @@ under ``generations/``, and writes to ``tables/`` (CSV and Markdown) and
   by side in the same job when the cell ran its baseline beside it;
 - ``speedup_vs_large``: tokens/s over the large model alone (its own cell,
   prompts paired by id);
-- ``quality``: every task metric (pass@1, accuracy, ROUGE, ...);
+- ``quality``: every task metric (pass@1, accuracy, ROUGE, ...) with its 95% interval;
+- ``likelihood``: multiple-choice tasks scored by log-likelihood (``likelihood/<task>.json``), one row per
+  distinct distribution (the methods that share it named), each figure with its 95% interval;
 - ``acceptance``: τ (mean accepted length), acceptance rates, per-position
   acceptance;
 - ``exactness``: at T=0, the share of samples equal to the baseline's token
@@ -38,6 +40,7 @@ from typing import Any
 import pandas as pd
 
 from .files import ResultsError, atomic_path, read_jsonl, write_atomic
+from .intervals import bootstrap_interval, fmt_quality
 from .results_file import load_reported, paper_vs_ours, write_results_file
 from .speed import Policy, fmt, halfwidth, paired_speedup, relative_speedup
 from .speedup_table import OVERALL, OVERALL_NOTE
@@ -184,6 +187,68 @@ def _cell_table(df: pd.DataFrame, values: list[str]) -> pd.DataFrame:
     return t
 
 
+def _with_intervals(numbers: pd.DataFrame) -> pd.DataFrame:
+    """Each figure of a quality table (columns ``X``, ``X_low``, ``X_high``) as ``0.31 [0.27, 0.36]``."""
+    figures = [c for c in numbers.columns if not str(c).endswith(("_low", "_high"))]
+    text = pd.DataFrame(index=numbers.index)
+    for c in figures:
+        low, high = (numbers.get(f"{c}{k}", pd.Series(None, index=numbers.index)) for k in ("_low", "_high"))
+        text[c] = [fmt_quality(*(None if pd.isna(x) else x for x in v)) for v in zip(numbers[c], low, high)]
+    return text
+
+
+def _quality(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every task metric per cell with its interval: numbers (``X``, ``X_low``, ``X_high``) and text."""
+    qcols = [c for c in df.columns if c.startswith("q:")]
+    numbers = _cell_table(df, qcols) if qcols else pd.DataFrame()
+    return numbers, _with_intervals(numbers) if not numbers.empty else numbers
+
+
+def _likelihood(df: pd.DataFrame, results: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Quality by log-likelihood (``likelihood/<task>.json``), one row per distribution the grid's cells draw
+    from, with the methods that share it: numbers and text, as ``_quality``."""
+    order: dict[str, int] = {}  # each method of a set by its first cell, so the rows follow the grid
+    for i, use in enumerate(f"{m} ({s})" for m, s in zip(df["method"], df["model_set"])):
+        order.setdefault(use, i)
+    used = set(order)
+    rows: dict[str, dict[str, Any]] = {}
+    for path in sorted((results / "likelihood").glob("*.json")):
+        found = json.loads(path.read_text())
+        for key, score in found["scores"].items():
+            if not used.intersection(score.get("uses", [])):
+                continue  # a distribution of another config's grid
+            uses = sorted((u for u in score["uses"] if u in used), key=order.get)
+            row = rows.setdefault(key, {"methods": "; ".join(uses), "_first": order[uses[0]]})
+            for metric, f in score["metrics"].items():
+                name = f"{found['task']} {metric} (n={found['questions']})"
+                row.update({name: f["value"], f"{name}_low": f["low"], f"{name}_high": f["high"]})
+            row.update(_paired_with_large(found, key))
+    if not rows:
+        return pd.DataFrame(), pd.DataFrame()
+    numbers = pd.DataFrame.from_dict(rows, orient="index").rename_axis("distribution").sort_values("_first")
+    numbers.pop("_first")
+    methods = numbers.pop("methods")
+    text = _with_intervals(numbers)
+    numbers["methods"] = text["methods"] = methods
+    return numbers, text
+
+
+def _paired_with_large(found: dict[str, Any], key: str) -> dict[str, float | None]:
+    """An ensemble's figures minus its large model's on the same questions (``<task> <metric> - large``), with
+    a paired interval (a bootstrap over questions): whether the ensemble differs from its large model."""
+    score = found["scores"][key]
+    ref = found["scores"].get(score.get("models", [key])[0])
+    if ref is None or ref is score:
+        return {}
+    out = {}
+    for metric, values in score["per_question"].items():
+        diff = [a - b for a, b in zip(values, ref["per_question"][metric])]
+        low, high = bootstrap_interval(diff)
+        name = f"{found['task']} {metric} - large"
+        out.update({name: sum(diff) / len(diff), f"{name}_low": low, f"{name}_high": high})
+    return out
+
+
 def _by_cell(df: pd.DataFrame, columns: str) -> pd.DataFrame:
     """The given columns (names separated by spaces) of each cell, indexed by the cell."""
     return df[[*CELL, *columns.split()]].set_index(CELL)
@@ -214,46 +279,116 @@ def _pyplot():
 
 
 def _savefig(fig, path: Path) -> Path:
-    """Lay out, save atomically and close a figure."""
-    fig.tight_layout()
+    """Lay out (unless the figure has its own layout engine), save atomically and close a figure."""
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=120)
     _pyplot().close(fig)
     return path
 
 
-def _errorbar(ax, x, rows: pd.DataFrame, columns: str, label, **kw) -> None:
+def _errorbar(ax, x, rows: pd.DataFrame, columns: str, label, marker: str = "o", **kw) -> None:
     """Points with their intervals (``columns``: the value's, the low end's and the high end's); unstable cells
     hollow."""
     y, low, high = (rows[c] for c in columns.split())
     yerr = [(y - low).fillna(0).clip(lower=0), (high - y).fillna(0).clip(lower=0)]
-    line = ax.errorbar(x, y, yerr=yerr, marker="o", capsize=3, label=label, **kw)
+    line = ax.errorbar(x, y, yerr=yerr, marker=marker, capsize=3, label=label, **kw)
     hollow = rows["unstable"].astype(bool).to_numpy()
     if hollow.any():
-        ax.scatter(x[hollow], y[hollow], s=70, facecolors="white", edgecolors=line[0].get_color(), zorder=3)
+        x = pd.Series(x).to_numpy()
+        ax.scatter(
+            x[hollow], y[hollow], s=70, marker=marker, facecolors="white", edgecolors=line[0].get_color(), zorder=3
+        )
 
 
-def plot_speedup_vs_gamma(df: pd.DataFrame, path: Path) -> Path | None:
+MARKERS = "o s ^ D v P X < > * h p d 8 H".split()
+JITTER = 0.3  # the width (in gamma units) over which a panel's points at one gamma are spread
+
+
+def series_styles(series: list[tuple[str, str, str]]) -> dict[tuple[str, str, str], tuple[Any, str]]:
+    """A (colour, marker) pair for each series ``(model set, method, T)`` of a panel, no two alike: the colour
+    follows the model set, the marker the method and T; when either runs out, every series its own colour."""
+    import matplotlib as mpl
+
+    sets = list(dict.fromkeys(s[0] for s in series))
+    kinds = list(dict.fromkeys(s[1:] for s in series))
+    if len(sets) <= 10 and len(kinds) <= len(MARKERS):
+        colours = mpl.colormaps["tab10"].colors
+        return {s: (colours[sets.index(s[0])], MARKERS[kinds.index(s[1:])]) for s in series}
+    cmap = mpl.colormaps["turbo"]
+    n = len(series)
+    return {s: (cmap(0.05 + 0.9 * i / max(n - 1, 1)), MARKERS[i % len(MARKERS)]) for i, s in enumerate(series)}
+
+
+def _panels(d: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """The facets: a row per dataset, a column per method family (``single``: ``sd`` and the large model's
+    peers; ``we``, ``cd``, ...: an ensemble's accelerated methods)."""
+    return sorted(d["dataset"].unique()), sorted(d["family"].fillna("single").unique())
+
+
+def speedup_vs_gamma_figure(df: pd.DataFrame):
+    """The speed-up over the standard method against gamma, one panel per dataset and method family, each
+    series (model set, method, T) with its own colour and marker, its interval, unstable points hollow, points
+    at one gamma spread apart; each panel's legend to its right, outside the data. None without such cells."""
     plt = _pyplot()
     fixed = df["gamma"].astype(str).str.fullmatch(r"[0-9-]+")  # speculative with a fixed gamma ("3", "1-3")
     d = df[fixed].dropna(subset=["speedup_vs_standard"])
     if d.empty:
         return None
-    datasets = sorted(d["dataset"].unique())
-    fig, axes = plt.subplots(1, len(datasets), figsize=(5.5 * len(datasets), 4), squeeze=False)
-    for ax, ds in zip(axes[0], datasets):
-        sub = d[d["dataset"] == ds].assign(g=lambda x: x["gamma"].map(lambda v: int(str(v).split("-")[-1])))
-        for (ms, method, t), g in sub.groupby(ROW):
-            g = g.sort_values("g")
-            columns = "speedup_vs_standard speedup_vs_standard_low speedup_vs_standard_high"
-            _errorbar(ax, g["g"], g, columns, f"{method} ({ms}, T={t})")
-        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
-        ax.set_xticks(sorted(sub["g"].unique()))
-        ax.set_title(ds)
-        ax.set_xlabel("gamma (for *_se: the last model's; see the tables for the full list)")
-        ax.set_ylabel(f"speed-up over the standard method ({df.attrs.get('confidence', 0.95):.0%} interval)")
-        ax.legend(fontsize=7, title="hollow: unstable", title_fontsize=7)
-    return _savefig(fig, path)
+    d = d.assign(
+        family=d["family"].fillna("single") if "family" in d else "single",
+        g=d["gamma"].map(lambda v: int(str(v).split("-")[-1])),
+    )
+    datasets, families = _panels(d)
+    fig, axes = plt.subplots(
+        len(datasets),
+        len(families),
+        figsize=(7.5 * len(families), 3.6 * len(datasets) + 0.8),
+        squeeze=False,
+        layout="constrained",
+    )
+    conf = f"{df.attrs.get('confidence', 0.95):.0%}"
+    columns = "speedup_vs_standard speedup_vs_standard_low speedup_vs_standard_high"
+    for i, ds in enumerate(datasets):
+        for j, family in enumerate(families):
+            ax = axes[i][j]
+            sub = d[(d["dataset"] == ds) & (d["family"] == family)]
+            ax.set_title(f"{ds}: {family}", fontsize=10)
+            if sub.empty:
+                ax.text(0.5, 0.5, "no cells", ha="center", va="center", transform=ax.transAxes, color="grey")
+                ax.set_xticks([])
+                ax.set_yticks([])
+                continue
+            groups = list(sub.groupby(ROW))
+            styles = series_styles([key for key, _ in groups])
+            step = JITTER / max(len(groups) - 1, 1) if len(groups) > 1 else 0.0
+            for k, ((ms, method, t), g) in enumerate(groups):
+                g = g.sort_values("g")
+                colour, marker = styles[(ms, method, t)]
+                x = g["g"] + (k - (len(groups) - 1) / 2) * step
+                line = "--" if t == "0" else "-"
+                _errorbar(ax, x, g, columns, f"{method} ({ms}, T={t})", marker, color=colour, linestyle=line, ms=5)
+            ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+            ax.set_xticks(sorted(sub["g"].unique()))
+            ax.set_xlim(sub["g"].min() - 0.6, sub["g"].max() + 0.6)
+            ax.set_xlabel("gamma (*_se: the last model's)", fontsize=8)
+            ax.set_ylabel(f"speed-up over standard ({conf})", fontsize=8)
+            ax.legend(
+                fontsize=6.5,
+                title="hollow: unstable",
+                title_fontsize=6.5,
+                loc="upper left",
+                bbox_to_anchor=(1.01, 1.0),
+                borderaxespad=0.0,
+                ncols=2 if len(groups) > 14 else 1,
+            )
+    return fig
+
+
+def plot_speedup_vs_gamma(df: pd.DataFrame, path: Path) -> Path | None:
+    fig = speedup_vs_gamma_figure(df)
+    return _savefig(fig, path) if fig is not None else None
 
 
 def plot_predicted(df: pd.DataFrame, path: Path) -> Path | None:
@@ -378,9 +513,24 @@ def aggregate(results: Path, reported: dict | None = None) -> list[Path]:
     num, txt = _best(df, "speedup_vs_large")
     caption = "Tokens/s over the large model's own cell (another job; prompts paired by id). " + OVERALL_NOTE
     tables.append(("speedup_vs_large", "Speed-up over the large model alone", caption, num, txt))
-    qcols = [c for c in df.columns if c.startswith("q:")]
-    quality = _cell_table(df, qcols) if qcols else pd.DataFrame()
-    tables.append(("quality", "Quality", "", quality, quality, ".3f"))
+    num, txt = _quality(df)
+    caption = (
+        "Every task metric of each cell's outputs, under its own name (pass@1, acc, ...), with its 95% interval "
+        "over examples [low, high]: Wilson's for a proportion, else a bootstrap (docs/quality.md). Intervals "
+        "that overlap read as no significant difference.\n"
+    )
+    tables.append(("quality", "Quality", caption, num, txt))
+    num, txt = _likelihood(df, results)
+    caption = (
+        "Multiple-choice tasks scored by log-likelihood through lm-eval, once per distinct distribution rather "
+        "than per cell: a lossless accelerated method (`sd`, `*_sd`, `*_se`, `*_me`, the peers) draws from its "
+        "standard method's distribution and shares its figures (methods: the cells it stands for); scored at "
+        "temperature 1 whatever the cells' T. acc: the answer with the highest log-likelihood; acc_norm: per "
+        "character; n questions; 95% Wilson interval [low, high]. `- large`: an ensemble's figure minus its large "
+        "model's on the same questions, with a paired 95% bootstrap interval: excluding 0, the ensemble differs "
+        "significantly (docs/quality.md).\n"
+    )
+    tables.append(("likelihood", "Quality by log-likelihood, per distribution", caption, num, txt))
     columns = "tau tau_by_model acceptance_rate draft_acceptance_rate position_acceptance"
     acc = _by_cell(df[df["kind"] != "plain"], columns)
     caption = (

@@ -317,6 +317,26 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     return 0
 
 
+@command(
+    "likelihood",
+    "score an lm-eval multiple-choice task by log-likelihood under each distribution of a grid",
+    arg("spec", help="the job's JSON (pipeline.likelihood.job_specs): task, limit, distributions, models"),
+    arg("out", type=Path, help="the JSON file written: each distribution's metrics, intervals, per-question values"),
+    arg("--threads", type=int, help="CPU threads for torch"),
+)
+def cmd_likelihood(args: argparse.Namespace) -> int:
+    from .likelihood import run
+
+    try:
+        spec = json.loads(args.spec)
+    except json.JSONDecodeError as err:
+        raise UserError(f"likelihood spec {args.spec[:80]!r}: not JSON ({err})") from None
+    result = run(spec, args.out, args.threads)
+    for key, score in result["scores"].items():
+        print(key, {m: round(f["value"], 4) for m, f in score["metrics"].items()})
+    return 0
+
+
 @command("aggregate", "speed-up and quality tables and plots from a results directory", arg("results", type=Path))
 def cmd_aggregate(args: argparse.Namespace) -> int:
     from .aggregate import aggregate

@@ -182,8 +182,11 @@ def forecast(config, cells, infos, gpu: Gpu, efficiency: float, floor_ms: float,
     jobs |= {
         rule: 1 for rule in ONCE if (rule != "notebook" or config["notebook"]) and (rule != "wandb_experiment" or wandb)
     }
-    # on SLURM: each model's preparation, one group job per cell (generate, speed, score), one for the report
-    submissions = len(infos) + len(cells) + 1
+    if config.get("likelihood_tasks"):  # one job per task, every distribution of the grid in it
+        jobs["likelihood"] = len(config["likelihood_tasks"])
+    # on SLURM: each model's preparation, one group job per cell (generate, speed, score), one per likelihood
+    # task, one for the report
+    submissions = len(infos) + len(cells) + jobs.get("likelihood", 0) + 1
     return {"jobs": jobs, "submissions": submissions, "cell_hours": hours, "generate_hours": sum(hours.values())}
 
 

@@ -66,6 +66,19 @@ def target_distribution(method: str, models: list, gamma: Any, method_args: dict
     return plan.members, plan.target_fn
 
 
+def combine(target_fn, rows: list[torch.Tensor]) -> torch.Tensor:
+    """Log-probabilities ``[n, V]`` under the target distribution of the members' logits rows (each ``[n, V]``,
+    float64), at temperature 1 without top-k or top-p, ``ROWS`` positions at a time."""
+    n = rows[0].shape[0]
+    return torch.cat([target_fn([r[s : s + ROWS] for r in rows], Sampling.identity()).log() for s in range(0, n, ROWS)])
+
+
+def score_continuation(logprobs: torch.Tensor, continuation: list[int]) -> tuple[float, bool]:
+    """lm-eval's pair for one request: the continuation's summed log-probability, and whether it is greedy."""
+    target = torch.tensor(continuation).unsqueeze(-1)
+    return float(logprobs.gather(-1, target).sum()), bool((logprobs.argmax(dim=-1) == target.squeeze(-1)).all())
+
+
 def continuation_logprobs(models: list, members: list[int], target_fn, tokens: list[int], n: int) -> torch.Tensor:
     """Log-probabilities ``[n, V]`` of the last ``n`` positions of ``tokens`` under the target distribution.
 
@@ -79,8 +92,7 @@ def continuation_logprobs(models: list, members: list[int], target_fn, tokens: l
             ids = torch.tensor([tokens[:-1]], device=device)
             logits = model(input_ids=ids, use_cache=False, logits_to_keep=n).logits[0, -n:]
             rows.append(logits.to("cpu", torch.float64))
-        chunks = [target_fn([r[s : s + ROWS] for r in rows], Sampling.identity()).log() for s in range(0, n, ROWS)]
-    return torch.cat(chunks)
+        return combine(target_fn, rows)
 
 
 @register_model("specens")
@@ -148,12 +160,7 @@ class SpecEnsLM(TemplateLM):
             tokens = (context + continuation)[-(self.max_length + 1) :]  # the window, cut from the left
             if last[0] != (tokens[:-1], n):
                 last = (tokens[:-1], n), continuation_logprobs(self.models, self.members, self.target_fn, tokens, n)
-            logprobs = last[1]
-            target = torch.tensor(continuation).unsqueeze(-1)
-            result = (
-                float(logprobs.gather(-1, target).sum()),
-                bool((logprobs.argmax(dim=-1) == target.squeeze(-1)).all()),
-            )
+            result = score_continuation(last[1], continuation)
             out.append(result)
             if key is not None:
                 self.cache_hook.add_partial("loglikelihood", key, result)

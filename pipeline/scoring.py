@@ -16,6 +16,7 @@ from typing import Any
 from tasks import TaskError, get_task
 
 from .files import read_user_text, write_atomic
+from .intervals import interval, per_example
 
 
 def read_generations(path: Path) -> list[dict[str, Any]]:
@@ -35,6 +36,17 @@ def read_generations(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def intervals(scores: list[dict[str, float]], ids: list[str]) -> dict[str, float]:
+    """``<metric>_low`` and ``<metric>_high`` for each per-sample metric: the interval of its mean over
+    examples (``pipeline.intervals``; an example's samples averaged first)."""
+    out = {}
+    for metric in sorted({k for s in scores for k, v in s.items() if isinstance(v, int | float)}):
+        low, high, _ = interval(per_example(ids, [s.get(metric) for s in scores]))
+        if low is not None:
+            out[f"{metric}_low"], out[f"{metric}_high"] = low, high
+    return out
+
+
 def score_file(path: Path, task_name: str, data_dir: str | Path | None = None, workers: int = 2) -> dict[str, Any]:
     """Score every sample of a generations file; returns the summary."""
     path = Path(path)
@@ -47,6 +59,7 @@ def score_file(path: Path, task_name: str, data_dir: str | Path | None = None, w
         scores = list(pool.map(lambda r: task.score(examples[r["id"]], r["output"]), rows))
     lines = "".join(json.dumps({"id": r["id"], **s}) + "\n" for r, s in zip(rows, scores))
     write_atomic(path.with_suffix(".scores.jsonl"), lines)
-    summary = {"task": task_name, "samples": len(rows), **task.aggregate(scores, [r["id"] for r in rows])}
+    ids = [r["id"] for r in rows]
+    summary = {"task": task_name, "samples": len(rows), **task.aggregate(scores, ids), **intervals(scores, ids)}
     write_atomic(path.with_suffix(".summary.json"), json.dumps(summary, indent=2) + "\n")
     return summary

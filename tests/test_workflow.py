@@ -246,6 +246,7 @@ def test_dry_run_of_the_default_grid_lists_exactly_its_jobs(tmp_path):
         "generate": n,
         "speed": n,
         "score": n,
+        "likelihood": 1,  # mmlu_mc under the grid's distinct distributions
         "wandb_log": n,
         "wandb_experiment": 1,
         "aggregate": 1,
@@ -357,7 +358,7 @@ def test_the_paper_grid_on_slurm_takes_few_submissions_and_a_short_target(tmp_pa
 def tiny_run(tmp_path_factory, tiny_dir, tiny_dir2):
     """The whole workflow on tiny models: a target, an identical draft, a third model; 2 HumanEval prompts."""
     work = tmp_path_factory.mktemp("workflow")
-    config = tiny_config(tiny_dir, tiny_dir2)
+    config = tiny_config(tiny_dir, tiny_dir2, likelihood=True)
     (work / "config.yaml").write_text(yaml.safe_dump(config))
     run = snakemake(work, "--cores", "2", "--configfile", str(work / "config.yaml"))
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]

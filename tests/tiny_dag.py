@@ -28,9 +28,10 @@ def job_counts(output: str) -> dict[str, int]:
     return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.M) if m[1] != "total"}
 
 
-def tiny_config(tiny_dir: Path, tiny_dir2: Path, wandb_mode: str = "offline") -> dict:
-    """A target, an identical draft, a third model; 2 HumanEval prompts; 8 cells (6 pairs at T=0, 2 trios at T=1)."""
-    return {
+def tiny_config(tiny_dir: Path, tiny_dir2: Path, wandb_mode: str = "offline", likelihood: bool = False) -> dict:
+    """A target, an identical draft, a third model; 2 HumanEval prompts; 8 cells (6 pairs at T=0, 2 trios at T=1);
+    with ``likelihood``, 3 questions of mmlu_mc scored by log-likelihood under the grid's 4 distributions."""
+    config = {
         "experiment": "tiny",
         "models": {
             "tiny": {"source": str(tiny_dir)},
@@ -57,6 +58,9 @@ def tiny_config(tiny_dir: Path, tiny_dir2: Path, wandb_mode: str = "offline") ->
         "threads": 1,
         "wandb": {"mode": wandb_mode, "project": "specens-test"},
     }
+    if likelihood:
+        config["likelihood_tasks"] = {"mmlu_mc": {"limit": 3}}
+    return config
 
 
 def check_tables(results: Path, config: dict) -> None:
@@ -97,11 +101,32 @@ def check_tables(results: Path, config: dict) -> None:
     ):
         assert section in summary
     quality = pd.read_csv(results / "tables" / "quality.csv")
-    assert "humaneval" in quality.columns and len(quality) == len(cells)
+    assert len(quality) == len(cells)
+    low, value, high = (quality[f"humaneval pass@1{k}"] for k in ("_low", "", "_high"))
+    assert ((low <= value) & (value <= high) & (high > low)).all()  # every figure with its interval
+    assert "[" in (results / "tables" / "quality.md").read_text()
+    check_likelihood(results, config)
     for png in ("speedup_vs_gamma.png", "predicted_vs_measured.png"):
         assert (results / "plots" / png).read_bytes()[:4] == b"\x89PNG"
     check_speedup_columns(results)
     check_results_file(results, config)
+
+
+def check_likelihood(results: Path, config: dict) -> None:
+    """The quality-by-log-likelihood table: one row per distinct distribution of the grid, each figure inside its
+    interval, the methods it stands for named."""
+    if not config.get("likelihood_tasks"):
+        assert "_no cells_" in (results / "tables" / "likelihood.md").read_text()
+        return
+    table = pd.read_csv(results / "tables" / "likelihood.csv").set_index("distribution")
+    assert len(table) == 4  # tiny; we and cd of the pair; we of the trio
+    assert table.loc["tiny", "methods"] == "large_model (tiny); sd (pair); hf_assisted (pair)"
+    assert table.loc["we(weights=0.5/0.5): tiny + tiny-copy", "methods"] == "we (pair); we_se (pair)"
+    assert list(table.index)[0] == "tiny"  # in the grid's order
+    for metric in ("acc", "acc_norm"):
+        name = f"mmlu_mc {metric} (n=3)"
+        assert (table[f"{name}_low"] <= table[name]).all() and (table[name] <= table[f"{name}_high"]).all()
+    assert "Quality by log-likelihood" in (results / "tables" / "summary.md").read_text()
 
 
 def check_speedup_columns(results: Path) -> None:

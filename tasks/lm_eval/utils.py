@@ -46,3 +46,8 @@ def humaneval_results(doc: dict, results: list[str]) -> dict[str, float]:
         id=doc["task_id"], prompt=doc["prompt"], reference={"test": doc["test"], "entry_point": doc["entry_point"]}
     )
     return HumanEval().score(example, results[0])
+
+
+def mmlu_subset(**_: object) -> datasets.DatasetDict:
+    """The MMLU questions shipped with the repository (``data/mmlu_subset.jsonl``), as the ``test`` split."""
+    return datasets.DatasetDict({"test": _jsonl(Path(__file__).resolve().parent / "data" / "mmlu_subset.jsonl")})

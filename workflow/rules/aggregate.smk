@@ -15,6 +15,7 @@ rule aggregate:
         grid=f"{RESULTS}/grid.json",
         speed=[f"{GEN}/{c}.speed.json" for c in CELLS],
         summary=[f"{GEN}/{c}.summary.json" for c in CELLS],
+        likelihood=[f"{RESULTS}/likelihood/{t}.json" for t in LIKELIHOOD],
     output:
         summary=f"{RESULTS}/tables/summary.md",
         cells=f"{RESULTS}/tables/cells.csv",
@@ -22,6 +23,7 @@ rule aggregate:
         speedup_html=table_report("speedup_vs_standard", "speed-up over the standard method"),
         large_html=table_report("speedup_vs_large", "speed-up over the large model"),
         quality_html=table_report("quality", "quality"),
+        likelihood_html=table_report("likelihood", "quality by log-likelihood"),
         acceptance_html=table_report("acceptance", "tau and acceptance"),
         flags_html=table_report("flags", "flags"),
         results=report(

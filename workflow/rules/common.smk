@@ -24,6 +24,7 @@ from pipeline.workflow import (
     model_entry,
     models_to_prepare,
 )
+from pipeline.likelihood import job_specs
 
 try:
     for _file in workflow.overwrite_configfiles:  # Snakemake's YAML reader keeps the last of duplicate keys
@@ -57,11 +58,13 @@ WANDB = _checked["wandb"]
 TIMING = json.dumps(_checked["timing"], sort_keys=True)  # how samples are timed and judged
 MODELS = models_to_prepare(_checked, CELLS)
 GEN = f"{RESULTS}/generations"
+LIKELIHOOD = job_specs(_checked, CELLS)  # task -> its likelihood job's spec
 
 
 wildcard_constraints:
     cell="|".join(re.escape(c) for c in CELLS),
     model="|".join(re.escape(m) for m in MODELS),
+    task="|".join(re.escape(t) for t in LIKELIHOOD) or "^$",
 
 
 def cell_dims(wildcards):

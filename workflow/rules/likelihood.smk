@@ -1,0 +1,25 @@
+# Quality by log-likelihood (likelihood_tasks): one job per lm-eval task, scoring it once under each distinct
+# distribution of the grids (a lossless accelerated method shares its ensemble's; pipeline/likelihood.py).
+# Its spec is a param, so a change of the grid's distributions or the task's limit reruns it. It declares two
+# CPUs (their threads waiting passively, as generate's), so that it never runs beside a generation job being timed.
+
+
+rule likelihood:
+    input:
+        models=lambda w: [f"{RESULTS}/models/{m}.json" for m in LIKELIHOOD[w.task]["models"]],
+    output:
+        f"{RESULTS}/likelihood/{{task}}.json",
+    params:
+        spec=lambda w: json.dumps(LIKELIHOOD[w.task], sort_keys=True),
+    log:
+        f"{RESULTS}/logs/likelihood/{{task}}.log",
+    threads: 2
+    resources:
+        gpu=1,
+        mem_mb=32000,
+        runtime=120,
+    conda:
+        env("decode")
+    shell:
+        'OMP_WAIT_POLICY=PASSIVE "$PY" -m pipeline.cli likelihood {params.spec:q} {output:q} --threads {threads}'
+        " > {log:q} 2>&1"
