@@ -315,14 +315,11 @@ def different_tokenizers(config: dict[str, Any], names: list[str], infos: dict[s
 def joinable_problem(names: list[str], infos: dict[str, ModelInfo]) -> str | None:
     """Why the union decoder cannot join a set of different tokenizers, read from their files (None: it can,
     or a member is not on this machine yet: the job checks it then)."""
-    try:
-        from .decoding.union import check_joinable
-    except ImportError:  # a decoder without the union: generate refuses the set when the job runs
-        return None
     if any(infos[n].path is None or infos[n].vocab is None for n in names):
         return None
     from transformers import AutoTokenizer
 
+    from .decoding.union import check_joinable
     from .errors import UserError
 
     try:

@@ -149,7 +149,6 @@ def test_sets_told_apart_by_their_files(tmp_path, tiny_dir, student):
 
 
 def test_a_set_that_cannot_be_joined_is_refused_in_one_line(tmp_path, tiny_dir):
-    pytest.importorskip("pipeline.decoding.union")
     models = {"big": {"source": str(tiny_dir)}, "words": {"source": str(wordlevel_dir(tmp_path / "words"))}}
     config = check_config(hetero_config(tmp_path, models, ["we"]))
     _, problems = local_problems(config, expand_cells(config))
@@ -195,7 +194,6 @@ def test_union_figures_in_the_speed_summary():
 
 
 def test_a_generation_job_over_a_mixed_set(student, tiny_dir, tmp_path):
-    pytest.importorskip("pipeline.decoding.union")
     from pipeline.generate_job import Cell, run_cell
 
     cell = Cell(
@@ -228,7 +226,6 @@ def test_lm_eval_over_a_mixed_set(student, tiny_dir):
     with pytest.raises(UserError, match="different tokenizers") as err:
         lm._loglikelihood_tokens([(None, [1, 2], [3])])
     assert "\n" not in str(err.value)
-    pytest.importorskip("pipeline.decoding.union")
     from lm_eval.api.instance import Instance
 
     request = Instance("generate_until", {}, ("def add(a, b):", {"until": ["\n\n"], "max_gen_toks": 5}), 0)
