@@ -115,7 +115,9 @@ def check_tree_models(models: list, kind: str, vocab_union: bool = False) -> Non
         raise ArgumentError("a tree needs one shared tokenizer; models with different tokenizers decode chains only")
     for i, model in enumerate(models):
         types = getattr(getattr(model, "config", None), "layer_types", None) or []
-        if getattr(getattr(model, "config", None), "sliding_window", None) and any(t != "full_attention" for t in types):
+        if getattr(getattr(model, "config", None), "sliding_window", None) and any(
+            t != "full_attention" for t in types
+        ):
             raise ArgumentError(
                 f"a tree needs full-attention layers; model {i} has sliding-window layers (decode it with chains)"
             )
@@ -274,7 +276,6 @@ class TreeDrafter:
         self.decoder, self.shape, self.caches = decoder, shape, caches
 
     def draft(self, proposer: Any, depth: int) -> Tree:
-        dec, shape = self.decoder, self.shape
         lookup, model = parts(proposer)
         tree = Tree()
         frontier = [-1]
@@ -323,8 +324,9 @@ class TreeDrafter:
         if model is not None:
             row = self.caches[model.index].rows[n]
             if dec.audit is not None:
-                dec.audit.check(context, len(context), len(context) + 1, [row[None]], [model.index], single_model,
-                                dec.sampling)
+                dec.audit.check(
+                    context, len(context), len(context) + 1, [row[None]], [model.index], single_model, dec.sampling
+                )
             q = probs(row[None], Sampling.identity() if dec.sampling.greedy else dec.sampling)[0]
             tree.q[n] = q
         found = lookup_continuations(lookup, context, min(b, room)) if lookup is not None else []

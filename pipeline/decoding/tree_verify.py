@@ -52,6 +52,7 @@ def accept_tree(tree: Tree, target: Tensor, greedy: bool, generator: torch.Gener
                     child = tree.children[node][token]
                     break
                 r = residual(r, q, token)
+                r = r / r.sum()  # r_{i+1} = norm(max(0, r_i - q_i))
             if child is None:
                 return path, int(sample(r[None], generator)[0])
         path.append(child)

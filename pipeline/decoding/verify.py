@@ -78,9 +78,9 @@ def residual(target: Tensor, q: Tensor | None, token: int) -> Tensor:
 
 
 def accept_one(target: Tensor, q: Tensor | None, token: int, generator: torch.Generator | None) -> bool:
-    """One proposal ``token`` drawn from ``q`` (None: one-hot) against ``target`` (unnormalised): accept with
-    probability ``min(1, r(x) / q(x))``, ``r`` the normalised target; the same test as ``verify_sampled``."""
-    r_x = target[token] / target.sum()
+    """One proposal ``token`` drawn from ``q`` (None: one-hot) against ``target`` (probabilities): accept with
+    probability ``min(1, r(x) / q(x))``; the same test as ``verify_sampled``."""
+    r_x = target[token]
     q_x = 1.0 if q is None else q[token]
     u = torch.rand(1, generator=generator, dtype=target.dtype, device=target.device)
     return bool(u * q_x < r_x)
