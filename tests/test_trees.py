@@ -238,3 +238,40 @@ def test_the_audit_catches_a_stale_compaction(audit_trio, monkeypatch, temperatu
     assert audited(audit_trio, "sd", "draft", "3x2x1", n=40, temperature=temperature)[0].token_ids == early
     with pytest.raises(AuditError, match="differs from a recompute from scratch"):
         audited(audit_trio, "sd", "draft", "3x2x1", temperature=temperature)
+
+
+# ---- the config ---------------------------------------------------------------------------
+
+
+def test_config_trees_become_cells_beside_the_chain():
+    from pipeline.workflow import ConfigError, check_config, expand_cells
+
+    base = {
+        "models": {"big": {}, "small": {}},
+        "grids": [{"name": "g", "model_sets": {"pair": ["big", "small"]}, "methods": ["we", "sd", "we_se"]}],
+        "gamma": [3],
+    }
+    cells = expand_cells(check_config({**base, "tree": [None, [3, 2, 1], 16]}))
+    assert sorted(cells) == [
+        "humaneval/pair/sd-T0-g3",
+        "humaneval/pair/sd-T0-g3-t3x2x1",
+        "humaneval/pair/sd-T0-g3-td16",
+        "humaneval/pair/we-T0",
+        "humaneval/pair/we_se-T0-g1-3",
+        "humaneval/pair/we_se-T0-g1-3-t3x2x1",
+        "humaneval/pair/we_se-T0-g1-3-td16",
+    ]
+    tree = cells["humaneval/pair/sd-T0-g3-t3x2x1"]
+    assert tree["cell"]["tree"] == "t3x2x1" and tree["dims"]["tree_nodes"] == 15
+    assert tree["dims"]["gamma"] == "3 t3x2x1 (15 nodes)" and "tree" not in cells["humaneval/pair/sd-T0-g3"]["cell"]
+    with pytest.raises(ConfigError, match=r"grid 'g': config key tree='bushy': expected"):
+        expand_cells(check_config({**base, "tree": ["bushy"]}))
+
+
+def test_a_cell_refuses_a_tree_for_a_method_without_one():
+    from pipeline.errors import UserError
+    from pipeline.generate_job import cell_from_dict
+
+    assert cell_from_dict({"models": ["m"], "method": "sd", "task": "humaneval", "tree": "3x2"}).tree == "3x2"
+    with pytest.raises(UserError, match="a tree is for the sd"):
+        cell_from_dict({"models": ["m"], "method": "we", "task": "humaneval", "tree": "3x2"})
