@@ -275,3 +275,43 @@ def test_a_cell_refuses_a_tree_for_a_method_without_one():
     assert cell_from_dict({"models": ["m"], "method": "sd", "task": "humaneval", "tree": "3x2"}).tree == "3x2"
     with pytest.raises(UserError, match="a tree is for the sd"):
         cell_from_dict({"models": ["m"], "method": "we", "task": "humaneval", "tree": "3x2"})
+
+
+# ---- the benchmark rows and the cost model ------------------------------------------------------
+
+
+def test_bench_rows_put_each_tree_beside_the_chain_of_its_node_budget():
+    from pipeline.bench import same_budget_chain, select, variants
+
+    vs = select(variants([1], "draft", dynamic=[], trees=["3x2x1", "d8"]), ["sd", "we"], ["sd", "we_se"])
+    labels = [v.label for v in vs]
+    assert {"sd g=15", "sd t3x2x1", "sd g=8", "sd td8", "we_se g=[1,15]", "we_se t3x2x1"} <= set(labels)
+    tree = next(v for v in vs if v.label == "we_se t3x2x1")
+    assert tree.tree == "t3x2x1" and same_budget_chain(tree, vs).label == "we_se g=[1,15]"
+    assert same_budget_chain(next(v for v in vs if v.label == "sd g=1"), vs) is None
+
+
+def test_the_cost_model_prices_nodes_at_the_fitted_per_token_cost():
+    from pipeline import tree_cost
+
+    def stats(calls, tokens, seconds):
+        return {"models": [{"forward_calls": calls, "forwarded_tokens": tokens, "forward_time_s": seconds}] * 2}
+
+    # forwards of 1 and of 5 tokens: a = 0.010 s, b = 0.002 s per token
+    a, b = tree_cost.forward_cost([stats(10, 10, 0.12), stats(10, 50, 0.20)], 0)
+    assert abs(a - 0.010) < 1e-12 and abs(b - 0.002) < 1e-12
+    free = (0.010, 0.0)
+    # nodes free, no draft cost: the speed-up is τ
+    assert tree_cost.round_speedup(2.5, 15, 3, 3, free, (0.0, 0.0)) == 2.5
+    dear = (0.010, 0.002)
+    assert tree_cost.round_speedup(2.5, 15, 3, 3, dear, (0.0, 0.0)) < tree_cost.round_speedup(
+        2.5, 3, 3, 1, dear, (0, 0)
+    )
+    need = tree_cost.tau_needed(1.35, 15, 3, 3, dear, (0.001, 0.0))
+    assert abs(tree_cost.round_speedup(need, 15, 3, 3, dear, (0.001, 0.0)) - 1.35) < 1e-12
+    rows = [
+        {"label": "chain", "tau": 1.8, "nodes": 3, "depth": 3, "width": 1},
+        {"label": "tree", "tau": 2.6, "nodes": 15, "depth": 3, "width": 3},
+    ]
+    assert tree_cost.best_budget(rows, free, (0.001, 0.0))["best"]["label"] == "tree"
+    assert tree_cost.best_budget(rows, (0.010, 0.004), (0.001, 0.0))["best"]["label"] == "chain"

@@ -204,6 +204,7 @@ class TreeCache:
             mask[row, :committed] = 0
             mask[row, [self.slots[a] for a in tree.path(n)]] = 0
             positions.append(committed - 1 + tree.nodes[n].depth)
+        keep = len(nodes) + (1 if prefix else 0)
         start = time.perf_counter()
         out = runner.model(
             input_ids=torch.tensor([ids], device=runner.device),
@@ -211,8 +212,8 @@ class TreeCache:
             position_ids=torch.tensor([positions], device=runner.device),
             past_key_values=runner.cache,
             use_cache=True,
+            **({"logits_to_keep": keep} if runner._keep_arg else {}),
         )
-        keep = len(nodes) + (1 if prefix else 0)
         rows = check_rows(as_rows(out.logits[0, -keep:, : runner.vocab_size], runner.out_device), runner, keep)
         if runner.sync:
             torch.cuda.synchronize(runner.device)
@@ -365,7 +366,19 @@ def run_tree(decoder: Decoder, schedule: list) -> None:
     models = {i for i in dec.targets} | {parts(p)[1].index for p, _ in schedule if parts(p)[1] is not None}
     caches = {i: TreeCache(dec.members[i].runner) for i in sorted(models)}
     drafter = TreeDrafter(dec, shape, caches)
-    depths = {k: (gamma if shape.dynamic else len(shape.branching)) for k, (_, gamma) in enumerate(schedule)}
+    largest = max(
+        range(len(dec.members)), key=lambda i: sum(p.numel() for p in dec.members[i].runner.model.parameters())
+    )
+    own = {
+        k
+        for k, (p, _) in enumerate(schedule)
+        if len(dec.members) > 1 and parts(p)[1] is not None and parts(p)[1].index == largest
+    }
+    # a static shape sets every turn's depth but the largest model's, which drafts to its gamma: its drafts save
+    # none of its own forwards (as methods.fixed_turns); a dynamic tree's depth is the turn's gamma
+    depths = {
+        k: (gamma if shape.dynamic or k in own else len(shape.branching)) for k, (_, gamma) in enumerate(schedule)
+    }
     turn = 0
     while not dec.done:
         k = turns[turn]
