@@ -441,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         "--methods", nargs="+", metavar="METHOD", help="only these methods (and the baselines of their groups)"
     )
     ap.add_argument("--no-pack", action="store_true", help="keep nn.Linear (MKL) instead of prepacked oneDNN layers")
+    ap.add_argument("--device", default="cpu", help="where the models run (default cpu; cuda on a GPU machine)")
     ap.add_argument("--json", type=Path, help="also write the table as JSON here")
     ap.add_argument(
         "--record",
@@ -452,22 +453,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.prompts, args.max_new_tokens, args.gamma = 3, 32, [2]
     try:
-        target, tokenizer = load_bundled(pack=False)
+        target, tokenizer = load_bundled(device=args.device, pack=False)
         if args.draft == "truncated":
             draft = truncated_copy(target, args.draft_layers)
             draft_desc = f"first {args.draft_layers} layers of the target, untrained"
         elif args.draft == "distilled":
             path = ensure_draft(BUNDLED, Recipe(layers=args.draft_layers))
-            draft = load(path, full_head=args.full_head, pack=False)[0]
+            draft = load(path, device=args.device, full_head=args.full_head, pack=False)[0]
             draft_desc = f"{path.name} (distilled{', full head' if args.full_head else ''})"
         else:
-            draft = load(args.draft, full_head=args.full_head, pack=False)[0]
+            draft = load(args.draft, device=args.device, full_head=args.full_head, pack=False)[0]
             draft_desc = args.draft + (" (full head)" if args.full_head else "")
     except ModelError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     kernels = "MKL (nn.Linear)"
-    if not args.no_pack and cpu_kernels.available():
+    if not args.no_pack and args.device == "cpu" and cpu_kernels.available():
         cpu_kernels.pack_linears(target)
         cpu_kernels.pack_linears(draft)
         kernels = "oneDNN prepacked"
@@ -482,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     vs = select(every, args.groups, args.methods)
     print(
-        f"target: bundled SmolLM2-135M-Instruct (float32, {torch.get_num_threads()} threads); "
+        f"target: bundled SmolLM2-135M-Instruct (float32, {args.device}, {torch.get_num_threads()} threads); "
         f"draft: {draft_desc}; proposer: {args.proposer}; linear kernels: {kernels}"
     )
     print(f"{len(prompts)} HumanEval prompts x {args.max_new_tokens} new tokens; EOS stops")
