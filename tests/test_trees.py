@@ -10,6 +10,8 @@ catches a planted stale-cache compaction that leaves the first tokens right.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -17,6 +19,7 @@ import torch
 from pipeline.decoding import generate, tree_verify
 from pipeline.decoding import tree as tree_module
 from pipeline.decoding.audit import Audit, AuditError
+from pipeline.decoding.runner import set_engine
 from pipeline.decoding.spec import method_names, parse_method
 from pipeline.decoding.tree import Tree, parse_tree
 from pipeline.errors import ArgumentError
@@ -48,6 +51,13 @@ def test_trees_are_refused_where_they_cannot_run(trio):
         generate([target, draft], [1, 2], "we", max_new_tokens=2, method_args={"lambda": 0.5}, tree=[2])
     with pytest.raises(ArgumentError, match="tree="):
         generate([target, draft], [1, 2], "sd", max_new_tokens=2, tree="bushy")
+    compiled = set_engine(copy.deepcopy(draft), "compiled")
+    with pytest.raises(ArgumentError, match="a tree needs the eager engine; model 1 runs 'compiled'"):
+        generate([target, compiled], [1, 2], "sd", max_new_tokens=2, tree=[2])
+    windowed = copy.deepcopy(target)
+    windowed.config.sliding_window, windowed.config.layer_types = 4, ["sliding_attention", "full_attention"]
+    with pytest.raises(ArgumentError, match="model 0 has sliding-window layers"):
+        generate([windowed, draft], [1, 2], "sd", max_new_tokens=2, tree=[2])
 
 
 @pytest.mark.parametrize("method", SPECULATIVE)

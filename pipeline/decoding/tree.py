@@ -33,7 +33,7 @@ from ..errors import ArgumentError
 from .ensemble import check_rows, single_model
 from .lookup import PromptLookup
 from .proposers import Chain, ModelProposer
-from .runner import HFRunner, as_rows
+from .runner import HFRunner, as_rows, engine_of
 from .sampling import Sampling, probs, sample
 from .spec import is_int
 from .tree_verify import accept_tree
@@ -114,6 +114,8 @@ def check_tree_models(models: list, kind: str, vocab_union: bool = False) -> Non
     if vocab_union:
         raise ArgumentError("a tree needs one shared tokenizer; models with different tokenizers decode chains only")
     for i, model in enumerate(models):
+        if engine_of(model)[0] != "eager":
+            raise ArgumentError(f"a tree needs the eager engine; model {i} runs {engine_of(model)[0]!r} (chains only)")
         types = getattr(getattr(model, "config", None), "layer_types", None) or []
         if getattr(getattr(model, "config", None), "sliding_window", None) and any(
             t != "full_attention" for t in types
