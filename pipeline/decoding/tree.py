@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ArgumentError
-from .ensemble import check_rows, single_model
+from .ensemble import check_output, check_rows, single_model
 from .lookup import PromptLookup
 from .proposers import Chain, ModelProposer
 from .runner import HFRunner, as_rows, engine_of
@@ -408,6 +408,7 @@ def verify_round(dec: Decoder, tree: Tree, caches: dict[int, TreeCache]) -> tupl
     rows = [torch.stack([caches[i].rows[n] for n in order]) for i in dec.targets]
     greedy = dec.sampling.greedy
     target = dec.target_fn(rows, Sampling.identity() if greedy else dec.sampling)
+    check_output(target, dec.target_fn, dec.committed - dec.prompt_len, len(order), rows[0].shape[-1])
     if dec.audit is not None:
         audit_tree(dec, tree, rows)
     path, token = accept_tree(tree, target, greedy, dec.generator)
