@@ -106,13 +106,11 @@ def parse_tree(value: Any) -> TreeShape | None:
     return shape
 
 
-def check_tree_models(models: list, kind: str, vocab_union: bool = False) -> None:
-    """Refuse, in one line, what a tree cannot run on: a method that does not speculate with our loop,
-    models of different tokenizers, and models with sliding-window layers (their cache cannot be compacted)."""
+def check_tree_models(models: list, kind: str) -> None:
+    """Refuse, in one line, what a tree cannot run on: a method that does not speculate with our loop, a model
+    on a compiled engine, and models with sliding-window layers (their cache cannot be compacted)."""
     if kind not in ("sd", "se"):
         raise ArgumentError(f"a tree is for the sd, *_sd and *_se methods; this method's kind is {kind!r}")
-    if vocab_union:
-        raise ArgumentError("a tree needs one shared tokenizer; models with different tokenizers decode chains only")
     for i, model in enumerate(models):
         if engine_of(model)[0] != "eager":
             raise ArgumentError(f"a tree needs the eager engine; model {i} runs {engine_of(model)[0]!r} (chains only)")
