@@ -171,7 +171,7 @@ class Decoder:
     audit: Audit | None = None  # tests: every distribution recomputed from scratch
     concurrent: ConcurrentForwards | None = None  # E_p: the autoregressive loop's forwards run concurrently
     dynamic: DynamicGamma | None = None  # None: every turn keeps its gamma
-    fixed_turns: frozenset[int] = frozenset()  # turns that keep their gamma under a dynamic schedule
+    fixed_turns: frozenset[int] = frozenset()  # turns that keep their gamma under a dynamic schedule (and a tree)
     mixture: Tensor | None = None  # [1, len(targets)]: the weights of a mixture method (one member per position)
     tree: TreeShape | None = None  # draft and verify a token tree per round (tree.py)
 

@@ -382,7 +382,7 @@ def generate(
         device=device,
         audit=audit,
         dynamic=dynamic,
-        fixed_turns=fixed_turns(plan.schedule, models) if dynamic else frozenset(),
+        fixed_turns=fixed_turns(plan.schedule, models) if dynamic or shape else frozenset(),
         mixture=None if plan.mixture is None else torch.tensor([plan.mixture], dtype=torch.float64, device=device),
         tree=shape,
     )

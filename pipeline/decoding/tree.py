@@ -366,18 +366,11 @@ def run_tree(decoder: Decoder, schedule: list) -> None:
     models = {i for i in dec.targets} | {parts(p)[1].index for p, _ in schedule if parts(p)[1] is not None}
     caches = {i: TreeCache(dec.members[i].runner) for i in sorted(models)}
     drafter = TreeDrafter(dec, shape, caches)
-    largest = max(
-        range(len(dec.members)), key=lambda i: sum(p.numel() for p in dec.members[i].runner.model.parameters())
-    )
-    own = {
-        k
-        for k, (p, _) in enumerate(schedule)
-        if len(dec.members) > 1 and parts(p)[1] is not None and parts(p)[1].index == largest
-    }
-    # a static shape sets every turn's depth but the largest model's, which drafts to its gamma: its drafts save
-    # none of its own forwards (as methods.fixed_turns); a dynamic tree's depth is the turn's gamma
+    # a static shape sets every turn's depth but the largest model's (``fixed_turns``), which drafts to its
+    # gamma: its drafts save none of its own forwards; a dynamic tree's depth is the turn's gamma
     depths = {
-        k: (gamma if shape.dynamic or k in own else len(shape.branching)) for k, (_, gamma) in enumerate(schedule)
+        k: (gamma if shape.dynamic or k in dec.fixed_turns else len(shape.branching))
+        for k, (_, gamma) in enumerate(schedule)
     }
     turn = 0
     while not dec.done:
