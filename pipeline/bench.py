@@ -285,40 +285,40 @@ def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
     return rows
 
 
-def tree_costs(vs: list[Variant], totals: dict[str, Totals], goal: float = 1.35) -> list[str]:
-    """With tree rows in the sd group: the cost model (``tree_cost.py``) at the forward costs measured in
-    this run, each sd row's predicted speed-up from its measured shape, the best, and the τ the best tree's
-    shape needs for ``goal``. Prompt lookup's rounds make a row's mean shape a mix; the fit is over every
-    recorded forward of the group."""
+def tree_costs(
+    vs: list[Variant], totals: dict[str, Totals], target, draft, goal: float = 1.35, repeats: int = 5
+) -> list[str]:
+    """With tree rows in the sd group: the cost model (``tree_cost.py``) at forward costs timed now (k = 1 up
+    to the largest round), each sd row's predicted speed-up from its measured τ and round shape, the best, and
+    the τ the best tree's shape needs for ``goal``."""
     from pipeline import tree_cost
+    from pipeline.engine_bench import forward_costs
 
-    group = [v for v in vs if v.group == vs[0].group and v.method in ("sd", "large_model")]
+    group = [v for v in vs if v.group == vs[0].group and v.method == "sd"]
     if not any(v.tree for v in group):
         return []
-    stats = [s for v in group for s in totals[v.label].stats]
-    target, draft = tree_cost.forward_cost(stats, 0), tree_cost.forward_cost(stats, 1)
-    if target is None or draft is None:
-        return ["cost model: too few distinct forward sizes to fit the costs"]
-    rows = [{"label": v.label, **(tree_cost.shape_of(totals[v.label].stats) or {})} for v in group if v.method == "sd"]
-    found = tree_cost.best_budget(rows, target, draft)
+    rows = [{"label": v.label, **(tree_cost.shape_of(totals[v.label].stats) or {})} for v in group]
+    top = max(2, round(max(r.get("nodes", 1) for r in rows)) + 1)
+    ks = sorted({1, 2, (1 + top) // 2, top})
+    costs = [tree_cost.fit(forward_costs(m, "eager", ks, context=128, repeats=repeats)) for m in (target, draft)]
+    found = tree_cost.best_budget(rows, *costs)
     if found is None:
         return []
-    ms = 1000
+    (at, bt), (ad, bd) = costs
     lines = [
-        f"cost model: target forward {target[0] * ms:.1f} + {target[1] * ms:.2f}·k ms, draft "
-        f"{draft[0] * ms:.1f} + {draft[1] * ms:.2f}·k ms (k tokens fed; fitted over this run's forwards)"
+        f"cost model: target forward {at:.1f} + {bt:.2f}·k ms, draft {ad:.1f} + {bd:.2f}·k ms (k = {ks} timed now)"
     ]
     for r in found["rows"]:
         lines.append(
-            f"  {r['label']:18} τ {r['tau']:.2f}, {r['nodes']:.1f} nodes, {r['depth']:.1f} draft forwards per round: "
-            f"predicted {r['predicted']:.2f}x"
+            f"  {r['label']:18} τ {r['tau']:.2f}, {r['nodes']:.1f} nodes and {r['depth']:.1f} draft forwards of "
+            f"{r['width']:.1f} tokens per round: predicted {r['predicted']:.2f}x"
         )
     best = found["best"]
-    trees = [r for r in found["rows"] if " t" in r["label"]]
     lines.append(f"cost model's best of these: {best['label']} ({best['predicted']:.2f}x)")
+    trees = [r for r in found["rows"] if " t" in r["label"]]
     if trees:
         top = max(trees, key=lambda r: r["predicted"])
-        need = tree_cost.tau_needed(goal, top["nodes"], top["depth"], top["width"], target, draft)
+        need = tree_cost.tau_needed(goal, top["nodes"], top["depth"], top["width"], *costs)
         lines.append(f"{top['label']} needs τ {need:.2f} for {goal:.2f}x at these costs (measured {top['tau']:.2f})")
     return lines
 
@@ -509,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
             "the draft has a restricted head, which transformers cannot take: hf_* (and cd) run it with its "
             "teacher's full head, ours with the restricted one (--full-head gives both sides the same draft)"
         )
-    for line in tree_costs(vs, totals):
+    for line in tree_costs(vs, totals, target, draft):
         print(line)
     best = best_against_best(vs, totals)
     if best:

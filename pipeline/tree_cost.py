@@ -1,8 +1,7 @@
 """A cost model for token trees: which node budget pays off at the measured forward costs.
 
-A forward of ``k`` new tokens costs ``a + b k`` (fitted by least squares over
-the recorded forwards of one model: mean time per call against mean tokens
-per call, one point per generation). A round of a tree with ``N`` nodes costs
+A forward of ``k`` new tokens costs ``a + b k`` (a line through forwards of
+``k`` tokens timed over a context, ``engine_bench.forward_costs``). A round of a tree with ``N`` nodes costs
 one target forward of ``N + 1`` tokens (the root and the nodes) plus the
 drafter's forwards (one per depth) and emits ``τ`` tokens; the target alone
 emits one token per forward of one token. So
@@ -22,20 +21,13 @@ from collections.abc import Sequence
 from typing import Any
 
 
-def forward_cost(stats: Sequence[dict[str, Any]], model: int) -> tuple[float, float] | None:
-    """``(a, b)``: seconds of one forward of ``model`` as ``a + b k`` for ``k`` fed tokens, fitted over the
-    generations' stats (``GenerationStats.to_dict``); None without two distinct mean sizes."""
-    points = []
-    for s in stats:
-        m = s["models"][model] if model < len(s["models"]) else None
-        if m and m["forward_calls"]:
-            points.append((m["forwarded_tokens"] / m["forward_calls"], m["forward_time_s"] / m["forward_calls"]))
-    if len({round(k, 6) for k, _ in points}) < 2:
-        return None
-    n = len(points)
-    mk, mt = sum(k for k, _ in points) / n, sum(t for _, t in points) / n
-    var = sum((k - mk) ** 2 for k, _ in points)
-    b = max(0.0, sum((k - mk) * (t - mt) for k, t in points) / var)
+def fit(costs: dict[int, float]) -> tuple[float, float]:
+    """``(a, b)``: the least-squares line ``a + b k`` through measured costs of forwards of ``k`` tokens
+    (``engine_bench.forward_costs``; at least two sizes), ``b`` at least 0."""
+    n = len(costs)
+    mk, mt = sum(costs) / n, sum(costs.values()) / n
+    var = sum((k - mk) ** 2 for k in costs)
+    b = max(0.0, sum((k - mk) * (t - mt) for k, t in costs.items()) / var) if var else 0.0
     return max(mt - b * mk, 0.0), b
 
 
@@ -65,16 +57,18 @@ def best_budget(rows: Sequence[dict[str, Any]], target: tuple, draft: tuple) -> 
 
 
 def shape_of(stats: Sequence[dict[str, Any]], target: int = 0, draft: int = 1) -> dict[str, float] | None:
-    """A run's measured round shape from its generations' stats: τ (tokens per target forward), nodes
-    (tokens fed per target forward, less the root), drafter forwards per round and tokens per drafter forward."""
+    """A run's measured round shape from its generations' stats (``GenerationStats.to_dict``): τ (tokens per
+    target forward), nodes (tokens the target verifies per round: fed tokens less the prompt and each
+    round's root), drafter forwards per round and tokens per drafter forward (less the prompt)."""
     tokens = sum(s["new_tokens"] for s in stats)
+    prompt = sum(s["prompt_tokens"] for s in stats)
     calls = [sum(s["models"][i]["forward_calls"] for s in stats) for i in (target, draft)]
     fed = [sum(s["models"][i]["forwarded_tokens"] for s in stats) for i in (target, draft)]
     if not calls[0] or not calls[1]:
         return None
     return {
         "tau": tokens / calls[0],
-        "nodes": fed[0] / calls[0] - 1,
+        "nodes": max(0.0, (fed[0] - prompt - calls[0] + len(stats)) / calls[0]),
         "depth": calls[1] / calls[0],
-        "width": fed[1] / calls[1],
+        "width": max(1.0, (fed[1] - prompt) / calls[1]),
     }

@@ -304,12 +304,8 @@ def test_bench_rows_put_each_tree_beside_the_chain_of_its_node_budget():
 def test_the_cost_model_prices_nodes_at_the_fitted_per_token_cost():
     from pipeline import tree_cost
 
-    def stats(calls, tokens, seconds):
-        return {"models": [{"forward_calls": calls, "forwarded_tokens": tokens, "forward_time_s": seconds}] * 2}
-
-    # forwards of 1 and of 5 tokens: a = 0.010 s, b = 0.002 s per token
-    a, b = tree_cost.forward_cost([stats(10, 10, 0.12), stats(10, 50, 0.20)], 0)
-    assert abs(a - 0.010) < 1e-12 and abs(b - 0.002) < 1e-12
+    # forwards of 1, 3 and 5 tokens: a = 10 ms, b = 2 ms per token
+    assert tree_cost.fit({1: 12.0, 3: 16.0, 5: 20.0}) == (10.0, 2.0)
     free = (0.010, 0.0)
     # nodes free, no draft cost: the speed-up is τ
     assert tree_cost.round_speedup(2.5, 15, 3, 3, free, (0.0, 0.0)) == 2.5

@@ -359,19 +359,18 @@ class TreeDrafter:
 
 
 def run_tree(decoder: Decoder, schedule: list) -> None:
-    """The speculative loop with a tree per round: the drafting turns (gamma > 0) take rounds in rotation
-    (a rejection restarts it, as the chain loop does), every target model verifies each tree in one forward."""
+    """The speculative loop with a tree per round: the drafting turns (gamma > 0; in ``*_se`` not the largest
+    model's) take rounds in rotation (a rejection restarts it, as the chain loop does), every target model
+    verifies each tree in one forward."""
     dec, shape = decoder, decoder.tree
-    turns = [k for k, (_, gamma) in enumerate(schedule) if gamma > 0]
+    # the largest model's turn (``fixed_turns``) drafts no tree where another model drafts: every tree's
+    # verification already runs its forward, and the token after each tree is drawn from the target there
+    drafting = [k for k, (_, gamma) in enumerate(schedule) if gamma > 0]
+    turns = [k for k in drafting if k not in dec.fixed_turns] or drafting
     models = {i for i in dec.targets} | {parts(p)[1].index for p, _ in schedule if parts(p)[1] is not None}
     caches = {i: TreeCache(dec.members[i].runner) for i in sorted(models)}
     drafter = TreeDrafter(dec, shape, caches)
-    # a static shape sets every turn's depth but the largest model's (``fixed_turns``), which drafts to its
-    # gamma: its drafts save none of its own forwards; a dynamic tree's depth is the turn's gamma
-    depths = {
-        k: (gamma if shape.dynamic or k in dec.fixed_turns else len(shape.branching))
-        for k, (_, gamma) in enumerate(schedule)
-    }
+    depths = {k: gamma if shape.dynamic else len(shape.branching) for k, (_, gamma) in enumerate(schedule)}
     turn = 0
     while not dec.done:
         k = turns[turn]
