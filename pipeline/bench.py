@@ -73,6 +73,7 @@ class Variant:
     method_args: dict = field(default_factory=dict)
     baseline: bool = False
     gamma_schedule: str = "fixed"
+    tree: str | None = None  # a token tree per round (decoding/tree.py)
 
 
 @dataclass
@@ -89,10 +90,16 @@ class Totals:
 
 
 def variants(
-    gammas: list[int], proposer: str, dynamic: list[int] = (), parallel: bool = False, sd_temperature: float = 0.0
+    gammas: list[int],
+    proposer: str,
+    dynamic: list[int] = (),
+    parallel: bool = False,
+    sd_temperature: float = 0.0,
+    trees: list[str] = (),
 ) -> list[Variant]:
     """Every method of the table, transformers' own (``hf_*``) included; ``dynamic``: starting gammas of
-    dynamic-gamma variants; ``parallel``: we_p, cd_p; ``sd_temperature``: of the first group."""
+    dynamic-gamma variants; ``parallel``: we_p, cd_p; ``sd_temperature``: of the first group; ``trees``:
+    each speculative method with each token tree, beside a chain of as many nodes (``tree_variants``)."""
     we = {"lambda": 0.5}
     spec = {"proposer": proposer}
     t = sd_temperature
@@ -105,7 +112,7 @@ def variants(
             for m, g in product(methods, starts):
                 gamma, shown = ([1, g], f"[1,{g}]") if m.endswith("_se") else (g, g)
                 out.append(Variant(group, f"{m}{tag} g={shown}", m, gamma, temperature, args, gamma_schedule=schedule))
-        return out
+        return out + tree_variants(group, methods, temperature, args, trees, [v.label for v in out])
 
     def ensemble(name: str, args: dict, temperature: float) -> list[Variant]:
         """An ensemble's group: the ensemble (its baseline), its speculative methods, its parallel form."""
@@ -127,6 +134,29 @@ def variants(
         *(Variant("we T=1", f"{m} g={g}", m, g, 1.0, we) for m in ("we_me_sd", "hf_assisted_ensemble") for g in gammas),
         *ensemble("cd", {"alpha": 0.1}, 0.0),
     ]
+
+
+TREE_DEPTH = 4  # a dynamic tree's depth (its gamma); the chain it is compared with drafts its node budget
+
+
+def tree_variants(
+    group: str, methods: list[str], temperature: float, args: dict, trees: list[str], taken: list[str]
+) -> list[Variant]:
+    """Each method with each tree, and a chain of the tree's node budget (unless already a variant): the
+    chain and the tree verify as many tokens per target forward. ``*_se``: the large model drafts 1."""
+    from pipeline.decoding.tree import parse_tree
+
+    out: list[Variant] = []
+    for m, value in product(methods, trees):
+        shape = parse_tree(value)
+        se = m.endswith("_se")
+        chain = ([1, shape.nodes], f"[1,{shape.nodes}]") if se else (shape.nodes, shape.nodes)
+        label = f"{m} g={chain[1]}"
+        if label not in taken + [v.label for v in out]:
+            out.append(Variant(group, label, m, chain[0], temperature, args))
+        gamma = [1, TREE_DEPTH] if se else TREE_DEPTH
+        out.append(Variant(group, f"{m} {shape.label}", m, gamma, temperature, args, tree=shape.label))
+    return out
 
 
 def select(vs: list[Variant], groups: list[str] | None, methods: list[str] | None) -> list[Variant]:
@@ -153,6 +183,7 @@ def run_variant(v: Variant, target, draft, ids, max_new, eos, seed):
         seed=seed,
         eos_token_id=eos,
         gamma_schedule=v.gamma_schedule,
+        **({"tree": v.tree} if v.tree else {}),
     )
 
 
@@ -188,6 +219,17 @@ def _speedup(t: Totals, base: Totals) -> tuple[float, list[float | None]]:
     return ratio, [low, high]
 
 
+def same_budget_chain(v: Variant, vs: list[Variant]) -> Variant | None:
+    """For a tree variant: the chain variant of its method and group drafting the tree's node budget."""
+    if not v.tree:
+        return None
+    from pipeline.decoding.tree import parse_tree
+
+    nodes = parse_tree(v.tree).nodes
+    gamma = [1, nodes] if v.method.endswith("_se") else nodes
+    return next((w for w in vs if (w.group, w.method, w.gamma, w.tree) == (v.group, v.method, gamma, None)), None)
+
+
 def best_fixed(v: Variant, vs: list[Variant], totals: dict[str, Totals]) -> Variant | None:
     """For a dynamic-gamma variant: the fixed-gamma variant of its method and group with the most tokens/s.
 
@@ -195,7 +237,7 @@ def best_fixed(v: Variant, vs: list[Variant], totals: dict[str, Totals]) -> Vari
     """
     if v.gamma_schedule == "fixed":
         return None
-    fixed = [w for w in vs if (w.group, w.method, w.gamma_schedule) == (v.group, v.method, "fixed")]
+    fixed = [w for w in vs if (w.group, w.method, w.gamma_schedule, w.tree) == (v.group, v.method, "fixed", None)]
     return max(fixed, key=lambda w: totals[w.label].tokens / totals[w.label].wall, default=None)
 
 
@@ -230,12 +272,55 @@ def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
         ours = f"{parse_method(v.method).ours} g={v.gamma}"
         if ours in totals:  # a peer: our method doing the same job, same gamma, over it
             row["ours_vs_hf"], row["ours_vs_hf_ci"] = _speedup(totals[ours], t)
+        chain = same_budget_chain(v, vs)
+        if chain is not None:  # a tree against the chain of its node budget, same prompts
+            ratio, ci = _speedup(t, totals[chain.label])
+            tau = totals[chain.label].tokens / totals[chain.label].target_calls
+            row["vs_chain"] = {"chain": chain.label, "ratio": ratio, "ci": ci, "tau_ratio": row["tau"] / tau}
         best = best_fixed(v, vs, totals)
         if best is not None:  # a dynamic gamma against the fastest fixed gamma of its method, same prompts
             ratio, ci = _speedup(t, totals[best.label])
             row["vs_best_fixed"] = {"fixed": best.label, "ratio": ratio, "ci": ci}
         rows.append(row)
     return rows
+
+
+def tree_costs(
+    vs: list[Variant], totals: dict[str, Totals], target, draft, goal: float = 1.35, repeats: int = 5
+) -> list[str]:
+    """With tree rows in the sd group: the cost model (``tree_cost.py``) at forward costs timed now (k = 1 up
+    to the largest round), each sd row's predicted speed-up from its measured τ and round shape, the best, and
+    the τ the best tree's shape needs for ``goal``."""
+    from pipeline import tree_cost
+    from pipeline.engine_bench import forward_costs
+
+    group = [v for v in vs if v.group == vs[0].group and v.method == "sd"]
+    if not any(v.tree for v in group):
+        return []
+    rows = [{"label": v.label, **(tree_cost.shape_of(totals[v.label].stats) or {})} for v in group]
+    top = max(2, round(max(r.get("nodes", 1) for r in rows)) + 1)
+    ks = sorted({1, 2, (1 + top) // 2, top})
+    costs = [tree_cost.fit(forward_costs(m, "eager", ks, context=128, repeats=repeats)) for m in (target, draft)]
+    found = tree_cost.best_budget(rows, *costs)
+    if found is None:
+        return []
+    (at, bt), (ad, bd) = costs
+    lines = [
+        f"cost model: target forward {at:.1f} + {bt:.2f}·k ms, draft {ad:.1f} + {bd:.2f}·k ms (k = {ks} timed now)"
+    ]
+    for r in found["rows"]:
+        lines.append(
+            f"  {r['label']:18} τ {r['tau']:.2f}, {r['nodes']:.1f} nodes and {r['depth']:.1f} draft forwards of "
+            f"{r['width']:.1f} tokens per round: predicted {r['predicted']:.2f}x"
+        )
+    best = found["best"]
+    lines.append(f"cost model's best of these: {best['label']} ({best['predicted']:.2f}x)")
+    trees = [r for r in found["rows"] if " t" in r["label"]]
+    if trees:
+        top = max(trees, key=lambda r: r["predicted"])
+        need = tree_cost.tau_needed(goal, top["nodes"], top["depth"], top["width"], *costs)
+        lines.append(f"{top['label']} needs τ {need:.2f} for {goal:.2f}x at these costs (measured {top['tau']:.2f})")
+    return lines
 
 
 def best_against_best(vs: list[Variant], totals: dict[str, Totals]) -> dict | None:
@@ -272,6 +357,9 @@ def render(rows: list[dict]) -> str:
         if "vs_best_fixed" in r:
             b = r["vs_best_fixed"]
             extra += f" (over {b['fixed']}: {speed_fmt(b['ratio'], *b['ci'])})"
+        if "vs_chain" in r:
+            c = r["vs_chain"]
+            extra += f" (over {c['chain']}: {speed_fmt(c['ratio'], *c['ci'])}, τ {c['tau_ratio']:.2f}x)"
         speedup = speed_fmt(r["speedup"], *r["speedup_ci"])
         lines.append(
             f"| {r['group']:8} | {r['method']:18} | {r['tok_per_s']:5.1f} | {speedup:23} | "
@@ -338,6 +426,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--parallel", action="store_true", help="also the parallel ensembles we_p and cd_p")
     ap.add_argument(
+        "--tree",
+        nargs="*",
+        default=[],
+        metavar="TREE",
+        help="token trees (3x2x1, d16, ...): each speculative method with each, beside a chain of its node budget",
+    )
+    ap.add_argument(
         "--sd-temperature", type=float, default=0.0, help="temperature of large_model, small_model and sd (default 0)"
     )
     ap.add_argument("--groups", nargs="+", choices=["sd", "we", "cd"], help="only these groups (default: all three)")
@@ -346,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         "--methods", nargs="+", metavar="METHOD", help="only these methods (and the baselines of their groups)"
     )
     ap.add_argument("--no-pack", action="store_true", help="keep nn.Linear (MKL) instead of prepacked oneDNN layers")
+    ap.add_argument("--device", default="cpu", help="where the models run (default cpu; cuda on a GPU machine)")
     ap.add_argument("--json", type=Path, help="also write the table as JSON here")
     ap.add_argument(
         "--record",
@@ -357,32 +453,37 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.prompts, args.max_new_tokens, args.gamma = 3, 32, [2]
     try:
-        target, tokenizer = load_bundled(pack=False)
+        target, tokenizer = load_bundled(device=args.device, pack=False)
         if args.draft == "truncated":
             draft = truncated_copy(target, args.draft_layers)
             draft_desc = f"first {args.draft_layers} layers of the target, untrained"
         elif args.draft == "distilled":
             path = ensure_draft(BUNDLED, Recipe(layers=args.draft_layers))
-            draft = load(path, full_head=args.full_head, pack=False)[0]
+            draft = load(path, device=args.device, full_head=args.full_head, pack=False)[0]
             draft_desc = f"{path.name} (distilled{', full head' if args.full_head else ''})"
         else:
-            draft = load(args.draft, full_head=args.full_head, pack=False)[0]
+            draft = load(args.draft, device=args.device, full_head=args.full_head, pack=False)[0]
             draft_desc = args.draft + (" (full head)" if args.full_head else "")
     except ModelError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     kernels = "MKL (nn.Linear)"
-    if not args.no_pack and cpu_kernels.available():
+    if not args.no_pack and args.device == "cpu" and cpu_kernels.available():
         cpu_kernels.pack_linears(target)
         cpu_kernels.pack_linears(draft)
         kernels = "oneDNN prepacked"
     prompts = humaneval_prompts(args.prompts)
     every = variants(
-        args.gamma, args.proposer, dynamic=args.dynamic, parallel=args.parallel, sd_temperature=args.sd_temperature
+        args.gamma,
+        args.proposer,
+        dynamic=args.dynamic,
+        parallel=args.parallel,
+        sd_temperature=args.sd_temperature,
+        trees=args.tree,
     )
     vs = select(every, args.groups, args.methods)
     print(
-        f"target: bundled SmolLM2-135M-Instruct (float32, {torch.get_num_threads()} threads); "
+        f"target: bundled SmolLM2-135M-Instruct (float32, {args.device}, {torch.get_num_threads()} threads); "
         f"draft: {draft_desc}; proposer: {args.proposer}; linear kernels: {kernels}"
     )
     print(f"{len(prompts)} HumanEval prompts x {args.max_new_tokens} new tokens; EOS stops")
@@ -399,13 +500,17 @@ def main(argv: list[str] | None = None) -> int:
         " overhead: 1 - time inside model forwards / wall time."
         " dyn: dynamic gamma from that start; (over ...): its speed over the fastest fixed gamma of its method.\n"
         "hf_*: transformers' own generate with the same gamma; (ours ...): our sd (we_sd for hf_assisted_ensemble)"
-        " at the same gamma over it, measured interleaved."
+        " at the same gamma over it, measured interleaved.\n"
+        "t3x2x1, td8: a token tree per round (docs/trees.md); (over ... g=N): its speed and τ over the chain of its "
+        "node budget N, same prompts."
     )
     if getattr(draft, "restricted_vocab", False):
         print(
             "the draft has a restricted head, which transformers cannot take: hf_* (and cd) run it with its "
             "teacher's full head, ours with the restricted one (--full-head gives both sides the same draft)"
         )
+    for line in tree_costs(vs, totals, target, draft):
+        print(line)
     best = best_against_best(vs, totals)
     if best:
         print(

@@ -33,6 +33,7 @@ from .decoding.methods import check_gamma_schedule, check_sampling, check_seed
 from .decoding.runner import engine_of
 from .decoding.spec import parse_method
 from .decoding.static import compile_ahead
+from .decoding.tree import parse_tree
 from .errors import UserError
 from .files import read_jsonl, writable_dir, write_atomic
 from .journal import Journal, journal_lock
@@ -48,6 +49,7 @@ class Cell:
     task: str
     gamma: Any = 1
     gamma_schedule: str = "fixed"
+    tree: Any = None  # a token tree per round (decoding/tree.py), None: a chain
     method_args: dict[str, Any] = field(default_factory=dict)
     size: str | int = "tiny"
     data_dir: str | None = None
@@ -65,6 +67,8 @@ class Cell:
         specs = [parse_method(m) for m in (self.method, self.baseline) if m is not None]
         check_sampling(self.temperature, self.top_k, self.top_p, self.max_new_tokens)
         check_gamma_schedule(self.gamma_schedule)
+        if parse_tree(self.tree) is not None and specs[0].kind not in ("sd", "se"):
+            raise UserError(f"tree={self.tree!r} for {self.method!r}: a tree is for the sd, *_sd and *_se methods")
         for spec in specs:
             spec.check_temperature(self.temperature)
         check_seed(self.seed)
@@ -167,6 +171,7 @@ def _run_cell(cell: Cell, out: Path, progress: bool, journal: Path, speed: bool)
     meta = {"environment": environment(), "cell": {**settings, "models": [m.name for m in cell.models]}}
     write_atomic(out.with_suffix(".meta.json"), json.dumps(meta, indent=2, default=str) + "\n")
     sampling = {k: settings[k] for k in ("gamma", "gamma_schedule", "max_new_tokens", "temperature", "top_k", "top_p")}
+    trees = {"tree": cell.tree} if cell.tree is not None else {}  # the method's own, never its baseline's
     # every run of the cell: its models and settings (methods that do not speculate ignore gamma_schedule)
     joined = {} if union is None else {"tokenizers": union}  # different tokenizers: over their union
     run = partial(generate, models, eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer, **joined, **sampling)
@@ -174,7 +179,9 @@ def _run_cell(cell: Cell, out: Path, progress: bool, journal: Path, speed: bool)
     rendered = [(ex, *render(task, ex, tokenizer, cell.chat)) for ex in examples]
     prompts = {ex.id: tokenizer(prompt).input_ids for ex, prompt, _ in rendered}
     first_ids = prompts[rendered[0][0].id]
-    run(first_ids, cell.method, method_args=cell.method_args, seed=cell.seed, max_new_tokens=8)  # warm-up, not recorded
+    run(
+        first_ids, cell.method, method_args=cell.method_args, seed=cell.seed, max_new_tokens=8, **trees
+    )  # warm-up, not recorded
     if cell.baseline:
         run(first_ids, cell.baseline, method_args=cell.baseline_args, seed=cell.seed, max_new_tokens=8)
     compile_ahead(models, [len(p) + cell.max_new_tokens + 1 for p in prompts.values()])
@@ -196,15 +203,15 @@ def _run_cell(cell: Cell, out: Path, progress: bool, journal: Path, speed: bool)
         (the cell is flagged either way).
         """
         nonlocal stuck
-        order = [("method", cell.method, cell.method_args), ("baseline", cell.baseline, cell.baseline_args)]
+        order = [("method", cell.method, cell.method_args, trees), ("baseline", cell.baseline, cell.baseline_args, {})]
         order = [o for o in (order if i % 2 == 0 else order[::-1]) if o[1] is not None]
         attempts, results = [], []
         for _ in range(cell.policy.remeasure + 1 if stuck < 2 else 1):
             outcome, timing = {}, {}
-            for role, method, args in order:
+            for role, method, args, extra in order:
                 with Probe() as probe:
                     outcome[role] = run(
-                        prompts[ex.id], method, method_args=args, seed=cell.seed + i, stop_strings=stops
+                        prompts[ex.id], method, method_args=args, seed=cell.seed + i, stop_strings=stops, **extra
                     )
                 timing[role] = {**probe.result, "interfered": cell.policy.thresholds.interfered(probe.result)}
             attempts.append({"interfered": any(t["interfered"] for t in timing.values()), **timing})

@@ -31,7 +31,7 @@ from .preflight import (
 )
 
 SCHEMA = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "config.schema.yaml"
-GRID_KEYS = "datasets gamma gamma_schedule temperature max_new_tokens method_args proposer se_large_gamma".split()
+GRID_KEYS = "datasets gamma gamma_schedule temperature max_new_tokens method_args proposer se_large_gamma tree".split()
 
 
 class ConfigError(UserError):
@@ -183,10 +183,12 @@ def _accepted_args(method: str) -> set[str]:
     return set(_spec(method).accepted_args())
 
 
-def _fmt_gamma(g: Any, schedule: str = "fixed") -> str:
-    """A gamma as cell ids and tables show it; a dynamic schedule's starting gamma is marked ``dyn``."""
+def _fmt_gamma(g: Any, schedule: str = "fixed", tree: Any = None) -> str:
+    """A gamma as cell ids and tables show it; a dynamic schedule's starting gamma is marked ``dyn``; in the
+    tables a token tree follows it with its node budget (``3 t3x2x1 (15 nodes)``)."""
     text = "-".join(map(str, g)) if isinstance(g, list) else str(g)
-    return text + "dyn" if schedule == "dynamic" else text
+    text = text + "dyn" if schedule == "dynamic" else text
+    return f"{text} {tree.label} ({tree.nodes} nodes)" if tree is not None else text
 
 
 def check_config(config: dict[str, Any], schema: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -374,15 +376,16 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 except ValueError as err:
                     raise ConfigError(f"grid {grid['name']!r}, set {set_name!r}: {err}") from None
                 schedules = g["gamma_schedule"] if spec.kind in ("sd", "se") else ["fixed"]  # ours only
+                trees = _trees(g["tree"], spec.kind, grid["name"])
                 for dataset, dopts in g["datasets"].items():
                     for t in g["temperature"]:
                         try:
                             spec.check_temperature(float(t))
                         except ValueError as err:
                             raise ConfigError(f"grid {grid['name']!r}: {err}") from None
-                        for gamma, schedule in itertools.product(gammas, schedules):
+                        for gamma, schedule, tree in itertools.product(gammas, schedules, trees):
                             cell_id, cell = _cell(
-                                config, g, spec, args, names, label, dataset, dopts, t, gamma, schedule
+                                config, g, spec, args, names, label, dataset, dopts, t, gamma, schedule, tree
                             )
                             dims = {
                                 "id": cell_id,
@@ -396,8 +399,10 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
                                 "kind": spec.kind,
                                 "dataset": dataset,
                                 "temperature": float(t),
-                                "gamma": _fmt_gamma(cell["gamma"], schedule) if spec.speculative else None,
+                                "gamma": _fmt_gamma(cell["gamma"], schedule, tree) if spec.speculative else None,
                                 "gamma_schedule": schedule if spec.speculative else None,
+                                "tree": tree.label if tree else None,
+                                "tree_nodes": tree.nodes if tree else None,
                                 "baseline": cell.get("baseline"),
                                 "standard": _standard(spec),
                             }
@@ -442,7 +447,22 @@ def _gammas(sweep: list[Any], kind: str, n: int, grid: str) -> list[Any]:
     return out
 
 
-def _cell(config, g, spec, args, names, label, dataset, dopts, t, gamma, schedule) -> tuple[str, dict[str, Any]]:
+def _trees(sweep: list[Any], kind: str, grid: str) -> list[Any]:
+    """The grid's trees (``decoding/tree.py``) for a method of ``kind``: each checked; None (a chain) only
+    for the methods that cannot take one."""
+    from pipeline.decoding.tree import parse_tree
+
+    if kind not in ("sd", "se"):
+        return [None]
+    try:
+        return list(dict.fromkeys(parse_tree(value) for value in sweep))
+    except ValueError as err:
+        raise ConfigError(f"grid {grid!r}: config key {err}") from None
+
+
+def _cell(
+    config, g, spec, args, names, label, dataset, dopts, t, gamma, schedule, tree=None
+) -> tuple[str, dict[str, Any]]:
     if spec.kind == "se" and isinstance(gamma, int) and g["se_large_gamma"] is not None:
         gamma = [g["se_large_gamma"]] + [gamma] * (len(names) - 1)
     cell: dict[str, Any] = {
@@ -468,6 +488,9 @@ def _cell(config, g, spec, args, names, label, dataset, dopts, t, gamma, schedul
         cell["baseline_args"] = {k: v for k, v in args.items() if k in _accepted_args(spec.base)}
     if spec.speculative:
         cell_id += f"-g{_fmt_gamma(gamma, schedule)}"
+    if tree is not None:
+        cell["tree"] = tree.label
+        cell_id += f"-{tree.label}"
     return cell_id, cell
 
 

@@ -5,7 +5,8 @@
 #   bash benchmarks/gpu/run.sh tests     # the GPU tests (~3 min on an H100)
 #   bash benchmarks/gpu/run.sh product   # generation jobs per engine, side by side, with exactness (~8 min)
 #   bash benchmarks/gpu/run.sh speed     # what a forward costs per engine and size, oracle drafts (~8 min)
-#   bash benchmarks/gpu/run.sh           # all three (~20 min: too long for one call)
+#   bash benchmarks/gpu/run.sh trees     # token trees against chains of the same node budget (~8 min)
+#   bash benchmarks/gpu/run.sh           # all four (~28 min: too long for one call)
 # Results of the last GPU session: benchmarks/gpu/results/.
 # Everything is written under $OUT (default /tmp/gpu-out, at most 8 files) and printed.
 set -uo pipefail
@@ -38,4 +39,12 @@ if part speed; then
   timeout 170 $PY -m pipeline.engine_bench --device cuda --shapes llama-68m llama-1b --dtype float32 \
     --engines eager --repeats 3 --new-tokens 64 --ks 1 4 --pairs llama-1b:llama-68m --accept 0.5 0.8 0.95 --gamma 3 \
     --json "$OUT/pairs.json" 2>&1 | grep -v "it/s\]" | tee "$OUT/pairs.txt"
+fi
+if part trees; then
+  # 5. token trees (docs/trees.md) against chains of the same node budget on the bundled pair: sd over large_model,
+  #    we_se over we, τ per target forward, and the cost model's best budget at the GPU's measured forward costs
+  #    (the distilled draft is made on first use, cached under the model cache)
+  timeout 560 $PY -m pipeline.bench --device cuda --groups sd we --methods sd we_se --gamma 1 3 --dynamic \
+    --tree 3x2x1 d16 --sd-temperature 1 --prompts 10 --max-new-tokens 128 --record /tmp/trees-record \
+    --json "$OUT/trees.json" 2>&1 | grep -v "it/s\]" | tee "$OUT/trees.txt"
 fi

@@ -58,6 +58,7 @@ from .proposers import Proposal, Proposer
 from .runner import Runner
 from .sampling import Sampling, probs, sample
 from .stats import GenerationStats, ModelStats
+from .tree import TreeShape, run_tree
 from .verify import verify_greedy, verify_sampled
 
 if TYPE_CHECKING:
@@ -170,8 +171,9 @@ class Decoder:
     audit: Audit | None = None  # tests: every distribution recomputed from scratch
     concurrent: ConcurrentForwards | None = None  # E_p: the autoregressive loop's forwards run concurrently
     dynamic: DynamicGamma | None = None  # None: every turn keeps its gamma
-    fixed_turns: frozenset[int] = frozenset()  # turns that keep their gamma under a dynamic schedule
+    fixed_turns: frozenset[int] = frozenset()  # turns that keep their gamma under a dynamic schedule (and a tree)
     mixture: Tensor | None = None  # [1, len(targets)]: the weights of a mixture method (one member per position)
+    tree: TreeShape | None = None  # draft and verify a token tree per round (tree.py)
 
     def run(self, prompt: list[int], schedule: list[tuple[Proposer, int]] | None) -> list[int]:
         self.tokens = list(prompt)
@@ -186,6 +188,8 @@ class Decoder:
                 self._mixture(schedule)
             elif schedule is None:
                 self._autoregressive()
+            elif self.tree is not None:
+                run_tree(self, schedule)
             else:
                 self._speculative(schedule)
         return self.tokens[self.prompt_len : self.committed]

@@ -24,6 +24,7 @@ from .sampling import Sampling
 from .spec import DRAFT, PROPOSERS, MethodSpec, accepted_args, is_int, method_names, parse_method
 from .static import make_runner
 from .stats import GenerationStats, ModelStats
+from .tree import check_tree_models, parse_tree
 
 __all__ = ["GenerationResult", "accepted_args", "generate", "method_names", "plan_method", "PROPOSERS"]
 NAMED_PROPOSERS = {"lookup": PromptLookup}  # proposers that are not models, by their name in a proposer kind
@@ -309,6 +310,7 @@ def generate(
     vocab_size: int | None = None,
     audit: Audit | None = None,
     gamma_schedule: str = "fixed",
+    tree: Any = None,
 ) -> GenerationResult:
     """Generate a continuation of ``prompt_ids`` with ``method``.
 
@@ -328,7 +330,9 @@ def generate(
     ``gamma`` tokens for runs of the other members. Speculative
     methods take ``proposer``: ``draft`` (models propose), ``lookup``
     (prompt lookup alone) or ``lookup+draft`` (lookup where the context
-    matches, the model elsewhere). Stop strings need a ``tokenizer``. Tests
+    matches, the model elsewhere). ``tree`` drafts a token tree per round
+    instead of a chain (``tree.py``: ``[3, 2, 1]``, ``"d16"``, ...; the
+    speculative ``sd``/``*_sd``/``*_se`` methods only). Stop strings need a ``tokenizer``. Tests
     pass an ``audit`` (``audit.py``) to have every distribution recomputed.
     Models with different tokenizers take ``tokenizers`` (one per model, in
     order) and decode over the union of their vocabularies
@@ -352,6 +356,10 @@ def generate(
         dynamic = None
     else:
         resolved["gamma_schedule"] = gamma_schedule
+    shape = parse_tree(tree)
+    if shape is not None:
+        check_tree_models(models, spec.kind)
+        resolved["tree"] = shape.label
     prompt = _prompt_list(prompt_ids, vocab)
     if stop_strings and tokenizer is None and union is None:
         raise ArgumentError("stop_strings need a tokenizer to decode the output")
@@ -404,8 +412,9 @@ def generate(
         device=device,
         audit=audit,
         dynamic=dynamic,
-        fixed_turns=fixed_turns(plan.schedule, models) if dynamic else frozenset(),
+        fixed_turns=fixed_turns(plan.schedule, models) if dynamic or shape else frozenset(),
         mixture=None if plan.mixture is None else torch.tensor([plan.mixture], dtype=torch.float64, device=device),
+        tree=shape,
     )
     schedule = plan.schedule and _proposers(plan.schedule, members, sampling, generator, stats, audit)
     events = None

@@ -63,11 +63,24 @@ def verify_sampled(
     n = _first_false(u * q_x < p_x)  # q_x > 0: every proposal was drawn from q
     if n == k:
         return n, None
-    residual = target[n].clone()
-    if q_rows[n] is None:
-        residual[proposed[n]] = 0.0
+    return n, int(sample(residual(target[n], q_rows[n], int(proposed[n])).unsqueeze(0), generator))
+
+
+def residual(target: Tensor, q: Tensor | None, token: int) -> Tensor:
+    """``max(0, r - q)`` (unnormalised) after ``token``, drawn from ``q`` (None: one-hot), was rejected
+    against ``r``; ``r`` itself where rounding left no mass."""
+    out = target.clone()
+    if q is None:
+        out[token] = 0.0
     else:
-        residual = (residual - q_rows[n]).clamp_(min=0.0)
-    if not residual.sum() > 0:  # only through rounding: fall back to the target itself
-        residual = target[n]
-    return n, int(sample(residual.unsqueeze(0), generator))
+        out = (out - q).clamp_(min=0.0)
+    return out if out.sum() > 0 else target
+
+
+def accept_one(target: Tensor, q: Tensor | None, token: int, generator: torch.Generator | None) -> bool:
+    """One proposal ``token`` drawn from ``q`` (None: one-hot) against ``target`` (probabilities): accept with
+    probability ``min(1, r(x) / q(x))``; the same test as ``verify_sampled``."""
+    r_x = target[token]
+    q_x = 1.0 if q is None else q[token]
+    u = torch.rand(1, generator=generator, dtype=target.dtype, device=target.device)
+    return bool(u * q_x < r_x)
