@@ -285,7 +285,7 @@ def mixed_tokenizers(models: dict[str, Any], names: list[str]) -> bool:
 
 def one_tokenizer_only(spec) -> str | None:
     """Why a method cannot run over a set of different tokenizers (None: it can, over their union)."""
-    if spec.ensemble is not None and spec.ensemble.name == "cd":
+    if spec.ensemble is not None and spec.ensemble.full_vocab:
         return "contrastive decoding subtracts the members' log-probabilities token by token, over one vocabulary"
     if spec.kind == "peer":
         return "transformers' own methods run one shared tokenizer"

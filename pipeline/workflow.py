@@ -377,6 +377,12 @@ def expand_cells(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
                     raise ConfigError(f"grid {grid['name']!r}, set {set_name!r}: {err}") from None
                 schedules = g["gamma_schedule"] if spec.kind in ("sd", "se") else ["fixed"]  # ours only
                 trees = _trees(g["tree"], spec.kind, grid["name"])
+                if any(trees) and mixed_tokenizers(config["models"], names):
+                    raise ConfigError(
+                        f"grid {grid['name']!r}, set {set_name!r}: config key tree: {g['tree']} on a set whose "
+                        f"members tokenize differently ({', '.join(map(repr, names))}); token trees run over one "
+                        "shared vocabulary: use tree: [null] for this grid (chains run over the union)"
+                    )
                 for dataset, dopts in g["datasets"].items():
                     for t in g["temperature"]:
                         try:

@@ -127,6 +127,15 @@ def test_one_tokenizer_methods_on_a_mixed_set_are_refused_in_one_line(tmp_path, 
     assert "'smollm2-135m-instruct', 'st' tokenize differently" in text
 
 
+def test_a_tree_on_a_mixed_set_is_refused_in_one_line(tmp_path):
+    raw = hetero_config(tmp_path, {"smollm2-135m-instruct": {}, "st": STUDENT}, ["we", "we_sd"])
+    raw["grids"][0]["tree"] = [None, [2, 1]]
+    with pytest.raises(ConfigError) as err:
+        expand_cells(check_config(raw))
+    text = str(err.value)
+    assert "\n" not in text and "token trees run over one shared vocabulary" in text and "'st'" in text
+
+
 def wordlevel_dir(path: Path) -> Path:
     """A tiny model whose tokenizer knows a handful of words: it cannot spell most other tokenizers' strings."""
     words = {w: i for i, w in enumerate(["<unk>", "</s>", "def", "return", "a", "b"])}

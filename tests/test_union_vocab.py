@@ -140,6 +140,13 @@ def test_contrastive_decoding_across_tokenizers_is_refused(toks, hetero):
         assert "contrastive decoding needs the amateur" in one_line(err)
 
 
+def test_a_tree_across_tokenizers_is_refused(toks, hetero):
+    a, b, _ = toks
+    with pytest.raises(ArgumentError) as err:
+        generate(hetero[:2], a.encode("ab"), "we_sd", tokenizers=[a, b], tree=[2, 1], max_new_tokens=4)
+    assert "tree=[2, 1] with models of different tokenizers" in one_line(err)
+
+
 def test_a_missing_tokenizer_is_refused(toks, hetero):
     a, b, _ = toks
     with pytest.raises(UserError) as err:

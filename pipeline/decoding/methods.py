@@ -359,6 +359,11 @@ def generate(
     shape = parse_tree(tree)
     if shape is not None:
         check_tree_models(models, spec.kind)
+        if union is not None:
+            raise ArgumentError(
+                f"tree={tree!r} with models of different tokenizers: token trees run over one shared vocabulary; "
+                "drop tree= (chains run over the union) or use models of one tokenizer"
+            )
         resolved["tree"] = shape.label
     prompt = _prompt_list(prompt_ids, vocab)
     if stop_strings and tokenizer is None and union is None:
