@@ -124,7 +124,7 @@ def test_the_paper_grid_on_an_a100(tmp_path, monkeypatch, capsys):
 
 
 def test_the_default_run_against_its_measured_time_in_the_docs():
-    """The run docs/speed.md times (before the peers and hetero grids and we_me: 9 cells), on 'cpu' as measured here, two
+    """The run docs/speed.md times (9 cells, before the peers and hetero grids), on 'cpu' as measured here, two
     jobs at a time: its forecast generation wall time against the run's time less install and preparation."""
     readme = (ROOT / "docs" / "speed.md").read_text()
     took = re.search(
