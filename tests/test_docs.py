@@ -29,6 +29,7 @@ SHELL = {"bash", "sh", "shell", "console"}
 COMMANDS = {
     "make run": "tests/test_workflow.py::test_the_whole_dag_writes_tables_plots_wandb_runs_and_a_notebook",
     "make test": "suite: it runs every test here (about 14 minutes on 2 cores)",
+    "bash benchmarks/gpu/run.sh trees": "gpu: benchmarks/gpu/run.sh runs on a GPU machine only",
     "make bench": "tests/test_bundled_model.py::test_benchmark_runs_prints_every_method_and_records_the_run",
     ".venv/bin/pipeline --help": "tests/test_docs.py::test_the_readmes_cheap_commands_run_as_written",
     ".venv/bin/python -m pipeline.workflow config/default.yaml": (
