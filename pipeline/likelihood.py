@@ -74,12 +74,15 @@ def grid_distributions(cells: dict[str, dict[str, Any]]) -> dict[str, dict[str, 
 def job_specs(config: dict[str, Any], cells: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """One job per task of ``likelihood_tasks``: what ``pipeline likelihood`` reads (the task, its limit, the
     grid's distributions, the model entries they use)."""
+    from .preflight import mixed_tokenizers
     from .workflow import model_entry
 
     tasks = config.get("likelihood_tasks") or {}
     if not tasks:
         return {}
-    dists = grid_distributions(cells)
+    # a continuation's log-likelihood is defined over one tokenization: sets whose members tokenize differently
+    # (a student with a tokenizer of its own) are not scored
+    dists = {k: d for k, d in grid_distributions(cells).items() if not mixed_tokenizers(config["models"], d["models"])}
     names = sorted({m for d in dists.values() for m in d["models"]})
     common = {
         "distributions": dists,

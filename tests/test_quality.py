@@ -59,7 +59,9 @@ def test_the_default_grid_is_scored_once_per_distribution():
     config, cells = load_checked(REPO / "config" / "default.yaml")
     dists = grid_distributions(cells)
     uses = {key: set(d["uses"]) for key, d in dists.items()}
-    assert len(dists) == 4, list(dists)  # the large model, two weighted ensembles, one contrastive
+    # the large model, three weighted ensembles (one over the union of two tokenizers), one contrastive
+    assert len(dists) == 5, list(dists)
+    union = "we(weights=0.5/0.5): smollm2-135m-instruct + smollm2-student-v4k"
     large = uses["smollm2-135m-instruct"]
     assert {"large_model (smollm2-135m-instruct)", "sd (smol+l2)", "hf_assisted (smol+l1)"} <= large
     we = uses["we(weights=0.5/0.5): smollm2-135m-instruct + smollm2-draft-l2"]
@@ -73,7 +75,9 @@ def test_the_default_grid_is_scored_once_per_distribution():
     }
     spec = job_specs(config, cells)["mmlu_mc"]
     assert spec["limit"] == config["likelihood_tasks"]["mmlu_mc"]["limit"]
-    assert set(spec["models"]) == {m for d in dists.values() for m in d["models"]}
+    assert union in dists and union not in spec["distributions"]  # log-likelihood is over one tokenization
+    assert set(spec["distributions"]) == set(dists) - {union}
+    assert set(spec["models"]) == {m for k, d in dists.items() if k != union for m in d["models"]}
 
 
 def test_different_arguments_are_different_distributions():
