@@ -560,7 +560,11 @@ def test_logging_a_cell_again_resumes_its_wandb_run(tmp_path, monkeypatch):
     assert run_id("other", dims["id"]) != first["run_id"] != run_id("exp", "humaneval/pair/sd-T0-g3")
     assert [kw["resume"] for kw in seen] == ["allow", "allow"] and {kw["job_type"] for kw in seen} == {"cell"}
     runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
-    assert len(runs) == 2 and all(r.name.endswith(first["run_id"]) for r in runs)  # `wandb sync` resumes one run
+    # one run id in both directories (`wandb sync` resumes one run); W&B adds "-1" to a second directory made in
+    # the same second as the first
+    assert len(runs) == 2 and all(
+        re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{first['run_id']}(-\d+)?", r.name) for r in runs
+    )
 
     (tmp_path / "tables").mkdir()
     (tmp_path / "tables" / "cells.csv").write_text("id,tokens_per_s\nhumaneval/pair/sd-T0-g2,8.0\n")
