@@ -19,7 +19,6 @@ from .files import ResultsError, write_atomic
 from .plots import plot_predicted, plot_speedup_vs_gamma
 from .results_file import write_results_file
 from .speedup_table import OVERALL_NOTE
-from .tables import Table, render
 
 CELLS_CSV = (  # a cell's figures in cells.csv, in order, after its dimensions
     "samples new_tokens tokens_per_s baseline_tokens_per_s speedup_side_by_side speedup_ci_low speedup_ci_high tau "
@@ -28,41 +27,41 @@ CELLS_CSV = (  # a cell's figures in cells.csv, in order, after its dimensions
     "union_map_s unstable flags"
 )
 TABLES = [  # (name, layout, metrics or cell columns, title, ...), in summary.md's order; captions: CAPTIONS
-    Table("cells", layout.every_figure, tuple(CELLS_CSV.split()), files=("csv",), index=()),
-    Table("speedup_vs_standard", layout.best, ("speedup_vs_standard",), "Speed-up over the standard method"),
-    Table("paper_vs_ours", layout.beside_paper, ("speedup_vs_standard",), "The paper beside ours"),
-    Table("ours_vs_peers", layout.over_peers, ("speedup_vs_peer",), "Ours over transformers' methods"),
-    Table("speedup_vs_large", layout.best, ("speedup_vs_large",), "Speed-up over the large model alone"),
-    Table("quality", layout.by_dataset, ("q:*",), "Quality"),
-    Table("likelihood", layout.by_distribution, (), "Quality by log-likelihood, per distribution"),
-    Table(
+    layout.Table("cells", layout.every_figure, tuple(CELLS_CSV.split()), files=("csv",), index=()),
+    layout.Table("speedup_vs_standard", layout.best, ("speedup_vs_standard",), "Speed-up over the standard method"),
+    layout.Table("paper_vs_ours", layout.beside_paper, ("speedup_vs_standard",), "The paper beside ours"),
+    layout.Table("ours_vs_peers", layout.over_peers, ("speedup_vs_peer",), "Ours over transformers' methods"),
+    layout.Table("speedup_vs_large", layout.best, ("speedup_vs_large",), "Speed-up over the large model alone"),
+    layout.Table("quality", layout.by_dataset, ("q:*",), "Quality"),
+    layout.Table("likelihood", layout.by_distribution, (), "Quality by log-likelihood, per distribution"),
+    layout.Table(
         "acceptance",
         layout.by_cell,
         ("tau", "tau_by_model", "acceptance_rate", "draft_acceptance_rate", "position_acceptance"),
         "Mean accepted length and acceptance",
         keep=lambda d: d["kind"] != "plain",
     ),
-    Table(
+    layout.Table(
         "exactness",
         layout.by_cell,
         ("samples", "exact_match", "mismatches_numerics", "mismatches_bug", "mismatches_unchecked"),
         "Exactness at T=0",
         keep=lambda d: d["exact_match"].notna(),
     ),
-    Table(
+    layout.Table(
         "predicted_vs_measured",
         layout.by_cell,
         ("acceptance_rate", "speedup_side_by_side", "predicted_speedup", "overhead", "union_size", "union_map_s"),
         "Predicted vs measured speed-up",
         keep=lambda d: d["predicted_speedup"].notna(),
     ),
-    Table(
+    layout.Table(
         "spec_bench_categories",
         layout.by_category,
         ("speedup_side_by_side", "tokens_per_s", "tau"),
         "Spec-Bench by category",
     ),
-    Table(
+    layout.Table(
         "flags",
         layout.by_cell,
         ("samples", "pairs_interfered", "pairs_remeasured", "flags"),
@@ -137,7 +136,7 @@ CAPTIONS = {  # {conf}: the speed-ups' confidence
 }
 
 
-def caption(table: Table, found: Collected) -> str:
+def caption(table: layout.Table, found: Collected) -> str:
     peers = PEERS if found.cells["kind"].eq("peer").any() else ""
     citation = (found.reported or {}).get("citation")
     return CAPTIONS[table.name].format(conf=f"{found.confidence:.0%}", peers=peers, citation=citation)
@@ -165,7 +164,7 @@ def aggregate(results: Path, reported: dict | None = None) -> list[Path]:
     ]
     written: list[Path] = []
     for table in TABLES:
-        files = render(table, found) or {}
+        files = layout.render(table, found) or {}
         for name, text in files.items():
             write_atomic(out / name, text)
             written.append(out / name)
