@@ -33,7 +33,6 @@ SPEED = (  # a speed record's own figures
 LISTS = ("tau_by_model", "position_acceptance")  # one figure per model of the set / per position of a block
 EXACTNESS = {"exact_match": "rate", "mismatches_numerics": "numerics", "mismatches_bug": "bugs"}
 EXACTNESS["mismatches_unchecked"] = "unchecked"
-SIDE_BY_SIDE = ("speedup_side_by_side", "speedup_ci_low", "speedup_ci_high")  # a speed record's names
 
 
 @dataclass
@@ -58,16 +57,19 @@ def cell_figures(cell: str, speed: dict[str, Any], summary: dict[str, Any]) -> l
         if value is not None or metric in LISTS:  # a list's missing figure kept in its place (shown "-")
             out.append((cell, metric, category, value, low, high, unstable))
 
+    def side_by_side(record):  # a speed-up measured beside its baseline in the same job, with its interval
+        return record.get("speedup_side_by_side"), record.get("speedup_ci_low"), record.get("speedup_ci_high")
+
     for metric in SPEED:
         if metric in LISTS:
             for i, value in enumerate(speed.get(metric) or [], 1):
                 add(metric, value, category=str(i))
         else:
-            add(metric, *(speed.get(k) for k in (SIDE_BY_SIDE if metric == SIDE_BY_SIDE[0] else [metric])))
+            add(metric, *(side_by_side(speed) if metric == "speedup_side_by_side" else [speed.get(metric)]))
     for metric, key in EXACTNESS.items() if exact else ():
         add(metric, exact.get(key, None if key == "rate" else 0))
     for c, part in (speed.get("by_category") or {}).items():
-        add(*SIDE_BY_SIDE[:1], *(part.get(k) for k in SIDE_BY_SIDE), category=c)
+        add("speedup_side_by_side", *side_by_side(part), category=c)
         add("tokens_per_s", part["tokens_per_s"], category=c)
         add("tau", part.get("tau"), category=c)
     quality = {k: v for k, v in summary.items() if k not in ("task", "samples") and isinstance(v, int | float)}
@@ -112,7 +114,7 @@ def ratios(cells: pd.DataFrame, rows: list[tuple], samples: dict[str, list], pol
     large = cells[cells["method"] == "large_model"].set_index([*key, "model_set"])["id"]
     plain = cells[cells["kind"] == "plain"].set_index([*key, "model_set", "method"])["id"]
     unstable = cells.set_index("id")["unstable"]
-    side_by_side = {f[0]: f[3:6] for f in rows if f[1] == SIDE_BY_SIDE[0] and not f[2]}
+    side_by_side = {f[0]: f[3:6] for f in rows if f[1] == "speedup_side_by_side" and not f[2]}
 
     def across(r, ref):  # the cell's speed over another cell's on the prompts both ran (paired by id)
         if not isinstance(ref, str):
@@ -200,7 +202,7 @@ def parts(found: Collected) -> dict[str, dict[tuple[str, str], Any]]:
 def per_cell(found: Collected, metrics) -> pd.DataFrame:
     """The cells' rows with each of ``metrics`` (its whole-cell figure) as columns: ``<metric>``, its interval
     (``_low``, ``_high``) where the metric has one, a ratio's ``_unstable``; a list's figures joined in one text."""
-    bounded = {*RATIOS, SIDE_BY_SIDE[0], *found.figures["metric"][found.figures["low"].notna()]}
+    bounded = {*RATIOS, "speedup_side_by_side", *found.figures["metric"][found.figures["low"].notna()]}
     records = []
     for mine in parts(found).values():
         record = {}

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from .figures import CELL, RATIOS, ROW, Collected, parts, per_cell
+from .figures import CELL, ROW, Collected, parts, per_cell
 from .intervals import fmt_quality
 from .results_file import paper_vs_ours
 from .speed import fmt
@@ -76,14 +76,14 @@ def every_figure(found: Collected, table: Table) -> Shaped:
         record |= {f.metric: f.value for f in quality}
         record |= {f"{f.metric}{s}": v for f in quality for s, v in (("_low", f.low), ("_high", f.high)) if pd.notna(v)}
         records.append(record)
-    ratios = [
-        f"{m}{s}" for m in ("speedup_vs_large", "speedup_vs_standard") for s in ("", "_low", "_high", "_unstable")
-    ]
-    wide = per_cell(found, [c for c in table.columns if c not in found.cells and "_ci_" not in c] + list(RATIOS))
+    ratios = ("speedup_vs_large", "speedup_vs_standard")  # in cells.csv's order, each with its interval
+    wide = per_cell(found, [c for c in table.columns if c not in found.cells and "_ci_" not in c] + list(ratios))
     wide = wide.rename(columns=lambda c: c.replace("speedup_side_by_side_", "speedup_ci_"))  # cells.csv's names
     dims = [c for c in found.cells.columns if c not in ("unstable", "flags", "T")]
     extra = pd.DataFrame.from_records(records, index=found.cells.index)
-    every = pd.concat([wide[[*dims, *table.columns]], extra, wide[["T", *ratios]]], axis=1)
+    every = pd.concat(
+        [wide[[*dims, *table.columns]], extra, wide[["T", *(c for c in wide.columns if c.startswith(ratios))]]], axis=1
+    )
     return every, every
 
 
