@@ -122,7 +122,7 @@ def cell_record(results: Path, row: pd.Series) -> dict[str, Any]:
 
 
 def results_document(results: Path, df: pd.DataFrame) -> dict[str, Any]:
-    """Everything ``results.json`` holds (``df``: the cells' rows, as ``aggregate.collect`` reads them)."""
+    """Everything ``results.json`` holds (``df``: the cells' rows, as ``figures.per_cell`` gives them)."""
     experiment = str(df["experiment"].iloc[0]) if "experiment" in df else None
     return _plain(
         {

@@ -222,7 +222,10 @@ def _likelihood_file(results: Path) -> None:
 
 
 def test_the_quality_tables_give_each_figure_its_interval(tmp_path):
-    from pipeline.aggregate import _likelihood, _quality, collect
+    from pipeline.aggregate import TABLES
+    from pipeline.figures import collect
+
+    tables = {t.name: t for t in TABLES}
 
     results = synthetic_results(tmp_path, "default.yaml")
     for i, summary in enumerate(sorted((results / "generations").rglob("*.speed.json"))):
@@ -230,13 +233,13 @@ def test_the_quality_tables_give_each_figure_its_interval(tmp_path):
         figures = {"task": "humaneval", "pass@1": (i % 3) / 20, "pass@1_low": low, "pass@1_high": high}
         summary.with_name(summary.name.replace(".speed.", ".summary.")).write_text(json.dumps(figures))
     _likelihood_file(results)
-    df = collect(results)
-    numbers, text = _quality(df)
+    found = collect(results)
+    numbers, text = tables["quality"].layout(found, tables["quality"])
     assert list(numbers.columns) == ["humaneval pass@1", "humaneval pass@1_high", "humaneval pass@1_low"]
-    assert list(text.columns) == ["humaneval pass@1"] and len(text) == len(df)
+    assert list(text.columns) == ["humaneval pass@1"] and len(text) == len(found.cells)
     assert set(text["humaneval pass@1"]) == {"0.00 [0.00, 0.16]", "0.05 [0.01, 0.24]", "0.10 [0.03, 0.30]"}
 
-    numbers, text = _likelihood(df, results)
+    numbers, text = tables["likelihood"].layout(found, tables["likelihood"])
     assert list(numbers.index) == [LARGE, WE]  # the other config's distribution left out
     assert text.loc[LARGE, "methods"] == f"large_model ({LARGE}); sd (smol+l2)"
     assert text.loc[WE, "mmlu_mc acc (n=30)"] == "0.50 [0.33, 0.67]"
@@ -275,11 +278,12 @@ def test_the_paper_grids_speedup_plot_reads(tmp_path):
     import matplotlib.colors as mcolors
     from PIL import Image
 
-    from pipeline.aggregate import collect, plot_speedup_vs_gamma, speedup_vs_gamma_figure
+    from pipeline.figures import collect
+    from pipeline.plots import plot_speedup_vs_gamma, speedup_vs_gamma_figure
 
-    df = collect(synthetic_results(tmp_path))
-    assert len(df) == 384
-    fig = speedup_vs_gamma_figure(df)
+    found = collect(synthetic_results(tmp_path))
+    assert len(found.cells) == 384
+    fig = speedup_vs_gamma_figure(found)
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     axes = [ax for ax in fig.axes if ax.get_legend() is not None]
@@ -297,7 +301,7 @@ def test_the_paper_grids_speedup_plot_reads(tmp_path):
     assert max(len(ax.containers) for ax in axes) >= 12
     hollow = [c for ax in axes for c in ax.collections if len(c.get_facecolors()) and (c.get_facecolors() == 1).all()]
     assert hollow  # unstable cells drawn hollow (white inside)
-    path = plot_speedup_vs_gamma(df, tmp_path / "speedup_vs_gamma.png")
+    path = plot_speedup_vs_gamma(found, tmp_path / "speedup_vs_gamma.png")
     width, height = Image.open(path).size
     assert 1000 <= width <= 4000 and 1000 <= height <= 4000
 

@@ -1,0 +1,93 @@
+"""The aggregate step's long frame of figures (one row per cell, metric and category, with its interval) and the
+declared tables rendered from it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.aggregate import TABLES
+from pipeline.figures import FIGURE, collect
+from pipeline.tables import render
+
+WE, SE = "d/s/we-T0", "d/s/we_se-T0-g2"
+TABLE = {t.name: t for t in TABLES}
+
+
+def two_cells(root: Path) -> Path:
+    """A results tree of an ensemble and its speculative ensemble (Spec-Bench categories, a τ per model)."""
+    results = root / "results"
+    (results / "generations" / "d" / "s").mkdir(parents=True)
+    dims = {"experiment": "x", "model_set": "s", "models": ["a", "b"], "large_model": "a", "family": "we"}
+    dims |= {"dataset": "d", "temperature": 0.0, "standard": "we"}
+    grid = [
+        {"id": WE, **dims, "method": "we", "kind": "plain", "gamma": None},
+        {"id": SE, **dims, "method": "we_se", "kind": "se", "gamma": "2"},
+    ]
+    (results / "grid.json").write_text(json.dumps(grid))
+    speed = {"samples": 4, "tokens_per_s": 20.0, "unstable": False, "flags": [], "tau_by_model": [2.5, None]}
+    speed |= {"speedup_side_by_side": 1.5, "speedup_ci_low": 1.4, "speedup_ci_high": 1.6, "tau": 2.5}
+    speed["by_category"] = {
+        "writing": {"tokens_per_s": 30.0, "speedup_side_by_side": 1.5, "speedup_ci_low": 1.2, "speedup_ci_high": 1.8},
+        "math": {"tokens_per_s": 12.5, "tau": 2.0},
+    }
+    plain = {"samples": 4, "tokens_per_s": 13.0, "unstable": False, "flags": []}
+    for cell, record in ((WE, plain), (SE, speed)):
+        (results / "generations" / f"{cell}.jsonl").write_text("")
+        (results / "generations" / f"{cell}.speed.json").write_text(json.dumps(record))
+    return results
+
+
+def test_the_long_frame_holds_each_figure_once_with_its_interval(tmp_path):
+    found = collect(two_cells(tmp_path), reported={})
+    assert list(found.figures.columns) == FIGURE
+    figures = found.figures.set_index(["cell", "metric", "category"])
+    assert figures.index.is_unique
+    assert figures.loc[(SE, "speedup_side_by_side", ""), ["value", "low", "high"]].tolist() == [1.5, 1.4, 1.6]
+    assert figures.loc[(SE, "speedup_side_by_side", "writing"), ["low", "high"]].tolist() == [1.2, 1.8]
+    assert (SE, "speedup_side_by_side", "math") not in figures.index  # no speed-up measured for it
+    assert figures.loc[(SE, "tokens_per_s", "math"), "value"] == 12.5
+    assert (
+        figures.loc[(SE, "tau_by_model", "1"), "value"] == 2.5
+        and figures.loc[(SE, "tau_by_model", "2"), "value"] is None
+    )
+    assert figures.loc[(SE, "samples", ""), "value"] == 4 and isinstance(figures.loc[(SE, "samples", ""), "value"], int)
+    assert figures.loc[(SE, "speedup_vs_standard", ""), ["value", "low", "high"]].tolist() == [1.5, 1.4, 1.6]
+    assert figures.loc[(WE, "speedup_vs_standard", ""), "value"] == 1.0  # an ensemble is its own standard
+    assert not [m for m in found.figures["metric"] if ":" in m and not m.startswith("q:")]  # no names within names
+    assert list(found.cells["id"]) == [WE, SE] and list(found.cells["T"]) == ["0", "0"]
+
+
+def test_a_declared_table_shows_the_figures_of_the_frame(tmp_path):
+    found = collect(two_cells(tmp_path), reported={})
+    files = render(TABLE["speedup_vs_standard"], found)
+    assert set(files) == {"speedup_vs_standard.csv", "speedup_vs_standard.md", "speedup_vs_standard.html"}
+    assert "1.50x [1.40, 1.60] (γ=2)" in files["speedup_vs_standard.md"]
+    ratio = (found.figures["cell"] == SE) & (found.figures["metric"] == "speedup_vs_standard")
+    found.figures.loc[ratio, ["low", "high"]] = [1.55, 1.9]  # a planted interval, not around its estimate
+    files = render(TABLE["speedup_vs_standard"], found)
+    assert "1.50x [1.55, 1.90] (γ=2)" in files["speedup_vs_standard.md"]
+    assert "1.50x [1.55, 1.90] (γ=2)" in files["speedup_vs_standard.html"]
+    assert "s,we_se,0,1.5,1.55,1.9,2," in files["speedup_vs_standard.csv"]
+
+    categories = render(TABLE["spec_bench_categories"], found)["spec_bench_categories.md"]
+    row = next(line for line in categories.splitlines() if "we_se" in line)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[-3:] == [
+        "12.5 tok/s, τ 2.00",
+        "1.50x [1.20, 1.80]",
+        "1.50x [1.40, 1.60], τ 2.50",
+    ]  # math, writing, Overall
+    assert "2.50 -" in render(TABLE["acceptance"], found)["acceptance.md"]  # τ per model, the second missing
+    assert render(TABLE["ours_vs_peers"], found) is None  # no peers: the table is left out
+    assert render(TABLE["paper_vs_ours"], found) is None  # the paper names another experiment
+    assert set(render(TABLE["cells"], found)) == {"cells.csv"}
+
+
+@pytest.mark.parametrize("name", [t.name for t in TABLES])
+def test_every_declared_table_renders_its_files(tmp_path, name):
+    found = collect(two_cells(tmp_path), reported={"experiment": "x", "citation": "c", "figures": []})
+    files = render(TABLE[name], found)
+    assert files is None and name == "ours_vs_peers" or set(files) == {f"{name}.{k}" for k in TABLE[name].files}
