@@ -52,15 +52,15 @@ def test_parallel_sampling_draws_the_standard_ensembles_tokens_seed_for_seed(pai
 
 def test_parallel_splits_the_thread_budget_and_restores_it(pair, monkeypatch):
     seen = []
-    from pipeline.decoding import engine
+    from pipeline.decoding import member
 
-    catch_up = engine.Member.catch_up
+    catch_up = member.Member.catch_up
 
     def recording(self, tokens, committed):
         seen.append(torch.get_num_threads())
         catch_up(self, tokens, committed)
 
-    monkeypatch.setattr(engine.Member, "catch_up", recording)
+    monkeypatch.setattr(member.Member, "catch_up", recording)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(4)
@@ -194,7 +194,7 @@ def test_the_docs_example_is_the_registered_code():
 
 def test_the_largest_models_turn_keeps_its_gamma(pair, monkeypatch):
     """Its drafts cost one of its own forwards a token: a dynamic schedule leaves its gamma alone."""
-    from pipeline.decoding import engine
+    from pipeline.decoding import member
     from pipeline.decoding.methods import fixed_turns, plan_method
 
     big, small = pair[0], tiny_llama(33)

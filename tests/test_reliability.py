@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from pipeline.decoding import generate
-from pipeline.decoding.engine import Member
+from pipeline.decoding.member import Member
 from pipeline.decoding.ensemble import EnsembleOutputError, register_ensemble
 from pipeline.errors import ArgumentError, UserError
 
