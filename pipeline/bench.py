@@ -343,7 +343,7 @@ def best_against_best(vs: list[Variant], totals: dict[str, Totals]) -> dict | No
     return {"ours": a.label, "peer": b.label, "ratio": ratio[0], "ratio_ci": list(ratio[1:])}
 
 
-def render(rows: list[dict]) -> str:
+def render_table(rows: list[dict]) -> str:
     def fmt(x, spec):
         return "-" if x is None else format(x, spec)
 
@@ -490,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     totals = measure(target, draft, tokenizer, prompts, vs, args.max_new_tokens)
     rows = table(vs, totals)
-    print(render(rows))
+    print(render_table(rows))
     print(
         "speed-up: tokens/s over the group's baseline (large_model; we; cd), measured interleaved.\n"
         "predicted: the speed-up its counted forwards predict, each priced at the baseline's measured cost of a "

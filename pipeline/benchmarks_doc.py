@@ -155,7 +155,7 @@ def load_notes() -> dict[str, dict[str, str]]:
     return notes
 
 
-def render() -> str:
+def render_page() -> str:
     notes = load_notes()
     lines = [HEADER.rstrip("\n")]
     for path in records():
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="compare the page with the records, write nothing")
     args = parser.parse_args(argv)
     try:
-        text = render()
+        text = render_page()
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

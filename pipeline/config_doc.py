@@ -79,7 +79,7 @@ def rows(node: dict[str, Any], schema: dict[str, Any], prefix: str = "") -> list
     return out
 
 
-def render(schema_path: Path = SCHEMA) -> str:
+def render_page(schema_path: Path = SCHEMA) -> str:
     schema = yaml.safe_load(Path(schema_path).read_text())
     lines = [HEADER + _cell(schema.get("description", "")), "", "Required: " + ", ".join(schema["required"])]
     lines += ["", "| key | type | default | description |", "| --- | --- | --- | --- |"]
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.config_doc", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare config/README.md with the schema, write nothing")
     args = parser.parse_args(argv)
-    text = render()
+    text = render_page()
     if args.check:
         if not README.exists() or README.read_text() != text:
             print(f"{README} is not what the schema gives: run python -m pipeline.config_doc", file=sys.stderr)
