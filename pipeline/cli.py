@@ -14,8 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks import TaskError
-
 from .errors import UserError
 
 
@@ -489,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
 
             torch.set_num_threads(args.threads)
         return COMMANDS[args.command].run(args)
-    except (UserError, TaskError) as err:  # a user's mistake: one line, no traceback (a bug keeps its traceback)
+    except UserError as err:  # a user's mistake: one line, no traceback (a bug keeps its traceback)
         print(f"error: {err}", file=sys.stderr)
         return 2
 

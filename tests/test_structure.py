@@ -117,3 +117,38 @@ def test_no_import_cycles_counting_annotation_only_imports():
         assert target not in imports(source, known[source], known), f"{source} imports {target} at run time"
         graph[source].discard(target)
     assert cycles(graph) == []
+
+
+BASE = {"pipeline.errors", "pipeline.files", "pipeline.hub"}  # the base layer, under `tasks` and the rest of `pipeline`
+NO_TASKS = ("pipeline.decoding", "pipeline.models")  # the decoder and the models know nothing of benchmarks
+
+
+def layer_breaks(graph: dict[str, set[str]]) -> list[str]:
+    """Imports against the layers: the base layer imports no other project module; `tasks` (what a benchmark is)
+    imports only the base layer of `pipeline`; the decoder and the models import nothing of `tasks`."""
+    out = []
+    for name, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            if name in BASE and target not in BASE and target != "pipeline":
+                out.append(f"{name} (the base layer) imports {target}")
+            elif name.startswith("tasks") and target.startswith("pipeline.") and target not in BASE:
+                out.append(f"{name} imports {target}, above the base layer {sorted(BASE)}")
+            elif name.startswith(NO_TASKS) and target.startswith("tasks"):
+                out.append(f"{name} imports {target}")
+    return out
+
+
+def test_layers_go_one_way():
+    known = modules()
+    graph = {name: imports(name, file, known, annotations=True) for name, file in known.items()}
+    assert "pipeline.hub" in graph["pipeline.models.sources"] and "pipeline.errors" in graph["tasks.base"]
+    assert layer_breaks(graph) == []
+
+
+def test_the_layer_rule_finds_a_break():
+    graph = {"pipeline.models.sources": {"tasks"}, "tasks.base": {"pipeline.files", "pipeline.workflow"}}
+    assert layer_breaks({**graph, "pipeline.files": {"pipeline.errors", "tasks"}}) == [
+        "pipeline.files (the base layer) imports tasks",
+        "pipeline.models.sources imports tasks",
+        f"tasks.base imports pipeline.workflow, above the base layer {sorted(BASE)}",
+    ]
