@@ -41,9 +41,7 @@ own C++ kernels over frozen weights).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import random
 import statistics
 import sys
 import time
@@ -54,11 +52,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .decoding import generate
-from .decoding.runner import ENGINES
-from .decoding.runner import set_engine
-from .decoding.static import make_runner
-from .decoding.stats import ModelStats
+from .decoding.runner import ENGINES, set_engine
+from .forward_timing import Contender, compiling, interleaved
+from .oracle_draft import oracle_pair
 from .speed import fmt as speed_fmt
 from .speed import series_speedup
 
@@ -106,11 +102,6 @@ def with_engine(model: nn.Module, engine: str) -> nn.Module:
     return set_engine(model, engine if engine in ENGINES else engine.split("+")[0])
 
 
-def compiling(engine: str):
-    """Where graphs are compiled: inductor's weight freezing on for ``compiled+freeze``."""
-    return torch._inductor.config.patch(freezing=True) if engine == "compiled+freeze" else contextlib.nullcontext()
-
-
 def weight_bytes(model: nn.Module) -> int:
     return sum({p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}.values())  # tied: read once
 
@@ -126,115 +117,6 @@ def bandwidth(device: torch.device, mib: int = 1024, repeats: int = 10) -> float
         dst.copy_(src)
     sync(device)
     return 2 * src.numel() * repeats / (time.perf_counter() - start) / 1e9
-
-
-class Contender:
-    """One model on one engine, measured against the others in interleaved rounds, made ready: every graph
-    compiled, a runner holding ``context`` tokens (forwards of k new tokens after them) and a prompt for
-    generations of ``new`` tokens."""
-
-    def __init__(self, model: nn.Module, engine: str, ks: list[int], context: int, new: int = 0):
-        self.model, self.engine, self.ks, self.context = model, engine, ks, context
-        rng = random.Random(1)
-        self.ids = [rng.randrange(model.config.vocab_size) for _ in range(context + max(ks))]
-        device = next(model.parameters()).device
-        with compiling(engine), torch.inference_mode():
-            self.runner = make_runner(model, model.config.vocab_size, ModelStats(), context + max(ks) + 1, device)
-            self.runner.extend(self.ids[:context], 1)
-        if new:
-            self.generation(new)  # warm-up, and the graphs of a generation's cache size
-
-    def forwards(self) -> dict[int, float]:
-        """Seconds of one forward of each k new tokens."""
-        out = {}
-        with compiling(self.engine), torch.inference_mode():
-            for k in self.ks:
-                start = time.perf_counter()
-                self.runner.extend(self.ids[self.context : self.context + k], 1)  # synchronises the device
-                out[k] = time.perf_counter() - start
-                self.runner.crop(self.context)
-        return out
-
-    def generation(self, new: int) -> tuple[int, float]:
-        """(new tokens, wall seconds) of ``large_model`` decoding after the context as a prompt."""
-        with compiling(self.engine):
-            stats = generate([self.model], self.ids[: self.context], "large_model", max_new_tokens=new).stats
-        return stats.new_tokens, stats.wall_time_s
-
-
-def interleaved(contenders: list[Contender], repeats: int, new: int) -> tuple[dict, dict]:
-    """Every contender's forwards and one generation in turn, the order rotated each round, after two warm-up
-    rounds, so that a drift of a shared machine hits every engine alike. Returns, by engine, the seconds of
-    each k's forwards and the (tokens, seconds) of each generation."""
-    forwards = {p.engine: {k: [] for k in p.ks} for p in contenders}
-    runs: dict[str, list] = {p.engine: [] for p in contenders}
-    for rep in range(repeats + 2):
-        for p in contenders[rep % len(contenders) :] + contenders[: rep % len(contenders)]:
-            times = p.forwards()
-            run = p.generation(new) if new else None
-            if rep >= 2:
-                for k, seconds in times.items():
-                    forwards[p.engine][k].append(seconds)
-                if run is not None:
-                    runs[p.engine].append(run)
-    return forwards, runs
-
-
-def forward_costs(model: nn.Module, engine: str, ks: list[int], context: int, repeats: int) -> dict[int, float]:
-    """Median ms of one forward of k new tokens after ``context`` tokens, k interleaved."""
-    forwards, _ = interleaved([Contender(model, engine, ks, context)], repeats, 0)
-    return {k: statistics.median(v) * 1000 for k, v in forwards[engine].items()}
-
-
-class OracleDraft(nn.Module):
-    """A draft that costs what ``base`` costs and proposes ``reference[pos]`` (the target's greedy token at
-    that position) with probability ``a``, another token otherwise; the choice is fixed per position."""
-
-    def __init__(self, base: nn.Module, reference: list[int], a: float, seed: int = 0):
-        super().__init__()
-        self.base, self.config, self.reference, self.a, self.seed = base, base.config, reference, a, seed
-
-    def get_output_embeddings(self) -> nn.Module:
-        return self.base.get_output_embeddings()
-
-    def forward(self, input_ids, past_key_values=None, position_ids=None, **kwargs):
-        start = past_key_values.get_seq_length() if position_ids is None else position_ids[0, 0]
-        out = self.base(input_ids=input_ids, past_key_values=past_key_values, position_ids=position_ids, **kwargs)
-        out.logits = self._choose(out.logits, start, input_ids.shape[1])
-        return out
-
-    @torch.compiler.disable  # data-dependent Python: outside the compiled graph
-    def _choose(self, rows: torch.Tensor, start, new: int) -> torch.Tensor:
-        logits = torch.full_like(rows, -1e4)
-        first = int(start) + new - rows.shape[1] + 1  # the position the first row predicts
-        for row in range(rows.shape[1]):
-            pos = first + row
-            want = self.reference[pos] if pos < len(self.reference) else 0
-            hit = random.Random(self.seed * 1_000_003 + pos).random() < self.a
-            logits[0, row, want if hit else (want + 1) % rows.shape[-1]] = 0.0
-        return logits
-
-
-def oracle_pair(target: nn.Module, draft: nn.Module, a: float, gamma: int, prompt_len: int, new: int, repeats: int):
-    """``sd`` over ``large_model`` (median of interleaved runs) for an oracle draft of acceptance ``a``."""
-    rng = random.Random(3)
-    prompt = [rng.randrange(target.config.vocab_size) for _ in range(prompt_len)]
-    reference = prompt + generate([target], prompt, "large_model", max_new_tokens=new).token_ids
-    oracle = OracleDraft(draft, reference, a)
-    kw = dict(max_new_tokens=new, gamma=gamma, method_args={"proposer": "draft"})
-    generate([target, oracle], prompt, "sd", **kw)  # warm-up
-    ratios, overhead, accepted = [], [], []
-    for _ in range(repeats):
-        base = generate([target], prompt, "large_model", max_new_tokens=new).stats
-        result = generate([target, oracle], prompt, "sd", **kw)
-        if result.token_ids != reference[prompt_len:]:
-            raise AssertionError("sd with the oracle draft did not emit the target's greedy tokens")
-        sd = result.stats
-        ratios.append(base.wall_time_s / sd.wall_time_s)
-        inside = sum(m.forward_time_s for m in sd.models)
-        overhead.append((sd.wall_time_s - inside) / max(sd.rounds, 1) * 1000)
-        accepted.append(sd.accepted / max(sum(m.proposed for m in sd.models), 1))
-    return statistics.median(ratios), min(ratios), max(ratios), statistics.median(overhead), statistics.mean(accepted)
 
 
 def predicted(a: float, gamma: int, target_cost: dict[int, float], draft_cost: dict[int, float]) -> float:
@@ -285,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     report["engines"], report["pairs"], costs = [], [], {}
     for dtype, shape in product(args.dtype, args.shapes):
         start = time.perf_counter()
-        contenders = [Contender(model(shape, dtype, e), e, args.ks, args.context, args.new_tokens) for e in args.engines]
+        contenders = [
+            Contender(model(shape, dtype, e), e, args.ks, args.context, args.new_tokens) for e in args.engines
+        ]
         gb = weight_bytes(contenders[0].model) / 1e9
         forwards, runs = interleaved(contenders, args.repeats, args.new_tokens)
         first = args.engines[0]

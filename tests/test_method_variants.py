@@ -194,7 +194,7 @@ def test_the_docs_example_is_the_registered_code():
 
 def test_the_largest_models_turn_keeps_its_gamma(pair, monkeypatch):
     """Its drafts cost one of its own forwards a token: a dynamic schedule leaves its gamma alone."""
-    from pipeline.decoding import member
+    from pipeline.decoding import engine
     from pipeline.decoding.methods import fixed_turns, plan_method
 
     big, small = pair[0], tiny_llama(33)

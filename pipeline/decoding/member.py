@@ -88,4 +88,3 @@ class Stopper:
         if end - prompt_len >= self.max_new_tokens:
             return "max_new_tokens"
         return None
-
