@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipeline import engine_bench, oracle_draft
+from pipeline import engine_bench
 
 
 def test_engine_bench_reports_costs_and_oracle_pairs(tmp_path, capsys):
@@ -44,7 +44,7 @@ def test_the_oracle_draft_proposes_the_reference_at_the_rate_asked():
 
     model = tiny_llama(0)
     reference = [random.Random(i).randrange(32) for i in range(400)]
-    draft = oracle_draft.OracleDraft(model, reference, a=0.7)
+    draft = engine_bench.OracleDraft(model, reference, a=0.7)
     with torch.inference_mode():
         logits = draft(torch.tensor([reference[:300]]), position_ids=torch.arange(300)[None]).logits[0]
     hits = (logits.argmax(-1)[:-1] == torch.tensor(reference[1:300])).float().mean().item()
