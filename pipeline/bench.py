@@ -31,19 +31,18 @@ import json
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
-from itertools import product
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from pipeline.bench_table import Totals, best_against_best, render_table, table, tree_costs
+from pipeline.bench_variants import Variant, select, variants
 from pipeline.decoding import generate
-from pipeline.decoding.spec import PEERS, parse_method
+from pipeline.decoding.spec import PEERS
 from pipeline.files import ResultsError
 from pipeline.models import BUNDLED, ModelError, Recipe, cpu_kernels, ensure_draft, load, load_bundled, truncated_copy
 from pipeline.speed import fmt as speed_fmt
-from pipeline.speed import predicted_speedup, series_speedup, speedup_ratio
 
 FALLBACK_PROMPTS = [
     'def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n',
@@ -61,112 +60,6 @@ def humaneval_prompts(n: int) -> list[str]:
     problems = list(read_problems().values())
     step = max(len(problems) // n, 1)
     return [problems[i * step]["prompt"] for i in range(n)]
-
-
-@dataclass
-class Variant:
-    group: str  # which baseline it is compared with
-    label: str
-    method: str  # a decoder method (transformers' own ``hf_*`` included)
-    gamma: Any = 1
-    temperature: float = 0.0
-    method_args: dict = field(default_factory=dict)
-    baseline: bool = False
-    gamma_schedule: str = "fixed"
-    tree: str | None = None  # a token tree per round (decoding/tree.py)
-
-
-@dataclass
-class Totals:
-    tokens: int = 0
-    wall: float = 0.0
-    forward: float = 0.0
-    verified: int = 0
-    accepted: int = 0
-    target_calls: int = 0
-    outputs: list = field(default_factory=list)  # the new tokens of each prompt, in prompt order
-    per_prompt: list = field(default_factory=list)  # (tokens, wall) of each prompt, in prompt order
-    stats: list = field(default_factory=list)  # the decoder's stats of each prompt, in prompt order
-
-
-def variants(
-    gammas: list[int],
-    proposer: str,
-    dynamic: list[int] = (),
-    parallel: bool = False,
-    sd_temperature: float = 0.0,
-    trees: list[str] = (),
-) -> list[Variant]:
-    """Every method of the table, transformers' own (``hf_*``) included; ``dynamic``: starting gammas of
-    dynamic-gamma variants; ``parallel``: we_p, cd_p; ``sd_temperature``: of the first group; ``trees``:
-    each speculative method with each token tree, beside a chain of as many nodes (``tree_variants``)."""
-    we = {"lambda": 0.5}
-    spec = {"proposer": proposer}
-    t = sd_temperature
-    first = "greedy" if t == 0 else f"sd T={t:g}"  # large_model, small_model, sd and the peers
-
-    def speculative(group: str, methods: list[str], temperature: float, args: dict) -> list[Variant]:
-        """Each method at each fixed gamma, then from each dynamic start (``*_se``: the small model's gamma 1)."""
-        out = []
-        for schedule, starts, tag in (("fixed", gammas, ""), ("dynamic", dynamic, " dyn")):
-            for m, g in product(methods, starts):
-                gamma, shown = ([1, g], f"[1,{g}]") if m.endswith("_se") else (g, g)
-                out.append(Variant(group, f"{m}{tag} g={shown}", m, gamma, temperature, args, gamma_schedule=schedule))
-        return out + tree_variants(group, methods, temperature, args, trees, [v.label for v in out])
-
-    def ensemble(name: str, args: dict, temperature: float) -> list[Variant]:
-        """An ensemble's group: the ensemble (its baseline), its speculative methods, its parallel form."""
-        group = f"{name} T={temperature:g}"
-        out = [Variant(group, name, name, temperature=temperature, method_args=args, baseline=True)]
-        out += speculative(group, [f"{name}_sd", f"{name}_se"], temperature, {**args, **spec})
-        if parallel:
-            out.append(Variant(group, f"{name}_p", f"{name}_p", temperature=temperature, method_args=args))
-        return out
-
-    return [
-        Variant(first, "large_model", "large_model", temperature=t, baseline=True),
-        Variant(first, "small_model", "small_model", temperature=t),
-        *speculative(first, ["sd"], t, spec),
-        *(Variant(first, f"{m} g={g}", m, g, t) for m in ("hf_assisted", "hf_prompt_lookup") for g in gammas),
-        *ensemble("we", we, 1.0),
-        Variant("we T=1", "we_me", "we_me", temperature=1.0, method_args=we),
-        # we_me_sd: the draft drafts for the ensemble
-        *(Variant("we T=1", f"{m} g={g}", m, g, 1.0, we) for m in ("we_me_sd", "hf_assisted_ensemble") for g in gammas),
-        *ensemble("cd", {"alpha": 0.1}, 0.0),
-    ]
-
-
-TREE_DEPTH = 4  # a dynamic tree's depth (its gamma); the chain it is compared with drafts its node budget
-
-
-def tree_variants(
-    group: str, methods: list[str], temperature: float, args: dict, trees: list[str], taken: list[str]
-) -> list[Variant]:
-    """Each method with each tree, and a chain of the tree's node budget (unless already a variant): the
-    chain and the tree verify as many tokens per target forward. ``*_se``: the large model drafts 1."""
-    from pipeline.decoding.tree import parse_tree
-
-    out: list[Variant] = []
-    for m, value in product(methods, trees):
-        shape = parse_tree(value)
-        se = m.endswith("_se")
-        chain = ([1, shape.nodes], f"[1,{shape.nodes}]") if se else (shape.nodes, shape.nodes)
-        label = f"{m} g={chain[1]}"
-        if label not in taken + [v.label for v in out]:
-            out.append(Variant(group, label, m, chain[0], temperature, args))
-        gamma = [1, TREE_DEPTH] if se else TREE_DEPTH
-        out.append(Variant(group, f"{m} {shape.label}", m, gamma, temperature, args, tree=shape.label))
-    return out
-
-
-def select(vs: list[Variant], groups: list[str] | None, methods: list[str] | None) -> list[Variant]:
-    """The variants of the named groups (``sd``: large_model, small_model, sd; ``we``; ``cd``), or all of them;
-    of those, only the named methods and the baselines of their groups, or all of them."""
-    vs = [v for v in vs if not groups or ("sd" if v.group == "greedy" else v.group.split()[0]) in groups]
-    if methods:
-        kept = {v.group for v in vs if v.method in methods}
-        vs = [v for v in vs if v.method in methods or v.baseline and v.group in kept]
-    return vs
 
 
 def run_variant(v: Variant, target, draft, ids, max_new, eos, seed):
@@ -211,163 +104,6 @@ def measure(target, draft, tokenizer, prompts, vs: list[Variant], max_new: int) 
                 t.outputs.append(r.token_ids)
                 bar.update()
     return totals
-
-
-def _speedup(t: Totals, base: Totals) -> tuple[float, list[float | None]]:
-    """``t``'s speed over ``base``'s with its paired-bootstrap interval over prompts, ``[low, high]``."""
-    ratio, low, high = series_speedup(t.per_prompt, base.per_prompt)
-    return ratio, [low, high]
-
-
-def same_budget_chain(v: Variant, vs: list[Variant]) -> Variant | None:
-    """For a tree variant: the chain variant of its method and group drafting the tree's node budget."""
-    if not v.tree:
-        return None
-    from pipeline.decoding.tree import parse_tree
-
-    nodes = parse_tree(v.tree).nodes
-    gamma = [1, nodes] if v.method.endswith("_se") else nodes
-    return next((w for w in vs if (w.group, w.method, w.gamma, w.tree) == (v.group, v.method, gamma, None)), None)
-
-
-def best_fixed(v: Variant, vs: list[Variant], totals: dict[str, Totals]) -> Variant | None:
-    """For a dynamic-gamma variant: the fixed-gamma variant of its method and group with the most tokens/s.
-
-    Picked after the fact, so the comparison leans towards the fixed gamma (the best of several noisy estimates).
-    """
-    if v.gamma_schedule == "fixed":
-        return None
-    fixed = [w for w in vs if (w.group, w.method, w.gamma_schedule, w.tree) == (v.group, v.method, "fixed", None)]
-    return max(fixed, key=lambda w: totals[w.label].tokens / totals[w.label].wall, default=None)
-
-
-def _predicted(t: Totals, base: Totals) -> float | None:
-    """The speed-up predicted from ``t``'s counted forwards priced at ``base``'s measured cost per forward."""
-    if t is base:
-        return None
-    return predicted_speedup([{"stats": m, "baseline": {"stats": b}} for m, b in zip(t.stats, base.stats)])
-
-
-def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
-    rows = []
-    base = {v.group: totals[v.label] for v in vs if v.baseline}
-    for v in vs:
-        t = totals[v.label]
-        speedup, ci = _speedup(t, base[v.group])
-        same = sum(tokens == ref for tokens, ref in zip(t.outputs, base[v.group].outputs))  # token for token (greedy)
-        row = {
-            "group": v.group,
-            "method": v.label,
-            "tokens": t.tokens,
-            "tok_per_s": t.tokens / t.wall,
-            "speedup": speedup,
-            "speedup_ci": ci,
-            "acceptance": t.accepted / t.verified if t.verified else None,
-            "tau": t.tokens / t.target_calls if t.target_calls else None,
-            "overhead": 1 - t.forward / t.wall,
-            "predicted": _predicted(t, base[v.group]),
-            "per_prompt": t.per_prompt,  # (tokens, wall s) per prompt: any two rows' ratio with its interval
-            "identical": f"{same}/{len(t.outputs)}" if v.temperature == 0 else "-",
-        }
-        ours = f"{parse_method(v.method).ours} g={v.gamma}"
-        if ours in totals:  # a peer: our method doing the same job, same gamma, over it
-            row["ours_vs_hf"], row["ours_vs_hf_ci"] = _speedup(totals[ours], t)
-        chain = same_budget_chain(v, vs)
-        if chain is not None:  # a tree against the chain of its node budget, same prompts
-            ratio, ci = _speedup(t, totals[chain.label])
-            tau = totals[chain.label].tokens / totals[chain.label].target_calls
-            row["vs_chain"] = {"chain": chain.label, "ratio": ratio, "ci": ci, "tau_ratio": row["tau"] / tau}
-        best = best_fixed(v, vs, totals)
-        if best is not None:  # a dynamic gamma against the fastest fixed gamma of its method, same prompts
-            ratio, ci = _speedup(t, totals[best.label])
-            row["vs_best_fixed"] = {"fixed": best.label, "ratio": ratio, "ci": ci}
-        rows.append(row)
-    return rows
-
-
-def tree_costs(
-    vs: list[Variant], totals: dict[str, Totals], target, draft, goal: float = 1.35, repeats: int = 5
-) -> list[str]:
-    """With tree rows in the sd group: the cost model (``tree_cost.py``) at forward costs timed now (k = 1 up
-    to the largest round), each sd row's predicted speed-up from its measured τ and round shape, the best, and
-    the τ the best tree's shape needs for ``goal``."""
-    from pipeline import tree_cost
-    from pipeline.engine_bench import forward_costs
-
-    group = [v for v in vs if v.group == vs[0].group and v.method == "sd"]
-    if not any(v.tree for v in group):
-        return []
-    rows = [{"label": v.label, **(tree_cost.shape_of(totals[v.label].stats) or {})} for v in group]
-    top = max(2, round(max(r.get("nodes", 1) for r in rows)) + 1)
-    ks = sorted({1, 2, (1 + top) // 2, top})
-    costs = [tree_cost.fit(forward_costs(m, "eager", ks, context=128, repeats=repeats)) for m in (target, draft)]
-    found = tree_cost.best_budget(rows, *costs)
-    if found is None:
-        return []
-    (at, bt), (ad, bd) = costs
-    lines = [
-        f"cost model: target forward {at:.1f} + {bt:.2f}·k ms, draft {ad:.1f} + {bd:.2f}·k ms (k = {ks} timed now)"
-    ]
-    for r in found["rows"]:
-        lines.append(
-            f"  {r['label']:18} τ {r['tau']:.2f}, {r['nodes']:.1f} nodes and {r['depth']:.1f} draft forwards of "
-            f"{r['width']:.1f} tokens per round: predicted {r['predicted']:.2f}x"
-        )
-    best = found["best"]
-    lines.append(f"cost model's best of these: {best['label']} ({best['predicted']:.2f}x)")
-    trees = [r for r in found["rows"] if " t" in r["label"]]
-    if trees:
-        top = max(trees, key=lambda r: r["predicted"])
-        need = tree_cost.tau_needed(goal, top["nodes"], top["depth"], top["width"], *costs)
-        lines.append(f"{top['label']} needs τ {need:.2f} for {goal:.2f}x at these costs (measured {top['tau']:.2f})")
-    return lines
-
-
-def best_against_best(vs: list[Variant], totals: dict[str, Totals]) -> dict | None:
-    """Our fastest speculative variant against transformers' fastest, each as its speed-up over its group's
-    baseline (so ``we_se`` over ``we`` meets ``hf_assisted`` over ``large_model``), with a paired interval."""
-    base = {v.group: totals[v.label] for v in vs if v.baseline}
-
-    def speedup(v: Variant) -> float:
-        return _speedup(totals[v.label], base[v.group])[0]
-
-    spec = [v for v in vs if not v.baseline and parse_method(v.method).speculative]
-    ours = [v for v in spec if v.method not in PEERS and not v.group.startswith("cd")]  # no peer does CD
-    peers = [v for v in spec if v.method in PEERS]
-    if not ours or not peers:
-        return None
-    a, b = max(ours, key=speedup), max(peers, key=speedup)
-    ratio = speedup_ratio(
-        totals[a.label].per_prompt, base[a.group].per_prompt, totals[b.label].per_prompt, base[b.group].per_prompt
-    )
-    return {"ours": a.label, "peer": b.label, "ratio": ratio[0], "ratio_ci": list(ratio[1:])}
-
-
-def render(rows: list[dict]) -> str:
-    def fmt(x, spec):
-        return "-" if x is None else format(x, spec)
-
-    head = (
-        f"| {'group':8} | {'method':18} | tok/s | {'speed-up [95% interval]':23} | predicted | accept |    τ "
-        "| overhead | same as baseline |"
-    )
-    lines = [head, "|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|"]
-    for r in rows:
-        extra = f" (ours {speed_fmt(r['ours_vs_hf'], *r['ours_vs_hf_ci'])})" if "ours_vs_hf" in r else ""
-        if "vs_best_fixed" in r:
-            b = r["vs_best_fixed"]
-            extra += f" (over {b['fixed']}: {speed_fmt(b['ratio'], *b['ci'])})"
-        if "vs_chain" in r:
-            c = r["vs_chain"]
-            extra += f" (over {c['chain']}: {speed_fmt(c['ratio'], *c['ci'])}, τ {c['tau_ratio']:.2f}x)"
-        speedup = speed_fmt(r["speedup"], *r["speedup_ci"])
-        lines.append(
-            f"| {r['group']:8} | {r['method']:18} | {r['tok_per_s']:5.1f} | {speedup:23} | "
-            f"{fmt(r['predicted'], '8.2f') + 'x' if r['predicted'] else '-':>9} | "
-            f"{fmt(r['acceptance'], '6.1%')} | {fmt(r['tau'], '4.2f')} | "
-            f"{fmt(r['overhead'], '8.1%')} | {r['identical']}{extra} |"
-        )
-    return "\n".join(lines)
 
 
 def record(out_dir: Path, rows: list[dict], settings: dict[str, Any]) -> Path:
@@ -490,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     totals = measure(target, draft, tokenizer, prompts, vs, args.max_new_tokens)
     rows = table(vs, totals)
-    print(render(rows))
+    print(render_table(rows))
     print(
         "speed-up: tokens/s over the group's baseline (large_model; we; cd), measured interleaved.\n"
         "predicted: the speed-up its counted forwards predict, each priced at the baseline's measured cost of a "

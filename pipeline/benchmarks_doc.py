@@ -8,7 +8,6 @@ regenerates the page and compares).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 import yaml
 
 from pipeline.errors import UserError, one_line
+from pipeline.files import generated_page
 from pipeline.speed import fmt
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,7 +155,7 @@ def load_notes() -> dict[str, dict[str, str]]:
     return notes
 
 
-def render() -> str:
+def render_page() -> str:
     notes = load_notes()
     lines = [HEADER.rstrip("\n")]
     for path in records():
@@ -172,22 +172,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.benchmarks_doc", description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="compare the page with the records, write nothing")
-    args = parser.parse_args(argv)
-    try:
-        text = render()
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    if args.check:
-        if not PAGE.exists() or PAGE.read_text() != text:
-            print(f"{PAGE} is not what the records give: run python -m pipeline.benchmarks_doc", file=sys.stderr)
-            return 1
-        return 0
-    PAGE.write_text(text)
-    print(PAGE)
-    return 0
+    return generated_page(argv, "pipeline.benchmarks_doc", __doc__, PAGE, "the records", render_page)
 
 
 if __name__ == "__main__":

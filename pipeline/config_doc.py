@@ -7,13 +7,14 @@ default and description, so the two cannot drift apart (a test regenerates it an
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from pipeline.files import generated_page
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -79,7 +80,7 @@ def rows(node: dict[str, Any], schema: dict[str, Any], prefix: str = "") -> list
     return out
 
 
-def render(schema_path: Path = SCHEMA) -> str:
+def render_page(schema_path: Path = SCHEMA) -> str:
     schema = yaml.safe_load(Path(schema_path).read_text())
     lines = [HEADER + _cell(schema.get("description", "")), "", "Required: " + ", ".join(schema["required"])]
     lines += ["", "| key | type | default | description |", "| --- | --- | --- | --- |"]
@@ -89,18 +90,7 @@ def render(schema_path: Path = SCHEMA) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.config_doc", description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="compare config/README.md with the schema, write nothing")
-    args = parser.parse_args(argv)
-    text = render()
-    if args.check:
-        if not README.exists() or README.read_text() != text:
-            print(f"{README} is not what the schema gives: run python -m pipeline.config_doc", file=sys.stderr)
-            return 1
-        return 0
-    README.write_text(text)
-    print(README)
-    return 0
+    return generated_page(argv, "pipeline.config_doc", __doc__, README, "the schema", render_page)
 
 
 if __name__ == "__main__":

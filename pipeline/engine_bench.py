@@ -41,7 +41,6 @@ own C++ kernels over frozen weights).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import random
 import statistics
@@ -55,10 +54,8 @@ import torch
 from torch import nn
 
 from .decoding import generate
-from .decoding.runner import ENGINES as RUNNER_ENGINES
-from .decoding.runner import set_engine
-from .decoding.static import make_runner
-from .decoding.stats import ModelStats
+from .decoding.runner import ENGINES, set_engine
+from .forward_timing import Contender, compiling, interleaved
 from .speed import fmt as speed_fmt
 from .speed import series_speedup
 
@@ -68,7 +65,7 @@ SHAPES = {  # Llama-shaped: hidden, layers, heads, kv heads, intermediate, vocab
     "llama-1b": (2048, 22, 32, 4, 5632, 32000),
     "llama-7b": (4096, 32, 32, 32, 11008, 32000),
 }
-ENGINES = ("eager", "eager+pack", "compiled", "compiled+freeze", "compiled+autotune")
+BENCH_ENGINES = ("eager", "eager+pack", "compiled", "compiled+freeze", "compiled+autotune")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -103,12 +100,7 @@ def with_engine(model: nn.Module, engine: str) -> nn.Module:
 
         if not cpu_kernels.pack_linears(model):
             raise SystemExit("error: eager+pack needs float32 or bfloat16 weights on a CPU with oneDNN")
-    return set_engine(model, engine if engine in RUNNER_ENGINES else engine.split("+")[0])
-
-
-def compiling(engine: str):
-    """Where graphs are compiled: inductor's weight freezing on for ``compiled+freeze``."""
-    return torch._inductor.config.patch(freezing=True) if engine == "compiled+freeze" else contextlib.nullcontext()
+    return set_engine(model, engine if engine in ENGINES else engine.split("+")[0])
 
 
 def weight_bytes(model: nn.Module) -> int:
@@ -126,63 +118,6 @@ def bandwidth(device: torch.device, mib: int = 1024, repeats: int = 10) -> float
         dst.copy_(src)
     sync(device)
     return 2 * src.numel() * repeats / (time.perf_counter() - start) / 1e9
-
-
-class Probe:
-    """One model on one engine, made ready to measure: every graph compiled, a runner holding ``context``
-    tokens (forwards of k new tokens after them) and a prompt for generations of ``new`` tokens."""
-
-    def __init__(self, model: nn.Module, engine: str, ks: list[int], context: int, new: int = 0):
-        self.model, self.engine, self.ks, self.context = model, engine, ks, context
-        rng = random.Random(1)
-        self.ids = [rng.randrange(model.config.vocab_size) for _ in range(context + max(ks))]
-        device = next(model.parameters()).device
-        with compiling(engine), torch.inference_mode():
-            self.runner = make_runner(model, model.config.vocab_size, ModelStats(), context + max(ks) + 1, device)
-            self.runner.extend(self.ids[:context], 1)
-        if new:
-            self.generation(new)  # warm-up, and the graphs of a generation's cache size
-
-    def forwards(self) -> dict[int, float]:
-        """Seconds of one forward of each k new tokens."""
-        out = {}
-        with compiling(self.engine), torch.inference_mode():
-            for k in self.ks:
-                start = time.perf_counter()
-                self.runner.extend(self.ids[self.context : self.context + k], 1)  # synchronises the device
-                out[k] = time.perf_counter() - start
-                self.runner.crop(self.context)
-        return out
-
-    def generation(self, new: int) -> tuple[int, float]:
-        """(new tokens, wall seconds) of ``large_model`` decoding after the context as a prompt."""
-        with compiling(self.engine):
-            stats = generate([self.model], self.ids[: self.context], "large_model", max_new_tokens=new).stats
-        return stats.new_tokens, stats.wall_time_s
-
-
-def interleaved(probes: list[Probe], repeats: int, new: int) -> tuple[dict, dict]:
-    """Every probe's forwards and one generation in turn, the order rotated each round, after two warm-up
-    rounds, so that a drift of a shared machine hits every engine alike. Returns, by engine, the seconds of
-    each k's forwards and the (tokens, seconds) of each generation."""
-    forwards = {p.engine: {k: [] for k in p.ks} for p in probes}
-    runs: dict[str, list] = {p.engine: [] for p in probes}
-    for rep in range(repeats + 2):
-        for p in probes[rep % len(probes) :] + probes[: rep % len(probes)]:
-            times = p.forwards()
-            run = p.generation(new) if new else None
-            if rep >= 2:
-                for k, seconds in times.items():
-                    forwards[p.engine][k].append(seconds)
-                if run is not None:
-                    runs[p.engine].append(run)
-    return forwards, runs
-
-
-def forward_costs(model: nn.Module, engine: str, ks: list[int], context: int, repeats: int) -> dict[int, float]:
-    """Median ms of one forward of k new tokens after ``context`` tokens, k interleaved."""
-    forwards, _ = interleaved([Probe(model, engine, ks, context)], repeats, 0)
-    return {k: statistics.median(v) * 1000 for k, v in forwards[engine].items()}
 
 
 class OracleDraft(nn.Module):
@@ -246,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipeline.engine_bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", nargs="+", default=["bundled"], choices=["bundled", "draft", *SHAPES])
     ap.add_argument("--dtype", nargs="+", default=["float32"], choices=list(DTYPES))
-    ap.add_argument("--engines", nargs="+", default=["eager", "compiled"], choices=ENGINES)
+    ap.add_argument("--engines", nargs="+", default=["eager", "compiled"], choices=BENCH_ENGINES)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6, 7, 8])
     ap.add_argument("--context", type=int, default=256, help="tokens already in the cache (default 256)")
@@ -284,9 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     report["engines"], report["pairs"], costs = [], [], {}
     for dtype, shape in product(args.dtype, args.shapes):
         start = time.perf_counter()
-        probes = [Probe(model(shape, dtype, e), e, args.ks, args.context, args.new_tokens) for e in args.engines]
-        gb = weight_bytes(probes[0].model) / 1e9
-        forwards, runs = interleaved(probes, args.repeats, args.new_tokens)
+        contenders = [
+            Contender(model(shape, dtype, e), e, args.ks, args.context, args.new_tokens) for e in args.engines
+        ]
+        gb = weight_bytes(contenders[0].model) / 1e9
+        forwards, runs = interleaved(contenders, args.repeats, args.new_tokens)
         first = args.engines[0]
         for engine in args.engines:
             cost = costs[shape, dtype, engine] = {k: statistics.median(v) * 1000 for k, v in forwards[engine].items()}
@@ -314,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                 line += f"1 token {speed_fmt(*row['forward_speedup'])}"
             report["engines"].append(row)
             print(line, flush=True)
-        del probes
+        del contenders
         save()
     for pair, dtype, engine in product(args.pairs, args.dtype, args.engines):
         t_shape, d_shape = pair.split(":")

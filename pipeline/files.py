@@ -1,5 +1,6 @@
 """Result files: atomic writes with ordinary permissions, user files read with one-line errors,
-JSONL reading, writable-directory checks, and an exclusive lock held by one process at a time.
+JSONL reading, writable-directory checks, an exclusive lock held by one process at a time, and the
+``main`` of a generated page (written, or checked against its source).
 
 Every file a job writes appears whole or not at all (a temporary file beside
 it, then a rename) and gets the permissions the user's umask gives a new
@@ -10,13 +11,16 @@ directory, a device, too large, not UTF-8) is a one-line ``UserError`` naming it
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import fcntl
 import json
 import os
 import socket
 import stat
+import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -178,3 +182,28 @@ def writable_dir(path: Path) -> Path:
 def _unwritable(path: Path, err: OSError) -> ResultsError:
     reason = "Not a directory" if path.exists() and not path.is_dir() else err.strerror or type(err).__name__
     return ResultsError(f"cannot write to directory {path}: {reason}; choose a writable location")
+
+
+def generated_page(
+    argv: list[str] | None, prog: str, doc: str, page: Path, source: str, render: Callable[[], str]
+) -> int:
+    """The ``main`` of ``python -m <prog> [--check]`` (``doc``: its docstring): write ``page`` as ``render`` makes it
+    from ``source``, or with ``--check`` compare and write nothing; 1 when it differs or ``render`` finds a mistake."""
+    parser = argparse.ArgumentParser(prog=f"python -m {prog}", description=doc.splitlines()[0])
+    parser.add_argument(
+        "--check", action="store_true", help=f"compare {page.parent.name}/{page.name} with {source}, write nothing"
+    )
+    args = parser.parse_args(argv)
+    try:
+        text = render()
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    if args.check:
+        if not page.exists() or page.read_text() != text:
+            print(f"{page} is out of date ({source} changed): run python -m {prog}", file=sys.stderr)
+            return 1
+        return 0
+    write_atomic(page, text)
+    print(page)
+    return 0

@@ -1,4 +1,4 @@
-"""How speed is measured and reported: one place for every speed figure of a cell.
+"""How speed is measured and reported: every speed figure of a cell (τ and acceptance: ``acceptance.py``).
 
 - **Speed** is total new tokens over total wall time (Spec-Bench's definition),
   never a mean of per-sample rates; a **speed-up** is the method's speed over
@@ -9,16 +9,6 @@
   dozen heterogeneous prompts is skewed and biased, which the plain percentile
   interval ignores); the percentile interval where BCa is undefined (every
   resample equal).
-- **τ** (mean accepted length, as Spec-Bench and vLLM define it): tokens
-  emitted per verification forward of the target, the verifier's own token
-  included, so autoregressive decoding has τ = 1.00. Here, per model: new
-  tokens over that model's forward calls; τ is the large model's (models[0]):
-  for ``sd`` and ``*_sd`` the verifier's, for ``*_se`` the tokens per forward
-  of the large model, whose turns both verify and propose.
-- **Acceptance**: ``acceptance_rate`` is accepted over verified proposals;
-  ``draft_acceptance_rate`` is accepted over proposed (vLLM's), proposals cut
-  by an earlier rejection included; ``position_acceptance[j]`` is the rate at
-  the (j+1)-th token of a verified block, given it was reached.
 - **Flags**: a cell is ``unstable`` when its interval is wider than
   ``max_halfwidth`` of its estimate, when more than ``max_interfered`` of its
   pairs were still interfered after re-measuring, when its samples were timed
@@ -34,11 +24,11 @@ import math
 import warnings
 from collections import defaultdict
 from dataclasses import asdict, dataclass, fields
-from itertools import zip_longest
 from typing import Any
 
 import numpy as np
 
+from .acceptance import decoding_metrics, predicted_speedup, union_metrics
 from .errors import UserError
 from .timing import Thresholds
 
@@ -205,72 +195,6 @@ def fmt(value: float | None, low: float | None = None, high: float | None = None
     if not _missing(low) and not _missing(high):
         text += f" [{low:.2f}, {high:.2f}]"
     return text + (" (unstable)" if unstable else "")
-
-
-# ---- decoding metrics ----------------------------------------------------------------------------
-
-
-def _sum_lists(lists: list[list[int]]) -> list[int]:
-    """Element-wise sums of lists of different lengths (a missing entry counts 0)."""
-    return [sum(column) for column in zip_longest(*lists, fillvalue=0)]
-
-
-def _per_model(stats: list[dict[str, Any]], key: str, n: int) -> list:
-    """``key`` of each of the first ``n`` models, summed over samples (a sample without that model counts 0)."""
-    return [sum(s["models"][i][key] for s in stats if i < len(s["models"])) for i in range(n)]
-
-
-def decoding_metrics(stats: list[dict[str, Any]]) -> dict[str, Any]:
-    """τ (overall and per model), acceptance rates and per-position acceptance over a cell's samples."""
-    tokens = sum(s["new_tokens"] for s in stats)
-    calls = _per_model(stats, "forward_calls", max((len(s["models"]) for s in stats), default=0))
-    tau_by_model = [tokens / c if c else None for c in calls]
-    proposers = [m for s in stats for m in [*s["models"], *s.get("proposers", {}).values()]]
-    proposed = sum(m["proposed"] for m in proposers)
-    verified = sum(m["verified"] for m in proposers)
-    accepted = sum(m["accepted"] for m in proposers)
-    reached = _sum_lists([s.get("position_verified", []) for s in stats])
-    hits = _sum_lists([s.get("position_accepted", []) for s in stats])
-    return {
-        "tau": tau_by_model[0] if tau_by_model else None,
-        "tau_by_model": tau_by_model,
-        "acceptance_rate": accepted / verified if verified else None,
-        "draft_acceptance_rate": accepted / proposed if proposed else None,
-        "position_acceptance": [a / r if r else None for a, r in zip(hits, reached)],
-    }
-
-
-def union_metrics(stats: list[dict[str, Any]]) -> dict[str, Any]:
-    """Models with different tokenizers: the union vocabulary's size and the seconds spent mapping the members'
-    rows into it, over the cell's samples (None for one shared vocabulary)."""
-    size = max((s.get("union_size") or 0 for s in stats), default=0)
-    if not size:
-        return {"union_size": None, "union_map_s": None}
-    return {"union_size": size, "union_map_s": sum(s.get("union_map_s") or 0.0 for s in stats)}
-
-
-def predicted_speedup(rows: list[dict[str, Any]]) -> float | None:
-    """Speed-up predicted from counted forwards and measured per-forward costs (side-by-side rows).
-
-    Each model's cost of one forward is measured in the baseline run (where it
-    decodes one token per forward), else in the method's own run. The
-    prediction prices every forward of the method at that cost, i.e. assumes
-    a forward of k new tokens costs what a forward of one does and the loop
-    costs nothing; the gap to the measured speed-up is what those assumptions
-    miss on this hardware. A stall inflates the baseline's costs and the
-    method's alike, so the prediction is a check on the measured ratio.
-    """
-    if not rows or any("baseline" not in r for r in rows):
-        return None
-    method, base = [r["stats"] for r in rows], [r["baseline"]["stats"] for r in rows]
-    n = max(len(s["models"]) for s in method)
-    calls_m, time_m = _per_model(method, "forward_calls", n), _per_model(method, "forward_time_s", n)
-    calls_b, time_b = _per_model(base, "forward_calls", n), _per_model(base, "forward_time_s", n)
-    tokens_m, tokens_b = sum(s["new_tokens"] for s in method), sum(s["new_tokens"] for s in base)
-    cost = [time_b[i] / calls_b[i] if calls_b[i] else time_m[i] / calls_m[i] if calls_m[i] else 0.0 for i in range(n)]
-    per_token_m = sum(c * k for c, k in zip(cost, calls_m)) / tokens_m if tokens_m else 0
-    per_token_b = sum(c * k for c, k in zip(cost, calls_b)) / tokens_b if tokens_b else 0
-    return per_token_b / per_token_m if per_token_m and per_token_b else None
 
 
 # ---- a cell --------------------------------------------------------------------------------------

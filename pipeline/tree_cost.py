@@ -1,10 +1,10 @@
 """A cost model for token trees: which node budget pays off at the measured forward costs.
 
 A forward of ``k`` new tokens costs ``a + b k`` (a line through forwards of
-``k`` tokens timed over a context, ``engine_bench.forward_costs``). A round of a tree with ``N`` nodes costs
-one target forward of ``N + 1`` tokens (the root and the nodes) plus the
-drafter's forwards (one per depth) and emits ``τ`` tokens; the target alone
-emits one token per forward of one token. So
+``k`` tokens timed over a context, ``forward_timing.forward_costs``). A round
+of a tree with ``N`` nodes costs one target forward of ``N + 1`` tokens (the
+root and the nodes) plus the drafter's forwards (one per depth) and emits
+``τ`` tokens; the target alone emits one token per forward of one token. So
 
     speed-up = τ (a_t + b_t) / (a_t + b_t (N + 1) + D (a_d + b_d w))
 
@@ -23,7 +23,7 @@ from typing import Any
 
 def fit(costs: dict[int, float]) -> tuple[float, float]:
     """``(a, b)``: the least-squares line ``a + b k`` through measured costs of forwards of ``k`` tokens
-    (``engine_bench.forward_costs``; at least two sizes), ``b`` at least 0."""
+    (``forward_timing.forward_costs``; at least two sizes), ``b`` at least 0."""
     n = len(costs)
     mk, mt = sum(costs) / n, sum(costs.values()) / n
     var = sum((k - mk) ** 2 for k in costs)

@@ -138,7 +138,7 @@ def bench_union(
     return rows
 
 
-def render(rows: list[dict[str, Any]]) -> str:
+def render_table(rows: list[dict[str, Any]]) -> str:
     lines = [
         f"| method | tok/s | speed-up over {rows[0]['method']} [95% interval] | τ | union map share | map ms/token |",
         "|---|---:|---|---:|---:|---:|",
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         [model, draft], [tokenizer, twin], prompts[: args.prompts], gamma=args.gamma,
         max_new_tokens=args.max_new_tokens, temperature=args.temperature,
     )  # fmt: skip
-    print(render(rows))
+    print(render_table(rows))
     print(f"union of {rows[0]['union_size']} strings; map share: union_map_s over wall time", file=sys.stderr)
     if args.json:
         with open(args.json, "w") as f:

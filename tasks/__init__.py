@@ -3,7 +3,7 @@
 import importlib
 import pkgutil
 
-from .base import TASKS, Example, HubSkipped, Task, TaskError, get_task, offline, register_task, render
+from .base import TASKS, Example, HubSkipped, Task, TaskError, get_task, register_task, render
 
 for _module in pkgutil.iter_modules(__path__):
     if _module.name not in ("base", "sandbox", "template"):
@@ -16,7 +16,6 @@ __all__ = [
     "Task",
     "TaskError",
     "get_task",
-    "offline",
     "register_task",
     "render",
 ]

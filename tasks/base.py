@@ -11,29 +11,23 @@ like the project's shared ``data/`` folder), the Hugging Face hub through
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from pipeline.errors import UserError
 from pipeline.files import read_jsonl
+from pipeline.hub import offline
 
 
-class TaskError(ValueError):
-    """A user-facing, one-line error about a task, its size or its data."""
+class TaskError(UserError):
+    """A user's mistake about a task, its size or its data, said in one line."""
 
 
 class HubSkipped(TaskError):
     """A split would come from the hub, which a local check does not try (it is tried when the job runs)."""
-
-
-def offline() -> bool:
-    """Whether the Hugging Face hub is off (``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE``)."""
-    return any(
-        os.environ.get(k, "").lower() in ("1", "true", "yes") for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    )
 
 
 @dataclass

@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.decoding import generate
 from pipeline.decoding.audit import Audit, AuditError
-from pipeline.decoding.engine import Member
+from pipeline.decoding.member import Member
 from pipeline.decoding.runner import HFRunner
 from pipeline.decoding.spec import method_names, parse_method
 

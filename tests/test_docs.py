@@ -302,11 +302,11 @@ def test_the_readmes_own_model_pair_passes_the_config_check(tmp_path, monkeypatc
 
 
 def test_the_benchmarks_page_is_generated_from_the_records():
-    assert (ROOT / "docs" / "benchmarks.md").read_text() == benchmarks_doc.render(), (
+    assert (ROOT / "docs" / "benchmarks.md").read_text() == benchmarks_doc.render_page(), (
         "run python -m pipeline.benchmarks_doc"
     )
     assert benchmarks_doc.main(["--check"]) == 0
-    text = benchmarks_doc.render()
+    text = benchmarks_doc.render_page()
     for record in benchmarks_doc.records():
         assert f"`benchmarks/{record.relative_to(benchmarks_doc.RECORDS).as_posix()}`" in text
     # a figure of the reference run, as the record holds it (speed-up 1.4824, interval 1.376..1.604)

@@ -52,15 +52,15 @@ def test_parallel_sampling_draws_the_standard_ensembles_tokens_seed_for_seed(pai
 
 def test_parallel_splits_the_thread_budget_and_restores_it(pair, monkeypatch):
     seen = []
-    from pipeline.decoding import engine
+    from pipeline.decoding import member
 
-    catch_up = engine.Member.catch_up
+    catch_up = member.Member.catch_up
 
     def recording(self, tokens, committed):
         seen.append(torch.get_num_threads())
         catch_up(self, tokens, committed)
 
-    monkeypatch.setattr(engine.Member, "catch_up", recording)
+    monkeypatch.setattr(member.Member, "catch_up", recording)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(4)

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from pipeline.decoding import generate
-from pipeline.decoding.engine import Member
 from pipeline.decoding.ensemble import EnsembleOutputError, register_ensemble
+from pipeline.decoding.member import Member
 from pipeline.errors import ArgumentError, UserError
 
 from .conftest import perturbed, tiny_llama

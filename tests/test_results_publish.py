@@ -64,8 +64,8 @@ def test_the_papers_figures_file_cites_the_paper_and_says_where_each_figure_is()
 
 
 def test_config_readme_is_generated_from_the_schema():
-    assert (ROOT / "config" / "README.md").read_text() == config_doc.render(), "run python -m pipeline.config_doc"
-    text = config_doc.render()
+    assert (ROOT / "config" / "README.md").read_text() == config_doc.render_page(), "run python -m pipeline.config_doc"
+    text = config_doc.render_page()
     schema = yaml.safe_load(config_doc.SCHEMA.read_text())
     for key in schema["properties"]:
         assert f"| `{key}` |" in text

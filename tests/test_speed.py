@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from pipeline import timing
+from pipeline.acceptance import decoding_metrics
 from pipeline.decoding import generate
 from pipeline.generate_job import Cell, run_cell
 from pipeline.models import ModelSpec
-from pipeline.speed import Policy, decoding_metrics, flags, ratio_interval, summarize
+from pipeline.speed import Policy, flags, ratio_interval, summarize
 
 from .conftest import perturbed, tiny_llama
 

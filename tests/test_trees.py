@@ -291,7 +291,7 @@ def test_a_cell_refuses_a_tree_for_a_method_without_one():
 
 
 def test_bench_rows_put_each_tree_beside_the_chain_of_its_node_budget():
-    from pipeline.bench import same_budget_chain, select, variants
+    from pipeline.bench_variants import same_budget_chain, select, variants
 
     vs = select(variants([1], "draft", dynamic=[], trees=["3x2x1", "d8"]), ["sd", "we"], ["sd", "we_se"])
     labels = [v.label for v in vs]

@@ -442,7 +442,7 @@ def test_the_union_audit_catches_a_crop_off_by_one(toks, hetero, monkeypatch):
 
 
 def test_union_bench_rows_and_a_sentencepiece_twin(toks, hetero):
-    from pipeline.union_bench import bench_union, render, sentencepiece_twin
+    from pipeline.union_bench import bench_union, render_table, sentencepiece_twin
 
     a = toks[0]
     twin = sentencepiece_twin(a)
@@ -452,7 +452,7 @@ def test_union_bench_rows_and_a_sentencepiece_twin(toks, hetero):
     rows = bench_union(hetero[:2], [a, toks[1]], ["ab a", "c"], max_new_tokens=6)
     assert [r["method"] for r in rows] == ["we", "we_sd", "we_se", "we_me"]
     assert all(r["tokens"] == 12 and r["union_size"] == 10 and 0 < r["union_map_share"] < 1 for r in rows)
-    assert rows[0]["speedup"] == 1.0 and "we_se" in render(rows)
+    assert rows[0]["speedup"] == 1.0 and "we_se" in render_table(rows)
 
 
 def test_compiled_engine_members_give_the_eager_tokens(toks, hetero):

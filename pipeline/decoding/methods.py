@@ -13,10 +13,11 @@ import torch
 
 from ..errors import ArgumentError
 from .audit import Audit
-from .engine import Decoder, DynamicGamma, Member, Stopper
+from .engine import Decoder, DynamicGamma
 from .ensemble import finite, single_model
 from .joined import Joined, join
 from .lookup import PromptLookup
+from .member import Member, Stopper
 from .parallel import ConcurrentForwards
 from .peers import run_peer
 from .proposers import Chain, ModelProposer, Proposer

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from .engine import Member
+    from .member import Member
 
 
 def _device(member: Member) -> torch.device:

@@ -12,7 +12,7 @@ measures the gap).
 
 Each call is seeded (``torch.manual_seed``: transformers samples with the
 global generator) and takes the same temperature, top-k, top-p and EOS ids as
-ours; our stop rule (``engine.Stopper``, stop strings included) is its
+ours; our stop rule (``member.Stopper``, stop strings included) is its
 stopping criterion, checked after each block, and its output is cut where that
 rule stops, so both sides count the same tokens: tokens transformers accepts
 past a stop string are not counted. What is recorded is
@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from .engine import Stopper
+from .member import Stopper
 from .sampling import Sampling
 from .spec import DRAFT, MethodSpec
 from .stats import GenerationStats, ModelStats
@@ -67,7 +67,7 @@ def _stop_criterion():
     from transformers import StoppingCriteria
 
     class OurStop(StoppingCriteria):
-        """Our stop rule (``engine.Stopper``) as transformers' stopping criterion, checked after each block."""
+        """Our stop rule (``member.Stopper``) as transformers' stopping criterion, checked after each block."""
 
         def __init__(self, stopper: Stopper, prompt_len: int):
             self.stopper, self.prompt_len, self.checked = stopper, prompt_len, prompt_len

@@ -19,7 +19,7 @@ from .stats import ModelStats
 
 if TYPE_CHECKING:
     from .audit import Audit
-    from .engine import Member
+    from .member import Member
 
 
 @dataclass

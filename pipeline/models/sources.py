@@ -19,9 +19,8 @@ from typing import Any
 
 import torch
 
-from tasks import offline
-
 from ..errors import one_line
+from ..hub import offline
 from .cache import cache_dir, cache_lock
 from .spec import BUNDLED, ModelError, ModelSpec, teacher_spec
 
