@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from pipeline import timing
+from pipeline.cell import Cell
 from pipeline.decoding import generate
-from pipeline.generate_job import Cell, run_cell
+from pipeline.generate_job import run_cell
 from pipeline.models import ModelSpec
 from pipeline.speed import Policy, decoding_metrics, flags, ratio_interval, summarize
 
