@@ -329,7 +329,7 @@ def test_the_wandb_command_fails_in_one_line_so_the_job_is_retried(scored_cell, 
     before = scored_cell.read_bytes()
     status = tmp_path / "cell.wandb.json"
     cell_file = tmp_path / "cell-file.json"
-    cell_file.write_text(json.dumps({"cell": {}, "dims": {"id": "c"}}))
+    cell_entry("c").write(cell_file)
     code = main(
         [
             "wandb-log",

@@ -12,8 +12,7 @@ rule cell:
         f"{RESULTS}/logs/cells/{{cell}}.log",
     localrule: True
     run:
-        CellFile.from_json(json.loads(params.entry)).write(output[0])
-        Path(log[0]).write_text(f"wrote {output[0]}\n")
+        write_cell(output[0], json.loads(params.entry), log[0])
 
 
 rule grid:

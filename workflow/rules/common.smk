@@ -75,6 +75,12 @@ def generate_threads(wildcards):
     return _checked["threads"]
 
 
+def write_cell(out, entry, log):
+    """A cell file (pipeline/cell.py: its one JSON form), atomically."""
+    CellFile.from_json(entry).write(out)
+    Path(log).write_text(f"wrote {out}\n")
+
+
 def write_json(out, data, log):
     """A small file a local rule writes (the grid index, the timing settings), atomically."""
     from pipeline.files import write_atomic
