@@ -18,38 +18,6 @@ from .commands import COMMANDS, arg, command, named_options, parser
 from .errors import UserError
 
 
-def _read_json(path: str, what: str):
-    """A JSON file's content; a one-line UserError naming the file (``what`` it is) when it cannot be read."""
-    from .files import read_user_text
-
-    text = read_user_text(Path(path), what)
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise UserError(f"{what} {path}: {err}") from None
-
-
-def read_cell_file(path: str) -> dict:
-    """A cell file: ``{"cell": {...}, "dims": {...}}`` as the workflow writes it."""
-    data = _read_json(path, "cell file")
-    if not isinstance(data, dict) or not isinstance(data.get("cell"), dict):
-        raise UserError(f'cell file {path}: expected an object {{"cell": {{...}}, "dims": {{...}}}}')
-    return data
-
-
-def load_cell(path: str, timing_file: str | None):
-    """The cell of a cell file, timed and judged by the settings of a timing file (the config's ``timing``)."""
-    from .generate_job import cell_from_dict
-
-    data = read_cell_file(path)["cell"]
-    if timing_file:
-        data = {**data, "timing": _read_json(timing_file, "timing file")}
-    try:
-        return cell_from_dict(data)
-    except TypeError as err:
-        raise UserError(f"cell file {path}: {err}") from None
-
-
 @command(
     "generate",
     "one grid cell's generation job (resumable JSONL)",
@@ -65,9 +33,10 @@ def load_cell(path: str, timing_file: str | None):
     arg("--no-speed", action="store_true", help="leave OUT.speed.json to 'pipeline speed'"),
 )
 def cmd_generate(args: argparse.Namespace) -> int:
+    from .cell import CellFile
     from .generate_job import cell_key, run_cell
 
-    cell = load_cell(args.cell_file, args.timing_file)
+    cell = CellFile.read(args.cell_file, args.timing_file).cell
     journal = None
     if args.journal_dir:
         journal = args.journal_dir / f"{args.out.name.removesuffix('.jsonl')}-{cell_key(cell)}.jsonl"
@@ -85,9 +54,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     arg("--threads", type=int, help="CPU threads for torch"),
 )
 def cmd_speed(args: argparse.Namespace) -> int:
-    from .generate_job import write_speed
+    from .cell import CellFile
+    from .judge import write_speed
 
-    cell = load_cell(args.cell_file, args.timing_file)
+    cell = CellFile.read(args.cell_file, args.timing_file).cell
     if not args.samples.is_file():
         raise UserError(f"samples file {args.samples} not found")
     print(json.dumps(write_speed(cell, args.samples), indent=2))
@@ -113,12 +83,13 @@ WANDB_ARGS = (  # the W&B run's settings, shared by the per-cell and the per-exp
     arg("--dir", type=Path, default=Path("results"), help="where W&B keeps its run files"),
 )
 def cmd_wandb_log(args: argparse.Namespace) -> int:
+    from .cell import CellFile
     from .tracking import WandbFailed, log_cell
 
-    data = read_cell_file(args.cell_file)
+    entry = CellFile.read(args.cell_file)
     try:
         settings = named_options(args, "experiment project entity mode init_timeout")
-        log_cell(args.samples, args.status, data.get("dims") or {}, data["cell"], wandb_dir=args.dir, **settings)
+        log_cell(args.samples, args.status, entry, wandb_dir=args.dir, **settings)
     except WandbFailed as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

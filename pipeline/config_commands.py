@@ -44,7 +44,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     if isinstance(mem_mb, int | float):
         problems += host_problems(cells, infos, mem_mb)
     print("\n".join(table(infos)))
-    sets = len({tuple(c["dims"]["models"]) for c in cells.values()})
+    sets = len({tuple(c.dims.models) for c in cells.values()})
     memory = f"against one {gpu}" if gpu else "not checked (no gpu_model in the profile; give --gpu)"
     print(f"{len(infos)} models, {sets} model sets, {len(cells)} cells; GPU memory {memory}")
     for problem in problems:

@@ -11,21 +11,24 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import UserError
 
+if TYPE_CHECKING:
+    from .cell import CellFile
+    from .models import ModelSpec
 
-def model_dir(entry: dict[str, Any]) -> Path | None:
-    """The local directory of a model entry when it is already here (a local directory or a prepared cache
+
+def model_dir(spec: ModelSpec) -> Path | None:
+    """The local directory of a model when it is already here (a local directory or a prepared cache
     entry), else None."""
-    from .models import BUNDLED, ModelError, ModelSpec, locate
+    from .models import BUNDLED, ModelError, locate
     from .models.cache import cache_dir
 
     try:
-        spec = ModelSpec(**entry)
         kind, where = locate(spec)
-    except (ModelError, TypeError):
+    except ModelError:
         return None  # the config check names it
     if kind in ("bundled", "gguf"):  # converted once into the cache
         where = cache_dir() / (BUNDLED if kind == "bundled" else spec.name)
@@ -61,28 +64,26 @@ def longest_prompt(task_name: str, size: Any, chat: bool, data_dir: Any, seed: i
     return max((len(ids) for ids in tokenizer(prompts).input_ids), default=0)
 
 
-def check_context(cells: dict[str, dict[str, Any]], error: type[UserError] = UserError) -> None:
+def check_context(cells: dict[str, CellFile], error: type[UserError] = UserError) -> None:
     """Refuse the first cell whose longest prompt plus ``max_new_tokens`` exceeds a model's
     ``max_position_embeddings``: one line, an ``error`` (the config check passes its own). Each dataset is
     rendered once per model directory."""
     longest: dict[tuple, int | None] = {}
     for cell_id, entry in cells.items():
-        cell = entry["cell"]
-        for model in cell["models"]:
+        cell = entry.cell
+        for model in cell.models:
             path = model_dir(model)
             limit = path and context_limit(path, error)
             if not limit:
                 continue
-            key = (cell["task"], json.dumps(cell["size"]), cell["chat"], str(path))
+            key = (cell.task, json.dumps(cell.size), cell.chat, str(path))
             if key not in longest:
-                longest[key] = longest_prompt(
-                    cell["task"], cell["size"], cell["chat"], cell["data_dir"], cell["seed"], path
-                )
+                longest[key] = longest_prompt(cell.task, cell.size, cell.chat, cell.data_dir, cell.seed, path)
             prompt = longest[key]
-            if prompt is not None and prompt + cell["max_new_tokens"] > limit:
+            if prompt is not None and prompt + cell.max_new_tokens > limit:
                 raise error(
-                    f"cell {cell_id}: the longest {cell['task']} prompt is {prompt} tokens under model "
-                    f"{model['name']!r}; with max_new_tokens={cell['max_new_tokens']} it needs "
-                    f"{prompt + cell['max_new_tokens']} positions, and {model['name']!r} holds {limit} "
+                    f"cell {cell_id}: the longest {cell.task} prompt is {prompt} tokens under model "
+                    f"{model.name!r}; with max_new_tokens={cell.max_new_tokens} it needs "
+                    f"{prompt + cell.max_new_tokens} positions, and {model.name!r} holds {limit} "
                     "(max_position_embeddings in its config.json); lower max_new_tokens or choose another model"
                 )

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import UserError
 
 if TYPE_CHECKING:
+    from .cell import Cell, CellFile
     from .preflight import ModelInfo
 
 
@@ -93,12 +94,12 @@ def profile_gpu(profile: Path) -> str | None:
 
 
 def memory_problems(
-    cells: dict[str, dict[str, Any]], infos: dict[str, ModelInfo], gpu_gb: float, gpu_label: str
+    cells: dict[str, CellFile], infos: dict[str, ModelInfo], gpu_gb: float, gpu_label: str
 ) -> list[str]:
     """Each model set whose weights and KV caches exceed the GPU memory a generation job gets."""
     problems: dict[str, None] = {}
     for c in cells.values():
-        names, tokens = c["dims"]["models"], KV_PROMPT_TOKENS + c["cell"]["max_new_tokens"]
+        names, tokens = c.dims.models, KV_PROMPT_TOKENS + c.cell.max_new_tokens
         members = [infos[n] for n in names]
         if any(m.weight_bytes() is None for m in members):
             continue
@@ -106,36 +107,36 @@ def memory_problems(
         if sum(need) + GPU_OVERHEAD_GB > gpu_gb:
             parts = ", ".join(f"{m.name} {n:.1f} GB in {m.dtype}" for m, n in zip(members, need))
             problems[
-                f"set {c['dims']['model_set']!r} needs {sum(need) + GPU_OVERHEAD_GB:.1f} GB ({parts}, with a KV "
+                f"set {c.dims.model_set!r} needs {sum(need) + GPU_OVERHEAD_GB:.1f} GB ({parts}, with a KV "
                 f"cache of {tokens} tokens, +{GPU_OVERHEAD_GB} GB) but a generation job gets {gpu_label}"
             ] = None
     return list(problems)
 
 
-def host_problems(cells: dict[str, dict[str, Any]], infos: dict[str, ModelInfo], mem_mb: float) -> list[str]:
+def host_problems(cells: dict[str, CellFile], infos: dict[str, ModelInfo], mem_mb: float) -> list[str]:
     """Each model set with a model larger than a generation job's host memory (weights pass through it)."""
     problems: dict[str, None] = {}
     for c in cells.values():
-        sized = [infos[n] for n in c["dims"]["models"] if infos[n].weight_bytes() is not None]
+        sized = [infos[n] for n in c.dims.models if infos[n].weight_bytes() is not None]
         big = max(sized, key=lambda m: m.weight_bytes(), default=None)
         if big is not None and big.weight_bytes() / 1e6 > mem_mb:
             problems[
-                f"set {c['dims']['model_set']!r}: {big.name} loads {big.weight_bytes() / 1e9:.1f} GB of weights "
+                f"set {c.dims.model_set!r}: {big.name} loads {big.weight_bytes() / 1e9:.1f} GB of weights "
                 f"({big.dtype}) through host memory but a generation job asks for mem_mb={mem_mb:g}"
             ] = None
     return list(problems)
 
 
-def prompts(cell: dict[str, Any]) -> int:
-    size = cell["size"]
-    full = FULL_SIZES.get(cell["task"])
+def prompts(cell: Cell) -> int:
+    size = cell.size
+    full = FULL_SIZES.get(cell.task)
     if size == "tiny":
         return 5
     if size == "small":
         return min(200, full or 200)
     if size == "full":
         if full is None:
-            raise UserError(f"datasets.{cell['task']}: size full has no known count here; give a number")
+            raise UserError(f"datasets.{cell.task}: size full has no known count here; give a number")
         return full
     return int(size)
 
@@ -149,12 +150,12 @@ def token_seconds(method: str, t: list[float], gamma: Any, proposer: str, accept
     if method in ("large_model", "small_model"):  # one model of the set (a speculative cell's baseline)
         return t[0] if method == "large_model" else t[-1]
     if not spec.speculative:
-        return sum(t) / len(t) if spec.kind == "me" else sum(t)
-    if spec.kind == "peer":
+        return sum(t) / len(t) if spec.mixture else sum(t)
+    if spec.peer:
         target = sum(t) if spec.ensemble else t[0]
         draft = 0.0 if spec.peer_proposer == "lookup" else t[-1]
     else:
-        target = t[0] if spec.name == "sd" else sum(t) / len(t) if spec.kind == "me_sd" else sum(t)
+        target = t[0] if spec.name == "sd" else sum(t) / len(t) if spec.mixture else sum(t)
         draft = min(t) if "draft" in proposer.split("+") and len(t) > 1 else 0.0
     g = gamma[-1] if isinstance(gamma, list) else gamma  # a *_se list: the small model's gamma
     return target / predicted(acceptance, g, {1: target}, {1: draft})
@@ -164,17 +165,17 @@ def forecast(config, cells, infos, gpu: Gpu, efficiency: float, floor_ms: float,
     """Jobs per rule, and the hours of each cell's generation job and of all of them."""
     hours: dict[str, float] = {}
     for cell_id, c in cells.items():
-        cell, members = c["cell"], [infos[n] for n in c["dims"]["models"]]
+        cell, members = c.cell, [infos[n] for n in c.dims.models]
         if any(m.read_bytes() is None for m in members):
             raise UserError(f"cell {cell_id}: the shapes of {', '.join(m.name for m in members)} are not known here")
         t = [max(m.read_bytes() / (gpu.bandwidth_gb_s * 1e9 * efficiency), floor_ms / 1e3) for m in members]
-        proposer = cell["method_args"].get("proposer", "draft")
-        runs = [cell["method"]] + ([cell["baseline"]] if cell.get("baseline") else [])
-        per_token = sum(token_seconds(r, t, cell["gamma"], proposer, acceptance) for r in runs)
+        proposer = cell.method_args.get("proposer", "draft")
+        runs = [cell.method] + ([cell.baseline] if cell.baseline else [])
+        per_token = sum(token_seconds(r, t, cell.gamma, proposer, acceptance) for r in runs)
         used = [members[:1] if r == "large_model" else members[-1:] if r == "small_model" else members for r in runs]
         flops = PROMPT_TOKENS * 2 * sum(m.parameters for run in used for m in run)
         prefill = flops / (gpu.tflops * 1e12) if gpu.tflops else 0.0  # a GPU given by --bandwidth alone: none
-        hours[cell_id] = prompts(cell) * (cell["max_new_tokens"] * per_token + prefill) / 3600
+        hours[cell_id] = prompts(cell) * (cell.max_new_tokens * per_token + prefill) / 3600
     wandb = config["wandb"]["mode"] != "disabled"
     jobs = {rule: len(cells) for rule in PER_CELL if rule != "wandb_log" or wandb}
     jobs["prepare_model"] = len(infos)

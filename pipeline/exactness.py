@@ -37,10 +37,10 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
 
 
 def _plan(method: str, method_args: dict, n: int):
-    """The method's target members and function (no model is needed to know them)."""
+    """The method's target members and function (the models' sizes only pick a first proposer: not needed)."""
     from .decoding.methods import plan_method
 
-    plan, _ = plan_method(method, [torch.nn.Module() for _ in range(n)], 1, dict(method_args))
+    plan, _ = plan_method(method, [0] * n, 1, dict(method_args))
     return plan
 
 

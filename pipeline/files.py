@@ -113,6 +113,14 @@ def read_user_text(path: Path, what: str = "file", limit: int = MAX_USER_FILE) -
         ) from None
 
 
+def read_user_json(path: Path, what: str = "JSON file") -> Any:
+    """A JSON file's content; a one-line UserError naming the file (``what`` it is) when it cannot be read."""
+    try:
+        return json.loads(read_user_text(Path(path), what))
+    except json.JSONDecodeError as err:
+        raise UserError(f"{what} {path}: {err}") from None
+
+
 def read_jsonl(path: Path, what: str = "JSONL file") -> list[dict[str, Any]]:
     """Every record of a JSONL file (blank lines skipped); a one-line UserError naming the file and line
     of the first record that is not JSON."""

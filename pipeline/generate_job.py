@@ -11,7 +11,7 @@ that was interfered with is run again, up to ``timing.remeasure`` times (the
 outputs are the same: decoding is seeded), and every attempt's timing is kept
 with the one that counts. Hardware and library versions go to
 ``<out>.meta.json`` and the cell's speed summary, with its interval, τ and
-flags (``speed.py``), to ``<out>.speed.json`` (both written atomically).
+flags (``judge.py``), to ``<out>.speed.json`` (both written atomically).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -28,62 +27,16 @@ import torch
 
 from tasks import get_task, render
 
+from .cell import Cell
 from .decoding import generate
-from .decoding.methods import check_gamma_schedule, check_sampling, check_seed
 from .decoding.runner import engine_of
-from .decoding.spec import parse_method
 from .decoding.static import compile_ahead
-from .decoding.tree import parse_tree
 from .errors import UserError
-from .files import read_jsonl, writable_dir, write_atomic
+from .files import writable_dir, write_atomic
 from .journal import Journal, journal_lock
-from .models import ModelSpec, load_members, union_tokenizers
-from .speed import Policy, summarize
+from .judge import interference, write_speed
+from .models import load_members, union_tokenizers
 from .timing import Probe, provenance
-
-
-@dataclass
-class Cell:
-    models: list[ModelSpec]
-    method: str
-    task: str
-    gamma: Any = 1
-    gamma_schedule: str = "fixed"
-    tree: Any = None  # a token tree per round (decoding/tree.py), None: a chain
-    method_args: dict[str, Any] = field(default_factory=dict)
-    size: str | int = "tiny"
-    data_dir: str | None = None
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-    chat: bool = False
-    baseline: str | None = None  # a method run beside each sample, e.g. "we" for "we_se"
-    baseline_args: dict[str, Any] = field(default_factory=dict)
-    timing: dict[str, Any] = field(default_factory=dict)  # speed.Policy: how samples are timed and judged
-
-    def __post_init__(self):  # the decoder's own checks, before anything loads
-        specs = [parse_method(m) for m in (self.method, self.baseline) if m is not None]
-        check_sampling(self.temperature, self.top_k, self.top_p, self.max_new_tokens)
-        check_gamma_schedule(self.gamma_schedule)
-        if parse_tree(self.tree) is not None and specs[0].kind not in ("sd", "se"):
-            raise UserError(f"tree={self.tree!r} for {self.method!r}: a tree is for the sd, *_sd and *_se methods")
-        for spec in specs:
-            spec.check_temperature(self.temperature)
-        check_seed(self.seed)
-        self.policy = Policy.from_dict(self.timing)
-
-
-def cell_from_dict(data: dict[str, Any]) -> Cell:
-    """A cell from its JSON form; ``models`` holds names or ``{name, source, dtype, device, ...}`` objects."""
-    data = dict(data)
-    models = [ModelSpec(m) if isinstance(m, str) else ModelSpec(**m) for m in data.pop("models", [])]
-    if not models:
-        raise UserError("a cell needs at least one model")
-    if unknown := sorted(set(data) - set(Cell.__dataclass_fields__)):
-        raise UserError(f"unknown cell keys {unknown}; accepted: {', '.join(sorted(Cell.__dataclass_fields__))}")
-    return Cell(models=models, **data)
 
 
 def environment() -> dict[str, Any]:
@@ -170,11 +123,12 @@ def _run_cell(cell: Cell, out: Path, progress: bool, journal: Path, speed: bool)
     settings = {k: v for k, v in cell.__dict__.items() if k not in ("models", "policy")}
     meta = {"environment": environment(), "cell": {**settings, "models": [m.name for m in cell.models]}}
     write_atomic(out.with_suffix(".meta.json"), json.dumps(meta, indent=2, default=str) + "\n")
-    sampling = {k: settings[k] for k in ("gamma", "gamma_schedule", "max_new_tokens", "temperature", "top_k", "top_p")}
     trees = {"tree": cell.tree} if cell.tree is not None else {}  # the method's own, never its baseline's
     # every run of the cell: its models and settings (methods that do not speculate ignore gamma_schedule)
     joined = {} if union is None else {"tokenizers": union}  # different tokenizers: over their union
-    run = partial(generate, models, eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer, **joined, **sampling)
+    run = partial(
+        generate, models, eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer, **joined, **cell.sampling()
+    )
 
     rendered = [(ex, *render(task, ex, tokenizer, cell.chat)) for ex in examples]
     prompts = {ex.id: tokenizer(prompt).input_ids for ex, prompt, _ in rendered}
@@ -243,49 +197,3 @@ def _run_cell(cell: Cell, out: Path, progress: bool, journal: Path, speed: bool)
     if journal != out:
         journal.unlink()  # last: until here a crash leaves every sample in the journal
     return summary
-
-
-def prompt_ids(cell: Cell) -> dict[str, list[int]]:
-    """Each example's prompt as token ids, as the generation job rendered it."""
-    from transformers import AutoTokenizer
-
-    from .models import resolve
-
-    tokenizer = AutoTokenizer.from_pretrained(resolve(cell.models[0]))
-    task = get_task(cell.task)
-    examples = task.load(cell.size, cell.data_dir, cell.seed)
-    return {ex.id: tokenizer(render(task, ex, tokenizer, cell.chat)[0]).input_ids for ex in examples}
-
-
-def write_speed(
-    cell: Cell, out: Path, rows: list[dict[str, Any]] | None = None, prompts: dict[str, list[int]] | None = None
-) -> dict[str, Any]:
-    """Judge a finished cell's samples (``speed.summarize``, exactness at T=0) into ``<out>.speed.json``."""
-    out = Path(out)
-    rows = read_jsonl(out) if rows is None else rows
-    exact = None
-    if cell.baseline and cell.temperature == 0:
-        from .exactness import check
-
-        mismatched = any(r["token_ids"] != r["baseline"]["token_ids"] for r in rows)
-        prompts = prompts if prompts is not None or not mismatched else prompt_ids(cell)
-        exact = check(rows, prompts or {}, cell.models, cell.baseline, cell.baseline_args, cell.policy.near_tie_nats)
-    summary = summarize(rows, cell.policy, exact)
-    write_atomic(out.with_suffix(".speed.json"), json.dumps(summary, indent=2) + "\n")
-    return summary
-
-
-def interference(attempt: dict[str, Any], policy: Policy) -> float:
-    """How far over its thresholds an attempt's worst run was (0: not at all)."""
-    worst = 0.0
-    for role in ("method", "baseline"):
-        t = attempt.get(role)
-        if t and t["wall_s"] > 0:
-            psi = (t["psi_some_s"] or 0) / t["wall_s"] / policy.psi_share
-            worst = max(worst, psi, t["nivcsw"] / t["wall_s"] / policy.nivcsw_per_s)
-    return worst
-
-
-def speed_summary(path: Path) -> dict[str, Any]:
-    """The speed summary of a generations file (``speed.summarize``, default timing policy)."""
-    return summarize(read_jsonl(path), Policy())

@@ -25,13 +25,16 @@ from __future__ import annotations
 import itertools
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .errors import UserError
 from .files import write_atomic
 from .intervals import CONFIDENCE, interval
+
+if TYPE_CHECKING:
+    from .cell import CellFile
 
 LM_EVAL_TASKS = Path(__file__).resolve().parents[1] / "tasks" / "lm_eval"
 SCORED = ("multiple_choice", "loglikelihood")  # lm-eval output types scored by log-likelihood alone
@@ -57,25 +60,25 @@ def _text(value: Any) -> str:
     return "/".join(f"{v:g}" for v in value) if isinstance(value, list) else f"{value:g}"
 
 
-def grid_distributions(cells: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The distinct distributions of a grid's cells (``workflow.expand_cells``), each with the methods it scores
+def grid_distributions(cells: dict[str, CellFile]) -> dict[str, dict[str, Any]]:
+    """The distinct distributions of a grid's cells (``grid.expand_cells``), each with the methods it scores
     for (``uses``: ``method (model set)``), in the cells' order."""
     out: dict[str, dict[str, Any]] = {}
     for c in cells.values():
-        dims = c["dims"]
-        key, entry = distribution(dims["method"], dims["models"], c["cell"]["method_args"])
+        dims = c.dims
+        key, entry = distribution(dims.method, dims.models, c.cell.method_args)
         out.setdefault(key, {**entry, "uses": []})
-        use = f"{dims['method']} ({dims['model_set']})"
+        use = f"{dims.method} ({dims.model_set})"
         if use not in out[key]["uses"]:
             out[key]["uses"].append(use)
     return out
 
 
-def job_specs(config: dict[str, Any], cells: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def job_specs(config: dict[str, Any], cells: dict[str, CellFile]) -> dict[str, dict[str, Any]]:
     """One job per task of ``likelihood_tasks``: what ``pipeline likelihood`` reads (the task, its limit, the
     grid's distributions, the model entries they use)."""
+    from .config import model_entry
     from .preflight import mixed_tokenizers
-    from .workflow import model_entry
 
     tasks = config.get("likelihood_tasks") or {}
     if not tasks:

@@ -43,7 +43,7 @@ from tqdm import tqdm
 from tasks.base import cut_at_stops
 
 from .decoding import Sampling, generate
-from .decoding.methods import plan_method
+from .decoding.methods import parameter_counts, plan_method, restricted_heads
 from .decoding.spec import parse_method
 from .errors import UserError
 from .models import load_members, parse_model, union_tokenizers
@@ -58,9 +58,9 @@ def _split(value: Any, cast=str) -> list:
 
 def target_distribution(method: str, models: list, gamma: Any, method_args: dict[str, Any]):
     """The members (model indices) and target function of ``method``: what its tokens are drawn from."""
-    plan, args = plan_method(method, models, gamma, dict(method_args))
+    plan, args = plan_method(method, parameter_counts(models), gamma, dict(method_args), restricted_heads(models))
     spec = parse_method(method)
-    if spec.kind == "peer" and spec.ensemble is not None:  # verified against the ensemble's distribution
+    if spec.peer and spec.ensemble is not None:  # verified against the ensemble's distribution
         params = {k: v for k, v in args.items() if k in spec.ensemble.params}
         return list(range(len(models))), partial(spec.ensemble.fn, **params)
     return plan.members, plan.target_fn

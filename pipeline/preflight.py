@@ -16,10 +16,13 @@ import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import one_line
 from .models.spec import BUNDLED, DTYPES, ModelError, ModelSpec, config_entry, teacher_spec
+
+if TYPE_CHECKING:
+    from .cell import CellFile
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
@@ -237,36 +240,34 @@ def inspect_config(config: dict[str, Any], names: list[str], dtype: str = "bfloa
     return {n: inspect(ModelSpec(**config_entry(config["models"], n)), dtype) for n in names}
 
 
-def set_problems(config: dict[str, Any], cells: dict[str, dict[str, Any]], infos: dict[str, ModelInfo]) -> list[str]:
+def set_problems(config: dict[str, Any], cells: dict[str, CellFile], infos: dict[str, ModelInfo]) -> list[str]:
     """What stops a model set from running: vocabularies, tokenizers, chat templates, full heads."""
-    from .decoding.spec import parse_method
-
     problems: dict[str, None] = {}
     joined: set[tuple[str, ...]] = set()  # sets whose members are compared already
     for c in cells.values():
-        cell, dims = c["cell"], c["dims"]
-        names = dims["models"]
-        where = f"grid {dims['grid']!r}, set {dims['model_set']!r}"
+        cell, dims = c.cell, c.dims
+        names = dims.models
+        where = f"grid {dims.grid!r}, set {dims.model_set!r}"
         differ = different_tokenizers(config, names, infos)
-        if differ and (why := one_tokenizer_only(parse_method(dims["method"]))):
+        if differ and (why := one_tokenizer_only(dims.spec)):
             problems[
-                f"{where}: {dims['method']!r} needs one shared tokenizer but {differ} ({why}); the other methods "
+                f"{where}: {dims.method!r} needs one shared tokenizer but {differ} ({why}); the other methods "
                 "run over the union of their vocabularies"
             ] = None
         elif differ and tuple(names) not in joined:
             joined.add(tuple(names))
             if problem := joinable_problem(names, infos):
                 problems[f"{where}: {problem}"] = None
-        if cell.get("chat"):
+        if cell.chat:
             for name in names:
                 if infos[name].vocab is not None and not infos[name].chat_template:
                     problems[
-                        f"config key datasets.{dims['dataset']}: chat is true but model {name!r} has no chat template "
+                        f"config key datasets.{dims.dataset}: chat is true but model {name!r} has no chat template "
                         "(tokenizer_config.json chat_template); set chat: false or use an instruct model"
                     ] = None
         restricted = [repr(n) for n in names if infos[n].restricted_head]
         try:
-            parse_method(dims["method"]).check(len(names), cell["method_args"], restricted)
+            dims.spec.check(len(names), cell.method_args, restricted)
         except ValueError as err:
             problems[f"{where}: {err}; or set 'full_head: true' on that model"] = None
     return list(problems)
@@ -287,7 +288,7 @@ def one_tokenizer_only(spec) -> str | None:
     """Why a method cannot run over a set of different tokenizers (None: it can, over their union)."""
     if spec.ensemble is not None and spec.ensemble.full_vocab:
         return "contrastive decoding subtracts the members' log-probabilities token by token, over one vocabulary"
-    if spec.kind == "peer":
+    if spec.peer:
         return "transformers' own methods run one shared tokenizer"
     return None
 
@@ -329,13 +330,13 @@ def joinable_problem(names: list[str], infos: dict[str, ModelInfo]) -> str | Non
     return None
 
 
-def models_to_prepare(config: dict[str, Any], cells: dict[str, dict[str, Any]]) -> list[str]:
+def models_to_prepare(config: dict[str, Any], cells: dict[str, CellFile]) -> list[str]:
     """Model names used by some cell, in config order."""
-    used = {m for c in cells.values() for m in c["dims"]["models"]}
+    used = {m for c in cells.values() for m in c.dims.models}
     return [m for m in config["models"] if m in used]
 
 
-def run(config: dict[str, Any], cells: dict[str, dict[str, Any]], gpu: str | None = None):
+def run(config: dict[str, Any], cells: dict[str, CellFile], gpu: str | None = None):
     """The models' infos and every problem of a checked config (``gpu``: a name of ``estimate.GPUS``)."""
     infos = inspect_config(config, models_to_prepare(config, cells), "bfloat16" if gpu != "cpu" else "float32")
     problems = [p for info in infos.values() for p in info.problems]

@@ -27,10 +27,13 @@ import shutil
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import one_line
 from .files import read_jsonl, write_atomic
+
+if TYPE_CHECKING:
+    from .cell import CellFile
 
 
 def resolve_mode(mode: str) -> str:
@@ -75,11 +78,19 @@ def run_id(experiment: str, name: str) -> str:
     return hashlib.sha256(f"{experiment}\0{name}".encode()).hexdigest()[:24]
 
 
+def run_config(entry: CellFile | None) -> dict[str, Any]:
+    """A cell's W&B config: its dims and its settings (the method among them), its models by name."""
+    if entry is None:
+        return {}
+    dims = entry.dims.to_json() if entry.dims else {}
+    cell = {k: v for k, v in entry.cell.to_json().items() if k not in ("models", "baseline_args")}
+    return {**dims, **cell, "models": dims.get("models")}
+
+
 def log_cell(
     samples: Path,
     status: Path,
-    dims: dict[str, Any],
-    cell: dict[str, Any] | None = None,
+    entry: CellFile | None,
     experiment: str = "default",
     project: str = "specens",
     entity: str | None = None,
@@ -96,8 +107,9 @@ def log_cell(
     Waiting for an unreachable server is bounded by ``init_timeout`` seconds.
     """
     samples = Path(samples)
-    run = RunSpec(run_id(experiment, dims.get("id", samples.stem)), dims.get("id"), "cell", experiment, project, entity)
-    return _logged(status, mode, run, partial(_log_cell, samples, dims, cell or {}), wandb_dir, init_timeout)
+    name = entry.dims.id if entry and entry.dims else None
+    run = RunSpec(run_id(experiment, name or samples.stem), name, "cell", experiment, project, entity)
+    return _logged(status, mode, run, partial(_log_cell, samples, run_config(entry)), wandb_dir, init_timeout)
 
 
 def log_experiment(
@@ -209,7 +221,7 @@ def _log_run(run_spec: RunSpec, fill, mode, wandb_dir, timeout) -> tuple[str, Pa
         raise
 
 
-def _log_cell(samples: Path, dims: dict[str, Any], cell: dict[str, Any], run) -> None:
+def _log_cell(samples: Path, config: dict[str, Any], run) -> None:
     """A cell's run: its dimensions and settings (the method among them) as config, per-sample history, a table
     of samples, the summary metrics."""
     import wandb
@@ -217,8 +229,6 @@ def _log_cell(samples: Path, dims: dict[str, Any], cell: dict[str, Any], run) ->
     rows = read_jsonl(samples)
     scores_path = samples.with_suffix(".scores.jsonl")
     scores = {r["id"]: r for r in read_jsonl(scores_path)} if scores_path.exists() else {}
-    config = {**dims, **{k: v for k, v in cell.items() if k not in ("models", "baseline_args")}}
-    config["models"] = dims.get("models")
     run.config.update(config, allow_val_change=True)
     table = wandb.Table(columns=["id", "output", "new_tokens", "tokens_per_s", "tau", "baseline_output", "score"])
     for row in rows:

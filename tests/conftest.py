@@ -84,3 +84,13 @@ def tiny_dir(tmp_path_factory, smol_tokenizer):
 def tiny_dir2(tmp_path_factory, smol_tokenizer):
     """Another tiny model (other weights, one layer) with the same tokenizer."""
     return save_tiny(tmp_path_factory.mktemp("models") / "tiny2", smol_tokenizer, seed=1, layers=1)
+
+
+def cell_entry(cell_id: str, models: tuple[str, ...] = ("a", "b")):
+    """The cell file of an ``sd`` cell, as the workflow writes it (``pipeline.cell.CellFile``)."""
+    from pipeline.cell import CellFile
+
+    dims = {"id": cell_id, "experiment": "exp", "grid": "g", "model_set": "pair", "models": list(models)}
+    dims |= {"large_model": models[0], "method": "sd", "family": "single", "kind": "sd", "dataset": "humaneval"}
+    cell = {"models": list(models), "method": "sd", "task": "humaneval", "gamma": 2}
+    return CellFile.from_json({"cell": cell, "dims": {**dims, "temperature": 0.0}})

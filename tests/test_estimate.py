@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from pipeline import estimate
+from pipeline.config import check_config, load_config_file
 from pipeline.errors import UserError
-from pipeline.preflight import inspect_config
-from pipeline.workflow import check_config, expand_cells, load_config_file, models_to_prepare
+from pipeline.grid import expand_cells
+from pipeline.preflight import inspect_config, models_to_prepare
 from tests.test_preflight import LLAMA, PUBLIC_CONFIGS, PUBLIC_PARAMETERS, model_dir
 
 ROOT = Path(__file__).resolve().parent.parent

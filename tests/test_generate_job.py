@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from pipeline.generate_job import Cell, run_cell
+from pipeline.cell import Cell
+from pipeline.generate_job import run_cell
 from pipeline.models import ModelSpec
 
 

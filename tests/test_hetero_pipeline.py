@@ -16,10 +16,12 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
+from pipeline.config import ConfigError, check_config
+from pipeline.grid import expand_cells
 from pipeline.models import ModelSpec, load
 from pipeline.models.student import StudentRecipe, distill_student, recipe_from, student_model, train_tokenizer
 from pipeline.speed import summarize
-from pipeline.workflow import ConfigError, check_config, expand_cells, local_problems
+from pipeline.workflow import local_problems
 
 from .conftest import save_tiny
 
@@ -111,7 +113,7 @@ def test_a_set_with_a_student_of_its_own_tokenizer_passes_the_config_check(tmp_p
     config = check_config(hetero_config(tmp_path, {"smollm2-135m-instruct": {}, "st": STUDENT}, ["we", "we_sd"]))
     cells = expand_cells(config)
     assert sorted(cells) == ["humaneval/pair/we-T1", "humaneval/pair/we_sd-T1-g2"]
-    student = cells["humaneval/pair/we_sd-T1-g2"]["cell"]["models"][1]
+    student = cells["humaneval/pair/we_sd-T1-g2"].cell.to_json()["models"][1]
     assert student["distill"]["tokenizer"] == {"vocab": 512} and "full_head" not in student
     _, problems = local_problems(config, cells)
     assert problems == []  # the student is not distilled yet: its tokenizer is checked by the job
@@ -171,7 +173,7 @@ def test_a_set_that_cannot_be_joined_is_refused_in_one_line(tmp_path, tiny_dir):
 def test_the_default_configs_hetero_grid():
     raw = yaml.safe_load((ROOT / "config" / "default.yaml").read_text())
     cells = expand_cells(check_config(copy.deepcopy(raw)))
-    hetero = {k: v for k, v in cells.items() if v["dims"]["grid"] == "hetero"}
+    hetero = {k: v for k, v in cells.items() if v.dims.grid == "hetero"}
     assert sorted(hetero) == [
         "humaneval/smol+v4k/we-T1",
         "humaneval/smol+v4k/we_me-T1",
@@ -180,7 +182,7 @@ def test_the_default_configs_hetero_grid():
         "humaneval/smol+v4k/we_se-T1-g1-2",
     ]
     for cell_id, entry in hetero.items():
-        cell = entry["cell"]
+        cell = entry.cell.to_json()
         assert [m["name"] for m in cell["models"]] == ["smollm2-135m-instruct", "smollm2-student-v4k"]
         assert cell["models"][1]["distill"]["tokenizer"] == {"vocab": 4096}
         assert cell["size"] == 10 and cell["chat"] and cell["temperature"] == 1.0
@@ -203,7 +205,8 @@ def test_union_figures_in_the_speed_summary():
 
 
 def test_a_generation_job_over_a_mixed_set(student, tiny_dir, tmp_path):
-    from pipeline.generate_job import Cell, run_cell
+    from pipeline.cell import Cell
+    from pipeline.generate_job import run_cell
 
     cell = Cell(
         models=[ModelSpec("big", str(tiny_dir)), ModelSpec("own", str(student[2]))],

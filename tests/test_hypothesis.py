@@ -17,11 +17,12 @@ import yaml
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from pipeline.config import check_config, load_config_file, load_schema
 from pipeline.decoding import generate
 from pipeline.decoding.spec import method_names, parse_method
 from pipeline.errors import ArgumentError, UserError
+from pipeline.grid import expand_cells
 from pipeline.journal import Journal
-from pipeline.workflow import check_config, expand_cells, load_config_file, load_schema
 
 from .conftest import perturbed, tiny_llama
 
@@ -124,7 +125,7 @@ def test_every_config_is_a_cell_list_or_one_line(edits):
         assert one_line(err), repr(err)
         return
     event("handled: a cell list")
-    assert cells and all(isinstance(k, str) and isinstance(v["cell"], dict) for k, v in cells.items())
+    assert cells and all(isinstance(k, str) and isinstance(v.cell.to_json(), dict) for k, v in cells.items())
 
 
 @settings(TRIED, max_examples=100)

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipeline.config import check_config
 from pipeline.decoding import generate, register_ensemble
 from pipeline.decoding.engine import DynamicGamma
 from pipeline.decoding.spec import parse_method
 from pipeline.errors import ArgumentError
-from pipeline.workflow import check_config, expand_cells
+from pipeline.grid import expand_cells
 
 from .conftest import perturbed, tiny_llama
 
@@ -144,12 +145,12 @@ def test_dynamic_gamma_cells_are_named_apart():
         "humaneval/pair/we_se-T0-g1-2",
         "humaneval/pair/we_se-T0-g1-2dyn",
     ]
-    assert cells["humaneval/pair/sd-T0-g2dyn"]["cell"]["gamma_schedule"] == "dynamic"
-    assert "gamma_schedule" not in cells["humaneval/pair/sd-T0-g2"]["cell"]  # fixed cells keep their form
-    assert cells["humaneval/pair/sd-T0-g2dyn"]["dims"]["gamma"] == "2dyn"
+    assert cells["humaneval/pair/sd-T0-g2dyn"].cell.gamma_schedule == "dynamic"
+    assert "gamma_schedule" not in cells["humaneval/pair/sd-T0-g2"].cell.to_json()  # fixed cells keep their form
+    assert cells["humaneval/pair/sd-T0-g2dyn"].dims.gamma == "2dyn"
     parallel = cells["humaneval/pair/we_p-T0"]
-    assert parallel["cell"]["baseline"] == "we" and parallel["dims"]["standard"] == "we"
-    assert parallel["dims"]["gamma"] is None
+    assert parallel.cell.baseline == "we" and parallel.dims.standard == "we"
+    assert parallel.dims.gamma is None
 
 
 # ---- the gated ensemble ------------------------------------------------------------------
@@ -195,11 +196,12 @@ def test_the_docs_example_is_the_registered_code():
 def test_the_largest_models_turn_keeps_its_gamma(pair, monkeypatch):
     """Its drafts cost one of its own forwards a token: a dynamic schedule leaves its gamma alone."""
     from pipeline.decoding import engine
-    from pipeline.decoding.methods import fixed_turns, plan_method
+    from pipeline.decoding.methods import fixed_turns, parameter_counts, plan_method
 
     big, small = pair[0], tiny_llama(33)
-    plan, _ = plan_method("we_se", [big, small], [1, 2], {})
-    assert [turn for turn, _ in plan.schedule] == [(1,), (0,)] and fixed_turns(plan.schedule, [big, small]) == {1}
+    sizes = parameter_counts([big, small])
+    plan, _ = plan_method("we_se", sizes, [1, 2], {})
+    assert [turn for turn, _ in plan.schedule] == [(1,), (0,)] and fixed_turns(plan.schedule, sizes) == {1}
     drafts = []
     draft = engine.Decoder._draft
 

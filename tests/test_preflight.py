@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from pipeline import preflight
-from pipeline.workflow import check_config, expand_cells
+from pipeline.config import check_config
+from pipeline.grid import expand_cells
 
 LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "rms_norm_eps": 1e-5}
 QWEN2 = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_act": "silu", "rms_norm_eps": 1e-6}

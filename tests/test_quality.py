@@ -260,14 +260,14 @@ def synthetic_results(root: Path, config: str = "paper.yaml") -> Path:
     _, cells = load_checked(REPO / "config" / config)
     results = root / "results"
     (results / "generations").mkdir(parents=True)
-    (results / "grid.json").write_text(json.dumps([c["dims"] for c in cells.values()]))
+    (results / "grid.json").write_text(json.dumps([c.dims.to_json() for c in cells.values()]))
     rng = random.Random(0)
     for cell_id, c in cells.items():
         base = results / "generations" / f"{cell_id}.jsonl"
         base.parent.mkdir(parents=True, exist_ok=True)
         base.write_text("")
         speed = {"samples": 10, "tokens_per_s": 20.0, "unstable": rng.random() < 0.1, "flags": []}
-        if c["dims"]["kind"] != "plain":
+        if c.dims.kind != "plain":
             v = rng.uniform(0.8, 2.5)
             speed.update(speedup_side_by_side=v, speedup_ci_low=v * 0.93, speedup_ci_high=v * 1.06)
         base.with_suffix(".speed.json").write_text(json.dumps(speed))
@@ -321,8 +321,8 @@ def test_model_sets_that_share_no_model_are_loaded_apart():
 
 def test_the_forecast_counts_the_likelihood_job():
     from pipeline import estimate
-    from pipeline.preflight import inspect_config
-    from pipeline.workflow import load_checked, models_to_prepare
+    from pipeline.preflight import inspect_config, models_to_prepare
+    from pipeline.workflow import load_checked
 
     config, cells = load_checked(REPO / "config" / "default.yaml")
     infos = inspect_config(config, models_to_prepare(config, cells), "float32")

@@ -156,7 +156,7 @@ def test_a_model_on_the_meta_device_is_refused():
 
 
 def test_a_config_that_is_not_utf8_is_one_line_naming_it(tmp_path):
-    from pipeline.workflow import ConfigError, load_config_file
+    from pipeline.config import ConfigError, load_config_file
 
     bad = tmp_path / "config.yaml"
     bad.write_bytes(b"methods:\n  - we\n\xff\xfe\n")
@@ -291,8 +291,9 @@ def test_a_second_job_on_a_cell_being_generated_stops_at_once_naming_the_first(t
 
 
 def test_run_cell_refuses_a_running_cell_and_takes_over_from_a_dead_job(tiny_dir, tmp_path, capsys):
+    from pipeline.cell import Cell
     from pipeline.files import LockHeld
-    from pipeline.generate_job import Cell, run_cell
+    from pipeline.generate_job import run_cell
     from pipeline.models import ModelSpec
 
     cell = Cell(

@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.cell import Cell
 from pipeline.files import write_atomic
-from pipeline.generate_job import Cell, run_cell
+from pipeline.generate_job import run_cell
 from pipeline.journal import Journal
 from pipeline.models import ModelSpec
+from tests.conftest import cell_entry
 
 ROOT = Path(__file__).resolve().parent.parent
 IDS = [f"e{i}" for i in range(10)]
@@ -297,7 +299,7 @@ def test_an_unreachable_server_costs_seconds_keeps_an_offline_copy_and_is_retrie
     status, failed = tmp_path / "cell.wandb.json", tmp_path / "cell.wandb.failed.json"
     start = time.perf_counter()
     with pytest.raises(tracking.WandbFailed, match="next workflow run tries again") as err:
-        tracking.log_cell(scored_cell, status, {"id": "c"}, mode="auto", wandb_dir=tmp_path, init_timeout=3)
+        tracking.log_cell(scored_cell, status, cell_entry("c"), mode="auto", wandb_dir=tmp_path, init_timeout=3)
     assert time.perf_counter() - start < 30  # W&B's own default waits 90 s
     assert "\n" not in str(err.value)
     assert not status.exists()  # not done: the workflow runs this job again
@@ -310,7 +312,7 @@ def test_an_unreachable_server_costs_seconds_keeps_an_offline_copy_and_is_retrie
 
     # the next run reaches the server: the online run replaces the offline copy (nothing synced twice)
     monkeypatch.setattr(tracking, "_log_run", lambda *a, **k: ("abc", tmp_path / "wandb" / "run-x-abc"))
-    outcome = tracking.log_cell(scored_cell, status, {"id": "c"}, mode="online", wandb_dir=tmp_path)
+    outcome = tracking.log_cell(scored_cell, status, cell_entry("c"), mode="online", wandb_dir=tmp_path)
     assert outcome["status"] == "ok" and json.loads(status.read_text())["run_id"] == "abc"
     assert not copy.exists() and not failed.exists()
 
@@ -327,7 +329,7 @@ def test_the_wandb_command_fails_in_one_line_so_the_job_is_retried(scored_cell, 
     before = scored_cell.read_bytes()
     status = tmp_path / "cell.wandb.json"
     cell_file = tmp_path / "cell-file.json"
-    cell_file.write_text(json.dumps({"cell": {}, "dims": {"id": "c"}}))
+    cell_entry("c").write(cell_file)
     code = main(
         [
             "wandb-log",
@@ -366,7 +368,9 @@ def test_result_files_get_the_mode_the_umask_gives(tmp_path, mask, mode):
 
 
 def test_datasets_only_on_the_hub_are_checked_when_the_job_runs_unless_offline(tmp_path, monkeypatch):
-    from pipeline.workflow import ConfigError, check_config, check_local, expand_cells
+    from pipeline.config import ConfigError, check_config
+    from pipeline.grid import expand_cells
+    from pipeline.workflow import check_local
 
     config = check_config(
         {

@@ -14,8 +14,9 @@ import torch
 
 from pipeline import timing
 from pipeline.acceptance import decoding_metrics
+from pipeline.cell import Cell
 from pipeline.decoding import generate
-from pipeline.generate_job import Cell, run_cell
+from pipeline.generate_job import run_cell
 from pipeline.models import ModelSpec
 from pipeline.speed import Policy, flags, ratio_interval, summarize
 

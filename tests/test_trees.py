@@ -254,7 +254,8 @@ def test_the_audit_catches_a_stale_compaction(audit_trio, monkeypatch, temperatu
 
 
 def test_config_trees_become_cells_beside_the_chain():
-    from pipeline.workflow import ConfigError, check_config, expand_cells
+    from pipeline.config import ConfigError, check_config
+    from pipeline.grid import expand_cells
 
     base = {
         "models": {"big": {}, "small": {}},
@@ -272,19 +273,19 @@ def test_config_trees_become_cells_beside_the_chain():
         "humaneval/pair/we_se-T0-g1-3-td16",
     ]
     tree = cells["humaneval/pair/sd-T0-g3-t3x2x1"]
-    assert tree["cell"]["tree"] == "t3x2x1" and tree["dims"]["tree_nodes"] == 15
-    assert tree["dims"]["gamma"] == "3 t3x2x1 (15 nodes)" and "tree" not in cells["humaneval/pair/sd-T0-g3"]["cell"]
+    assert tree.cell.tree == "t3x2x1" and tree.dims.tree_nodes == 15
+    assert tree.dims.gamma == "3 t3x2x1 (15 nodes)" and "tree" not in cells["humaneval/pair/sd-T0-g3"].cell.to_json()
     with pytest.raises(ConfigError, match=r"grid 'g': config key tree='bushy': expected"):
         expand_cells(check_config({**base, "tree": ["bushy"]}))
 
 
 def test_a_cell_refuses_a_tree_for_a_method_without_one():
+    from pipeline.cell import Cell
     from pipeline.errors import UserError
-    from pipeline.generate_job import cell_from_dict
 
-    assert cell_from_dict({"models": ["m"], "method": "sd", "task": "humaneval", "tree": "3x2"}).tree == "3x2"
+    assert Cell.from_json({"models": ["m"], "method": "sd", "task": "humaneval", "tree": "3x2"}).tree == "3x2"
     with pytest.raises(UserError, match="a tree is for the sd"):
-        cell_from_dict({"models": ["m"], "method": "we", "task": "humaneval", "tree": "3x2"})
+        Cell.from_json({"models": ["m"], "method": "we", "task": "humaneval", "tree": "3x2"})
 
 
 # ---- the benchmark rows and the cost model ------------------------------------------------------

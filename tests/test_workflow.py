@@ -12,9 +12,12 @@ import pandas as pd
 import pytest
 import yaml
 
+from pipeline.cell import Cell
+from pipeline.config import ConfigError, check_config
 from pipeline.decoding.spec import method_names
-from pipeline.generate_job import cell_from_dict, cell_key
-from pipeline.workflow import ConfigError, check_config, expand_cells
+from pipeline.generate_job import cell_key
+from pipeline.grid import expand_cells
+from tests.conftest import cell_entry
 from tests.tiny_dag import check_report, check_tables, job_counts, snakemake, tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,12 +104,12 @@ def test_grid_leaves_out_cells_that_do_not_apply():
         "humaneval/trio/we_se-T0-g1-4-4",
     }
     assert not any("/solo/" in c for c in ids)
-    cell = cells["humaneval/pair/we_se-T0-g1-4"]["cell"]
-    assert cell["gamma"] == [1, 4] and cell["baseline"] == "we" and "alpha" not in cell["method_args"]
-    assert cells["humaneval/pair/cd_sd-T0-g4"]["cell"]["method_args"]["alpha"] == 0.1
-    assert "alpha" not in cells["humaneval/pair/sd-T0-g1"]["cell"]["method_args"]
-    assert cells["humaneval/pair/sd-T0-g1"]["cell"]["baseline"] == "large_model"
-    assert "baseline" not in cells["humaneval/pair/we-T0"]["cell"]
+    cell = cells["humaneval/pair/we_se-T0-g1-4"].cell
+    assert cell.gamma == [1, 4] and cell.baseline == "we" and "alpha" not in cell.method_args
+    assert cells["humaneval/pair/cd_sd-T0-g4"].cell.method_args["alpha"] == 0.1
+    assert "alpha" not in cells["humaneval/pair/sd-T0-g1"].cell.method_args
+    assert cells["humaneval/pair/sd-T0-g1"].cell.baseline == "large_model"
+    assert "baseline" not in cells["humaneval/pair/we-T0"].cell.to_json()
 
 
 def test_per_model_gamma_lists_apply_to_se_cells_only():
@@ -144,17 +147,17 @@ def test_mixture_cells_take_no_gamma_run_we_beside_them_and_refuse_greedy():
     }
     cells = expand_cells(check_config(config))
     assert sorted(cells) == ["humaneval/pair/we-T1", "humaneval/pair/we_me-T1"]
-    cell, dims = cells["humaneval/pair/we_me-T1"]["cell"], cells["humaneval/pair/we_me-T1"]["dims"]
-    assert cell["method_args"] == {"lambda": 0.5} and cell["baseline"] == "we"
-    assert dims["standard"] == "we" and dims["gamma"] is None and dims["kind"] == "me"
-    assert cell_from_dict(cell).method == "we_me"
+    cell, dims = cells["humaneval/pair/we_me-T1"].cell, cells["humaneval/pair/we_me-T1"].dims
+    assert cell.method_args == {"lambda": 0.5} and cell.baseline == "we"
+    assert dims.standard == "we" and dims.gamma is None and dims.kind == "me"
+    assert Cell.from_json(cell.to_json()) == cell and cell.method == "we_me"
     # the speculative form takes gamma, and only models as proposers
     config["grids"][0]["methods"].append("we_me_sd")
     with pytest.raises(ConfigError, match=r"proposer='lookup\+draft' for 'we_me_sd': expected one of draft$"):
         expand_cells(check_config({**config, "proposer": "lookup+draft"}))
     cells = expand_cells(check_config({**config, "proposer": "draft"}))
     assert {"humaneval/pair/we_me_sd-T1-g2", "humaneval/pair/we_me_sd-T1-g3"} < set(cells)
-    assert cells["humaneval/pair/we_me_sd-T1-g3"]["cell"]["baseline"] == "we"
+    assert cells["humaneval/pair/we_me_sd-T1-g3"].cell.baseline == "we"
     config["grids"][0]["temperature"] = [0.0, 1.0]
     with pytest.raises(ConfigError, match=r"^grid 'g': temperature=0.0 for 'we_me': .*temperature > 0"):
         expand_cells(check_config(config))
@@ -190,13 +193,13 @@ def test_method_arguments_are_checked_against_each_model_set():
         }
     )
     cells = expand_cells(config)
-    assert cells["humaneval/p/we-T0"]["cell"]["method_args"] == {}
-    assert cells["humaneval/p/cd-T0"]["cell"]["method_args"] == {"alpha": 0.2}
+    assert cells["humaneval/p/we-T0"].cell.method_args == {}
+    assert cells["humaneval/p/cd-T0"].cell.method_args == {"alpha": 0.2}
 
 
 def test_peer_cells_run_beside_their_standard_method_on_a_full_head_pair():
     cells = expand_cells(check_config(DEFAULT))
-    peers = {k: v["cell"] for k, v in cells.items() if v["dims"]["kind"] == "peer"}
+    peers = {k: v.cell.to_json() for k, v in cells.items() if v.dims.kind == "peer"}
     assert sorted(peers) == [
         f"humaneval/smol+l1/{m}-T1-g3" for m in ("hf_assisted", "hf_assisted_ensemble", "hf_prompt_lookup")
     ]
@@ -204,7 +207,7 @@ def test_peer_cells_run_beside_their_standard_method_on_a_full_head_pair():
     assert ensemble["baseline"] == "we" and ensemble["method_args"] == ensemble["baseline_args"] == {"lambda": 0.5}
     assisted = peers["humaneval/smol+l1/hf_assisted-T1-g3"]
     assert assisted["baseline"] == "large_model" and assisted["method_args"] == {}  # no proposer: theirs
-    ours = cells["humaneval/smol+l1/sd-T1-g3"]["cell"]  # ours beside them: the same full-head draft and gamma
+    ours = cells["humaneval/smol+l1/sd-T1-g3"].cell.to_json()  # ours beside them: the same full-head draft and gamma
     assert ours["models"] == assisted["models"] and ours["gamma"] == assisted["gamma"] == 3
     restricted = with_change("grids.3.model_sets", {"l2": ["smollm2-135m-instruct", "smollm2-draft-l2"]})
     with pytest.raises(ConfigError, match=r"set 'l2': 'hf_assisted' runs transformers' generate, which cannot take"):
@@ -416,7 +419,7 @@ def test_a_rerun_does_nothing_and_a_crashed_cell_resumes(tiny_run):
     results = work / "results"
     gen = results / "generations"
     rows = (gen / f"{cell_id}.jsonl").read_text().splitlines()
-    cell = cell_from_dict(expand_cells(check_config(config))[cell_id]["cell"])
+    cell = expand_cells(check_config(config))[cell_id].cell
     journal = results / "journal" / f"{cell_id}-{cell_key(cell)}.jsonl"
     journal.parent.mkdir(parents=True, exist_ok=True)
     journal.write_text(rows[0] + "\n" + rows[1][:30])
@@ -484,7 +487,7 @@ def test_rerun_unstable_measures_the_flagged_cells_again_and_nothing_else(tiny_r
 
 def test_without_side_by_side_runs_speedups_come_from_the_standard_cells(tiny_run, tmp_path):
     from pipeline.aggregate import aggregate
-    from pipeline.generate_job import speed_summary
+    from pipeline.judge import speed_summary
 
     work, _, _ = tiny_run
     results = tmp_path / "results"
@@ -522,7 +525,7 @@ def test_wandb_failure_never_loses_results(tiny_run, tmp_path, monkeypatch):
 
     monkeypatch.setattr(wandb, "init", unreachable)
     with pytest.raises(WandbFailed):
-        log_cell(tmp_path / "we-T0.jsonl", tmp_path / "status.json", {"id": "x"}, mode="online", wandb_dir=tmp_path)
+        log_cell(tmp_path / "we-T0.jsonl", tmp_path / "status.json", cell_entry("x"), mode="online", wandb_dir=tmp_path)
     record = json.loads((tmp_path / "status.failed.json").read_text())
     assert record["status"] == "failed" and record["error"] == "ConnectionError: api.wandb.ai unreachable"
     assert not (tmp_path / "status.json").exists()
@@ -533,9 +536,9 @@ def test_wandb_failure_never_loses_results(tiny_run, tmp_path, monkeypatch):
 
     monkeypatch.setattr(wandb, "init", timeout)
     with pytest.raises(WandbFailed, match="TimeoutError;"):
-        log_cell(tmp_path / "we-T0.jsonl", tmp_path / "s2.json", {"id": "x"}, mode="offline", wandb_dir=tmp_path)
+        log_cell(tmp_path / "we-T0.jsonl", tmp_path / "s2.json", cell_entry("x"), mode="offline", wandb_dir=tmp_path)
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    assert log_cell(tmp_path / "we-T0.jsonl", tmp_path / "status.json", {"id": "x"})["status"] == "disabled"
+    assert log_cell(tmp_path / "we-T0.jsonl", tmp_path / "status.json", cell_entry("x"))["status"] == "disabled"
 
 
 def test_logging_a_cell_again_resumes_its_wandb_run(tmp_path, monkeypatch):
@@ -549,15 +552,15 @@ def test_logging_a_cell_again_resumes_its_wandb_run(tmp_path, monkeypatch):
     samples = tmp_path / "sd-T0-g2.jsonl"
     samples.write_text(json.dumps({"id": "a", "output": "x", "stats": {"new_tokens": 4, "wall_time_s": 0.5}}) + "\n")
     samples.with_suffix(".speed.json").write_text(json.dumps({"tokens_per_s": 8.0, "flags": []}))
-    dims = {"id": "humaneval/pair/sd-T0-g2", "method": "sd", "models": ["a", "b"]}
+    entry = cell_entry("humaneval/pair/sd-T0-g2")
     seen = []
     real_init = wandb.init
     monkeypatch.setattr(wandb, "init", lambda **kw: seen.append(kw) or real_init(**kw))
 
-    first = log_cell(samples, tmp_path / "s1.json", dims, experiment="exp", wandb_dir=tmp_path)
-    second = log_cell(samples, tmp_path / "s2.json", dims, experiment="exp", wandb_dir=tmp_path)
-    assert first["run_id"] == second["run_id"] == run_id("exp", dims["id"])
-    assert run_id("other", dims["id"]) != first["run_id"] != run_id("exp", "humaneval/pair/sd-T0-g3")
+    first = log_cell(samples, tmp_path / "s1.json", entry, experiment="exp", wandb_dir=tmp_path)
+    second = log_cell(samples, tmp_path / "s2.json", entry, experiment="exp", wandb_dir=tmp_path)
+    assert first["run_id"] == second["run_id"] == run_id("exp", entry.dims.id)
+    assert run_id("other", entry.dims.id) != first["run_id"] != run_id("exp", "humaneval/pair/sd-T0-g3")
     assert [kw["resume"] for kw in seen] == ["allow", "allow"] and {kw["job_type"] for kw in seen} == {"cell"}
     runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
     # one run id in both directories (`wandb sync` resumes one run); W&B adds "-1" to a second directory made in

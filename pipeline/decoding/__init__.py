@@ -5,6 +5,7 @@ See ``docs/algorithms.md`` for the contract each method keeps.
 
 from .ensemble import ENSEMBLES, register_ensemble
 from .methods import GenerationResult, generate, method_names
+from .proposers import register_proposer
 from .sampling import Sampling
 from .stats import GenerationStats, ModelStats
 from .union import UnionVocab, check_joinable
@@ -20,4 +21,5 @@ __all__ = [
     "generate",
     "method_names",
     "register_ensemble",
+    "register_proposer",
 ]

@@ -51,7 +51,7 @@ def join(models: Sequence[torch.nn.Module], tokenizers: Any, spec: MethodSpec, n
             f"{spec.name!r} cannot join models with different tokenizers: contrastive decoding needs the amateur "
             "to score every token of the expert's vocabulary; use we or gac"
         )
-    if spec.kind == "peer":
+    if spec.peer:
         raise ArgumentError(f"{spec.name!r} runs transformers' generate, which needs one tokenizer for all models")
     return union
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 from array import array
 
 from ..errors import ArgumentError
-from .proposers import Proposal
+from .proposers import Proposal, register_proposer
 from .stats import ModelStats
 
 
+@register_proposer("lookup")
 class PromptLookup:
     def __init__(self, max_ngram: int = 4, min_ngram: int = 2):
         if not 1 <= min_ngram <= max_ngram:

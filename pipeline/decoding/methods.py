@@ -1,4 +1,5 @@
-"""A method's plan (target models, schedule of proposers), argument checks and the public ``generate``."""
+"""A method's plan (target models, schedule of proposers) and the public ``generate`` (its argument checks:
+``checks.py``)."""
 
 from __future__ import annotations
 
@@ -13,23 +14,40 @@ import torch
 
 from ..errors import ArgumentError
 from .audit import Audit
-from .engine import Decoder, DynamicGamma
-from .ensemble import finite, single_model
+from .checks import (
+    check_context,
+    check_gamma,
+    check_gamma_schedule,
+    check_loaded,
+    check_sampling,
+    check_seed,
+    check_vocab_size,
+    eos_set,
+    model_name,
+    prompt_list,
+)
+from .engine import Decoder
+from .ensemble import single_model
 from .joined import Joined, join
-from .lookup import PromptLookup
 from .member import Member, Stopper
 from .parallel import ConcurrentForwards
 from .peers import run_peer
-from .proposers import Chain, ModelProposer, Proposer
+from .proposers import NAMED_PROPOSERS, Chain, ModelProposer, Proposer
 from .sampling import Sampling
-from .spec import DRAFT, PROPOSERS, MethodSpec, accepted_args, is_int, method_names, parse_method
+from .spec import DRAFT, accepted_args, is_int, method_names, parse_method
 from .static import make_runner
 from .stats import GenerationStats, ModelStats
 from .tree import check_tree_models, parse_tree
 
-__all__ = ["GenerationResult", "accepted_args", "generate", "method_names", "plan_method", "PROPOSERS"]
-NAMED_PROPOSERS = {"lookup": PromptLookup}  # proposers that are not models, by their name in a proposer kind
-GAMMA_SCHEDULES = {"fixed": None, "dynamic": DynamicGamma()}  # how a turn's gamma changes between rounds
+__all__ = [
+    "GenerationResult",
+    "accepted_args",
+    "generate",
+    "method_names",
+    "parameter_counts",
+    "plan_method",
+    "restricted_heads",
+]
 
 Turn = tuple[tuple[str | int, ...], int]  # (proposers, chained: names or model indices; gamma)
 
@@ -55,97 +73,64 @@ class Plan:
     mixture: list[float] | None = None
 
 
-def _vocab_size(models: Sequence[torch.nn.Module], vocab_size: int | None) -> int:
-    sizes = [int(m.get_output_embeddings().weight.shape[0]) for m in models]
-    if vocab_size is not None:
-        if not isinstance(vocab_size, int) or vocab_size < 1 or vocab_size > min(sizes):
-            raise ArgumentError(
-                f"vocab_size={vocab_size!r} must be a positive int no larger than every model's ({sizes})"
-            )
-        return vocab_size
-    if len(set(sizes)) > 1:
-        desc = ", ".join(f"model {i}: {s}" for i, s in enumerate(sizes))
-        raise ArgumentError(
-            f"models have different vocabularies ({desc}); pass generate(tokenizers=[...]), one per model, to "
-            "decode over the union of their vocabularies (docs/tokenizers.md); only where the tokenizer is shared "
-            "and an embedding matrix is padded, generate(vocab_size=...) joins them"
-        )
-    return sizes[0]
-
-
-def _check_gamma(spec: MethodSpec, gamma: Any, n_models: int) -> list[int]:
-    """Return one gamma per model."""
-    method = spec.name
-    if is_int(gamma):
-        if gamma < 1:
-            raise ArgumentError(f"gamma={gamma} for {method!r}: must be an int >= 1")
-        return [gamma] * n_models
-    if isinstance(gamma, (list, tuple)):
-        if spec.kind != "se":
-            raise ArgumentError(f"gamma={list(gamma)} for {method!r}: a list is for *_se methods; give one int >= 1")
-        if len(gamma) != n_models or not all(is_int(g) and g >= 1 for g in gamma):
-            raise ArgumentError(f"gamma={list(gamma)} for {method!r}: expected {n_models} ints >= 1, one per model")
-        return list(gamma)
-    raise ArgumentError(f"gamma={gamma!r} for {method!r}: expected an int >= 1 or a list of ints")
-
-
-def _sizes(models: Sequence[torch.nn.Module]) -> list[int]:
+def parameter_counts(models: Sequence[torch.nn.Module]) -> list[int]:
     return [sum(p.numel() for p in m.parameters()) for m in models]
 
 
-def cheapest(models: Sequence[torch.nn.Module]) -> int:
+def restricted_heads(models: Sequence[torch.nn.Module]) -> list[str]:
+    """The models whose output head covers part of the vocabulary (distilled drafts), by index."""
+    return [str(i) for i, m in enumerate(models) if getattr(m, "restricted_vocab", False)]
+
+
+def cheapest(sizes: Sequence[int]) -> int:
     """Index of the model with the fewest parameters (the later one on a tie)."""
-    sizes = _sizes(models)
-    return max(range(len(models)), key=lambda i: (-sizes[i], i))
+    return max(range(len(sizes)), key=lambda i: (-sizes[i], i))
 
 
-def largest(models: Sequence[torch.nn.Module]) -> int:
+def largest(sizes: Sequence[int]) -> int:
     """Index of the model with the most parameters (the earlier one on a tie)."""
-    sizes = _sizes(models)
-    return max(range(len(models)), key=lambda i: (sizes[i], -i))
+    return max(range(len(sizes)), key=lambda i: (sizes[i], -i))
 
 
-def fixed_turns(schedule: list[Turn] | None, models: Sequence[torch.nn.Module]) -> frozenset[int]:
+def fixed_turns(schedule: list[Turn] | None, sizes: Sequence[int]) -> frozenset[int]:
     """Turns that keep their gamma under a dynamic schedule: the largest model's (in a set of two or more).
 
     Each token the largest model drafts costs one of its own forwards, so a longer draft from it saves
     no forward of the largest model and wastes every one after a rejection.
     """
-    if not schedule or len(models) < 2:
+    if not schedule or len(sizes) < 2:
         return frozenset()
-    keep = largest(models)
+    keep = largest(sizes)
     return frozenset(k for k, (turn, _) in enumerate(schedule) if keep in turn)
 
 
 def plan_method(
-    method: str, models: Sequence[torch.nn.Module], gamma: Any, method_args: dict[str, Any]
+    method: str, sizes: Sequence[int], gamma: Any, method_args: dict[str, Any], restricted: Sequence[str] = ()
 ) -> tuple[Plan, dict[str, Any]]:
-    """Check a method and its arguments against the models; return its plan and resolved args."""
+    """Check a method and its arguments against a model set (``sizes``: each model's parameter count;
+    ``restricted``: the models with a restricted output head); return its plan and resolved args."""
     spec = parse_method(method)
-    n = len(models)
-    restricted = [str(i) for i, m in enumerate(models) if getattr(m, "restricted_vocab", False)]
+    n = len(sizes)
     args = spec.check(n, method_args, restricted)
-    if spec.kind == "peer":  # transformers' own generate (peers.py): no plan of ours
-        args["gamma"] = _check_gamma(spec, gamma, n)[-1]
+    if spec.peer:  # transformers' own generate (peers.py): no plan of ours
+        args["gamma"] = check_gamma(spec, gamma, n)[-1]
         return Plan([0], single_model, None), args
     if spec.ensemble is None:
         target = [0 if spec.base == "large_model" else n - 1]
         if not spec.speculative:
             return Plan(target, single_model, None), args
-        args["gamma"] = _check_gamma(spec, gamma, n)[-1]
+        args["gamma"] = check_gamma(spec, gamma, n)[-1]
         return Plan(target, single_model, _schedule(args["proposer"], target, [1], [args["gamma"]])), args
     target_fn = partial(spec.ensemble.fn, **{k: v for k, v in args.items() if k in spec.ensemble.params})
     members = list(range(n))
-    if spec.kind == "me":
-        return Plan(members, target_fn, None, mixture=args["weights"]), args
     if not spec.speculative:
-        return Plan(members, target_fn, None, concurrent=spec.kind == "parallel"), args
-    first = args["first_proposer"] = cheapest(models) if args["first_proposer"] is None else args["first_proposer"]
-    gammas = args["gamma"] = _check_gamma(spec, gamma, n)
-    if spec.kind == "me_sd":
+        return Plan(members, target_fn, None, spec.parallel, args["weights"] if spec.mixture else None), args
+    first = args["first_proposer"] = cheapest(sizes) if args["first_proposer"] is None else args["first_proposer"]
+    gammas = args["gamma"] = check_gamma(spec, gamma, n)
+    if spec.mixture:
         args["gamma"] = gammas[first]
         return Plan(members, target_fn, [((first,), gammas[first])], mixture=args["weights"]), args
-    order = members[first:] + members[:first] if spec.kind == "se" else [first]
+    order = members[first:] + members[:first] if spec.in_turn else [first]
     return Plan(members, target_fn, _schedule(args["proposer"], members, order, [gammas[i] for i in order])), args
 
 
@@ -179,49 +164,6 @@ def _proposers(
     return [(one(turn[0]) if len(turn) == 1 else Chain([one(s) for s in turn]), gamma) for turn, gamma in schedule]
 
 
-def check_gamma_schedule(gamma_schedule: Any) -> DynamicGamma | None:
-    if not isinstance(gamma_schedule, str) or gamma_schedule not in GAMMA_SCHEDULES:
-        raise ArgumentError(f"gamma_schedule={gamma_schedule!r}: expected one of {', '.join(GAMMA_SCHEDULES)}")
-    return GAMMA_SCHEDULES[gamma_schedule]
-
-
-def check_sampling(temperature: Any, top_k: Any, top_p: Any, max_new_tokens: Any) -> Sampling:
-    if not finite(temperature) or temperature < 0:
-        raise ArgumentError(f"temperature={temperature!r}: expected a finite number >= 0 (0 is greedy)")
-    if not is_int(top_k) or top_k < 0:
-        raise ArgumentError(f"top_k={top_k!r}: expected an int >= 0 (0 turns it off)")
-    if not finite(top_p) or not 0 < top_p <= 1:
-        raise ArgumentError(f"top_p={top_p!r}: expected a number in (0, 1] (1 turns it off)")
-    if not is_int(max_new_tokens) or max_new_tokens < 0:
-        raise ArgumentError(f"max_new_tokens={max_new_tokens!r}: expected an int >= 0")
-    return Sampling(float(temperature), top_k, float(top_p))
-
-
-def check_seed(seed: Any) -> int:
-    if not is_int(seed) or not 0 <= seed < 2**64:
-        raise ArgumentError(f"seed={seed!r}: expected an int in 0..2**64-1")
-    return seed
-
-
-def _prompt_list(prompt_ids: Any, vocab: int) -> list[int]:
-    if isinstance(prompt_ids, torch.Tensor):
-        if prompt_ids.dim() == 2 and prompt_ids.shape[0] == 1:
-            prompt_ids = prompt_ids[0]
-        if prompt_ids.dim() != 1:
-            raise ArgumentError(f"prompt_ids of shape {tuple(prompt_ids.shape)}: expected one sequence")
-        prompt_ids = prompt_ids.tolist()
-    try:
-        prompt = list(prompt_ids)
-    except TypeError:
-        raise ArgumentError(f"prompt_ids={prompt_ids!r}: expected a non-empty sequence of token ids") from None
-    if not prompt or not all(is_int(t) for t in prompt):
-        raise ArgumentError("prompt_ids must be a non-empty sequence of int token ids")
-    bad = next((t for t in prompt if not 0 <= t < vocab), None)
-    if bad is not None:
-        raise ArgumentError(f"prompt_ids holds {bad}, outside the vocabulary: expected ids in 0..{vocab - 1}")
-    return prompt
-
-
 @contextmanager
 def _concurrent(decoder: Decoder, plan: Plan) -> Iterator[None]:
     """For ``E_p`` methods: the decoder's concurrent forwards, their threads alive while it runs."""
@@ -236,22 +178,6 @@ def _concurrent(decoder: Decoder, plan: Plan) -> Iterator[None]:
             decoder.concurrent = None
 
 
-def _eos_set(eos_token_id: Any, vocab: int) -> set[int]:
-    if eos_token_id is None:
-        return set()
-    ids = [eos_token_id] if is_int(eos_token_id) else None
-    if ids is None:
-        ids = list(eos_token_id) if isinstance(eos_token_id, (list, tuple, set)) else [None]
-    if not ids or not all(is_int(i) and i >= 0 for i in ids):
-        raise ArgumentError(f"eos_token_id={eos_token_id!r}: expected an int token id, a list of them, or None")
-    if outside := sorted(i for i in ids if i >= vocab):
-        raise ArgumentError(
-            f"eos_token_id={eos_token_id!r}: {outside[0]} is outside the vocabulary of {vocab} "
-            f"(expected ids in 0..{vocab - 1}); generation could never stop on it"
-        )
-    return set(ids)
-
-
 def _names(models: Sequence[torch.nn.Module]) -> list[str]:
     return [model_name(m, i) for i, m in enumerate(models)]
 
@@ -259,37 +185,6 @@ def _names(models: Sequence[torch.nn.Module]) -> list[str]:
 def _own_runner(model: torch.nn.Module, stats: ModelStats, max_len: int, device: torch.device):
     """A runner over a model's own vocabulary (its whole output head), as a union member's inner runner."""
     return make_runner(model, int(model.get_output_embeddings().weight.shape[0]), stats, max_len, device)
-
-
-def model_name(model: torch.nn.Module, index: int) -> str:
-    """How an error names a model: its index and, where known, its name or path."""
-    path = getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
-    return f"model {index} ({path})"
-
-
-def check_loaded(models: Sequence[torch.nn.Module]) -> None:
-    """Refuse a model without parameters or with any on the ``meta`` device (its weights never loaded)."""
-    for i, model in enumerate(models):
-        params = list(model.parameters()) if isinstance(model, torch.nn.Module) else None
-        if not params:
-            raise ArgumentError(f"{model_name(model, i)} has no parameters: expected a loaded causal LM")
-        if any(p.is_meta for p in params):
-            raise ArgumentError(
-                f"{model_name(model, i)} has weights on the 'meta' device (never loaded); "
-                "load it with real weights (from_pretrained without device_map='meta') first"
-            )
-
-
-def check_context(models: Sequence[torch.nn.Module], used: Sequence[int], prompt_len: int, new_tokens: int) -> None:
-    """Refuse a prompt plus ``max_new_tokens`` beyond a used model's context (``config.max_position_embeddings``)."""
-    need = prompt_len + new_tokens
-    for i in used:
-        limit = getattr(getattr(models[i], "config", None), "max_position_embeddings", None)
-        if is_int(limit) and need > limit:
-            raise ArgumentError(
-                f"a prompt of {prompt_len} tokens plus max_new_tokens={new_tokens} needs {need} positions; "
-                f"{model_name(models[i], i)} holds {limit} (config.max_position_embeddings)"
-            )
 
 
 def generate(
@@ -345,39 +240,45 @@ def generate(
         raise ArgumentError("models must be a non-empty list of causal LMs")
     check_loaded(models)
     union = None if tokenizers is None else join(models, tokenizers, parse_method(method), _names(models))
-    vocab = _vocab_size(models, vocab_size) if union is None else int(models[0].get_output_embeddings().weight.shape[0])
+    vocab = (
+        check_vocab_size(models, vocab_size)
+        if union is None
+        else int(models[0].get_output_embeddings().weight.shape[0])
+    )
     if method_args is not None and not isinstance(method_args, dict):
         raise ArgumentError(f"method_args={method_args!r}: expected a dict of argument names to values")
-    plan, resolved = plan_method(method, models, gamma, dict(method_args or {}))
+    sizes = parameter_counts(models)
+    restricted = restricted_heads(models)
+    plan, resolved = plan_method(method, sizes, gamma, dict(method_args or {}), restricted)
     spec = parse_method(method)
     sampling = check_sampling(temperature, top_k, top_p, max_new_tokens)
     spec.check_temperature(sampling.temperature)
     dynamic = check_gamma_schedule(gamma_schedule)
-    if spec.kind not in ("sd", "se"):  # the schedule of our speculative loop only
+    if not spec.own_loop:  # the schedule of our speculative loop only
         dynamic = None
     else:
         resolved["gamma_schedule"] = gamma_schedule
     shape = parse_tree(tree)
     if shape is not None:
-        check_tree_models(models, spec.kind)
+        check_tree_models(models, spec)
         if union is not None:
             raise ArgumentError(
                 f"tree={tree!r} with models of different tokenizers: token trees run over one shared vocabulary; "
                 "drop tree= (chains run over the union) or use models of one tokenizer"
             )
         resolved["tree"] = shape.label
-    prompt = _prompt_list(prompt_ids, vocab)
+    prompt = prompt_list(prompt_ids, vocab)
     if stop_strings and tokenizer is None and union is None:
         raise ArgumentError("stop_strings need a tokenizer to decode the output")
     check_seed(seed)
-    eos, decode = _eos_set(eos_token_id, vocab), tokenizer.decode if tokenizer else None
+    eos, decode = eos_set(eos_token_id, vocab), tokenizer.decode if tokenizer else None
     stats = GenerationStats(method=method, prompt_tokens=len(prompt))
     if union is not None:  # the decoder runs over union ids (joined.py)
         joined = Joined(union, prompt, sampling, stats)
         prompt, sampling, eos, decode = joined.prompt, joined.sampling, joined.eos(eos), union.text
     stopper = Stopper(max_new_tokens, eos, stop_strings, decode)
     used = sorted(set(plan.members) | {i for turn, _ in plan.schedule or [] for i in turn if is_int(i)})
-    check_context(models, range(len(models)) if spec.kind == "peer" else used, len(prompt), max_new_tokens)
+    check_context(models, range(len(models)) if spec.peer else used, len(prompt), max_new_tokens)
     for i in used if union is not None else ():  # each member's own prompt (at least one own token per new one)
         check_context(models, [i], len(joined.own_prompts[i]), max_new_tokens)
 
@@ -387,7 +288,7 @@ def generate(
         text = tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else None
         return GenerationResult(tokens, stats, text, resolved)
 
-    if spec.kind == "peer":
+    if spec.peer:
         if audit is not None:
             raise ArgumentError(f"{method!r} runs transformers' generate: an audit checks our decoder only")
         return result(*run_peer(spec, models, prompt, resolved, sampling, stopper, seed))
@@ -418,7 +319,7 @@ def generate(
         device=device,
         audit=audit,
         dynamic=dynamic,
-        fixed_turns=fixed_turns(plan.schedule, models) if dynamic or shape else frozenset(),
+        fixed_turns=fixed_turns(plan.schedule, sizes) if dynamic or shape else frozenset(),
         mixture=None if plan.mixture is None else torch.tensor([plan.mixture], dtype=torch.float64, device=device),
         tree=shape,
     )

@@ -7,12 +7,14 @@ of the context). The speculative loop knows proposers only through
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import Tensor
 
+from ..errors import ArgumentError
 from .ensemble import single_model
 from .sampling import Sampling, probs, sample
 from .stats import ModelStats
@@ -38,6 +40,23 @@ class Proposer(Protocol):
 
     def draft(self, tokens: list[int], committed: int) -> Proposal | None:
         """A proposal for the token at ``len(tokens)``, or None when it has none."""
+
+
+DRAFT = "draft"  # in a proposer kind: the turn's own model
+NAMED_PROPOSERS: dict[str, Callable[[], Proposer]] = {}  # proposers that are not models, by name
+
+
+def register_proposer(name: str) -> Callable[[type], type]:
+    """Register a proposer that is not a model under ``name`` (a decorator on its class, built without
+    arguments, one instance per generation): ``name`` and ``name+draft`` become proposer kinds."""
+
+    def decorator(cls: type) -> type:
+        if name in NAMED_PROPOSERS or name == DRAFT or not name.isidentifier():
+            raise ArgumentError(f"cannot register proposer {name!r}: name taken or not a plain identifier")
+        NAMED_PROPOSERS[name] = cls
+        return cls
+
+    return decorator
 
 
 class ModelProposer:

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ArgumentError
+from . import lookup  # noqa: F401  (registers the built-in "lookup" proposer)
 from .ensemble import ENSEMBLES, Ensemble
+from .proposers import DRAFT, NAMED_PROPOSERS
 
 SINGLE_METHODS = ("large_model", "small_model")
-PROPOSERS = ("draft", "lookup", "lookup+draft")  # "+" chains proposers: the first that proposes wins
-DRAFT = "draft"  # in a proposer kind: the turn's own model
 SUFFIXES = {"_sd": "sd", "_se": "se", "_me": "me", "_p": "parallel"}  # an ensemble's name + suffix: its kind
 # transformers' own methods: name -> (the method it speeds up, what proposes: the set's draft or prompt
 # lookup, our method it is measured against)
@@ -41,6 +41,12 @@ PEERS = {
 
 def is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def proposer_kinds() -> tuple[str, ...]:
+    """Every ``proposer`` value: ``draft`` (the models), and each named proposer (``register_proposer``) alone
+    and chained before the models (``lookup+draft``: ``+`` chains proposers, the first that proposes wins)."""
+    return (DRAFT, *NAMED_PROPOSERS, *(f"{name}+{DRAFT}" for name in NAMED_PROPOSERS))
 
 
 @dataclass(frozen=True)
@@ -59,16 +65,57 @@ class MethodSpec:
         return self.kind not in ("plain", "parallel", "me")
 
     @property
+    def own_loop(self) -> bool:
+        """Speculates in our own loop (``sd``, ``E_sd``, ``E_se``): a dynamic gamma schedule and a token tree
+        apply (the peers run transformers' loop; a mixture's drafter drafts runs of positions)."""
+        return self.kind in ("sd", "se")
+
+    @property
+    def in_turn(self) -> bool:
+        """Every model proposes in turn (``E_se``): it takes one gamma per model."""
+        return self.kind == "se"
+
+    @property
+    def peer(self) -> bool:
+        """One of transformers' own methods (``peers.py``), run beside ours."""
+        return self.kind == "peer"
+
+    @property
+    def mixture(self) -> bool:
+        """Draws one member per position, the token from it alone (``E_me``, ``E_me_sd``)."""
+        return self.kind in ("me", "me_sd")
+
+    @property
+    def parallel(self) -> bool:
+        """The standard ensemble with the members' forwards run concurrently (``E_p``)."""
+        return self.kind == "parallel"
+
+    @property
     def greedy_ok(self) -> bool:
         """Defined at temperature 0: a mixture draw has no greedy form (argmax r is no member's argmax)."""
-        return self.kind not in ("me", "me_sd")
+        return not self.mixture
+
+    @property
+    def baseline(self) -> str | None:
+        """The standard method it speeds up (run beside it, side by side); None for a standard method."""
+        return self.base if self.kind != "plain" else None
+
+    @property
+    def standard(self) -> str | None:
+        """What a cell's speed is compared with: the standard method it speeds up (itself for an ensemble)."""
+        return self.baseline or (self.name if self.ensemble is not None else None)
+
+    @property
+    def family(self) -> str:
+        """The ensemble it runs, or ``single`` (one model of the set, or ``sd`` and its peers)."""
+        return self.base if self.base not in SINGLE_METHODS else "single"
 
     @property
     def proposer_kinds(self) -> tuple[str, ...]:
         """The ``proposer`` values it takes: a mixture's drafter must sample its own positions, so a model."""
-        if self.kind not in ("sd", "se", "me_sd"):
+        if not self.speculative or self.peer:
             return ()
-        return (DRAFT,) if self.kind == "me_sd" else PROPOSERS
+        return (DRAFT,) if self.mixture else proposer_kinds()
 
     def check_temperature(self, temperature: float) -> None:
         """Raise ArgumentError (one line) for a temperature this method cannot sample at."""
@@ -89,7 +136,7 @@ class MethodSpec:
 
     def model_range(self, proposer: str = DRAFT) -> tuple[int, int | None]:
         """The fewest and most models (None: no limit) a set may hold."""
-        if self.kind == "peer":  # [target, draft]; prompt lookup runs the first model alone
+        if self.peer:  # [target, draft]; prompt lookup runs the first model alone
             return (2, 2) if self.peer_proposer == DRAFT else (1, 2)
         if self.ensemble is not None:
             return self.ensemble.min_models, self.ensemble.max_models
@@ -100,12 +147,12 @@ class MethodSpec:
     @property
     def peer_proposer(self) -> str | None:
         """What proposes for a peer method: ``draft`` (the set's second model) or ``lookup``."""
-        return PEERS[self.name][1] if self.kind == "peer" else None
+        return PEERS[self.name][1] if self.peer else None
 
     @property
     def ours(self) -> str | None:
         """For a peer method: our method that does the same job (``sd`` for transformers' assisted generation)."""
-        return PEERS[self.name][2] if self.kind == "peer" else None
+        return PEERS[self.name][2] if self.peer else None
 
     def fits(self, n: int, proposer: str = DRAFT) -> bool:
         low, high = self.model_range(proposer)
@@ -152,7 +199,7 @@ class MethodSpec:
             except ValueError as err:
                 raise ArgumentError(f"method_args for {self.name!r}: {err}") from None
             resolved = {**{k: v for k, v in params.items() if k in self.ensemble.params}, **resolved}
-        if self.kind == "peer" and self.ensemble is not None and not 0.0 < resolved["weights"][0] < 1.0:
+        if self.peer and self.ensemble is not None and not 0.0 < resolved["weights"][0] < 1.0:
             raise ArgumentError(
                 f"weights={resolved['weights']} for {self.name!r}: transformers' assistant_ensemble_weight "
                 "(the first weight, 1 - lambda) must lie strictly between 0 and 1"

@@ -35,7 +35,7 @@ from .lookup import PromptLookup
 from .proposers import Chain, ModelProposer
 from .runner import HFRunner, as_rows, engine_of
 from .sampling import Sampling, probs, sample
-from .spec import is_int
+from .spec import MethodSpec, is_int
 from .tree_verify import accept_tree
 
 if TYPE_CHECKING:
@@ -106,11 +106,11 @@ def parse_tree(value: Any) -> TreeShape | None:
     return shape
 
 
-def check_tree_models(models: list, kind: str) -> None:
+def check_tree_models(models: list, spec: MethodSpec) -> None:
     """Refuse, in one line, what a tree cannot run on: a method that does not speculate with our loop, a model
     on a compiled engine, and models with sliding-window layers (their cache cannot be compacted)."""
-    if kind not in ("sd", "se"):
-        raise ArgumentError(f"a tree is for the sd, *_sd and *_se methods; this method's kind is {kind!r}")
+    if not spec.own_loop:
+        raise ArgumentError(f"a tree is for the sd, *_sd and *_se methods; this method's kind is {spec.kind!r}")
     for i, model in enumerate(models):
         if engine_of(model)[0] != "eager":
             raise ArgumentError(f"a tree needs the eager engine; model {i} runs {engine_of(model)[0]!r} (chains only)")

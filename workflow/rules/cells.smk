@@ -7,12 +7,12 @@ rule cell:
     output:
         CELL_FILE,
     params:
-        entry=lambda w: json.dumps(CELLS[w.cell], sort_keys=True),
+        entry=lambda w: json.dumps(CELLS[w.cell].to_json(), sort_keys=True),
     log:
         f"{RESULTS}/logs/cells/{{cell}}.log",
     localrule: True
     run:
-        write_json(output[0], json.loads(params.entry), log[0])
+        write_cell(output[0], json.loads(params.entry), log[0])
 
 
 rule grid:
@@ -24,4 +24,4 @@ rule grid:
         f"{RESULTS}/logs/grid.log",
     localrule: True
     run:
-        write_json(output[0], [json.loads(Path(f).read_text())["dims"] for f in input], log[0])
+        write_json(output[0], [CellFile.read(f).dims.to_json() for f in input], log[0])

@@ -14,16 +14,11 @@ min_version("8.0")
 ROOT = Path(workflow.basedir)
 sys.path.insert(0, str(ROOT))  # the pipeline package, also when it is not installed
 
-from pipeline.workflow import (
-    ConfigError,
-    check_config,
-    check_local,
-    expand_cells,
-    load_config_file,
-    load_schema,
-    model_entry,
-    models_to_prepare,
-)
+from pipeline.cell import CellFile
+from pipeline.config import ConfigError, check_config, load_config_file, load_schema, model_entry
+from pipeline.grid import expand_cells
+from pipeline.preflight import models_to_prepare
+from pipeline.workflow import check_local
 from pipeline.likelihood import job_specs
 
 try:
@@ -68,20 +63,26 @@ wildcard_constraints:
 
 
 def cell_dims(wildcards):
-    return CELLS[wildcards.cell]["dims"]
+    return CELLS[wildcards.cell].dims
 
 
 def generate_threads(wildcards):
     """A generation job's threads: the config's; an E_p cell's at least one per model (its members'
     forwards run at once, pipeline/decoding/parallel.py)."""
     dims = cell_dims(wildcards)
-    if dims["kind"] == "parallel":
-        return max(_checked["threads"], len(dims["models"]))
+    if dims.spec.parallel:
+        return max(_checked["threads"], len(dims.models))
     return _checked["threads"]
 
 
+def write_cell(out, entry, log):
+    """A cell file (pipeline/cell.py: its one JSON form), atomically."""
+    CellFile.from_json(entry).write(out)
+    Path(log).write_text(f"wrote {out}\n")
+
+
 def write_json(out, data, log):
-    """A small file a local rule writes (a cell file, the grid index, the timing settings), atomically."""
+    """A small file a local rule writes (the grid index, the timing settings), atomically."""
     from pipeline.files import write_atomic
 
     write_atomic(Path(out), json.dumps(data, indent=1, sort_keys=True) + "\n")
@@ -121,7 +122,8 @@ def speed_mem_mb(wildcards, input):
     of the largest, and room for activations. Before the cell is generated (its judge submitted with its
     generation, in one group job) a greedy cell is sized for the recompute."""
     base = 2000
-    if cell_dims(wildcards)["temperature"] != 0 or not CELLS[wildcards.cell]["cell"].get("baseline"):
+    cell = CELLS[wildcards.cell].cell
+    if cell.temperature != 0 or not cell.baseline:
         return base
     if Path(input.samples).exists():
         with open(input.samples) as lines:

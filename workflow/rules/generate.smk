@@ -8,7 +8,7 @@
 
 rule generate:
     input:
-        models=lambda w: [f"{RESULTS}/models/{m}.json" for m in cell_dims(w)["models"]],
+        models=lambda w: [f"{RESULTS}/models/{m}.json" for m in cell_dims(w).models],
         cell=CELL_FILE,
         timing=ancient(f"{RESULTS}/timing.json"),
     output:

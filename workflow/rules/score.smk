@@ -11,7 +11,7 @@ rule score:
         scores=f"{GEN}/{{cell}}.scores.jsonl",
         summary=f"{GEN}/{{cell}}.summary.json",
     params:
-        task=lambda w: cell_dims(w)["dataset"],
+        task=lambda w: cell_dims(w).dataset,
         data_dir=f"--data-dir {shlex.quote(_checked['data_dir'])}" if _checked["data_dir"] else "",
     log:
         f"{RESULTS}/logs/score/{{cell}}.log",

@@ -22,7 +22,7 @@ rule speed:
         samples=f"{GEN}/{{cell}}.jsonl",
         cell=CELL_FILE,
         timing=f"{RESULTS}/timing.json",
-        models=lambda w: [f"{RESULTS}/models/{m}.json" for m in cell_dims(w)["models"]],
+        models=lambda w: [f"{RESULTS}/models/{m}.json" for m in cell_dims(w).models],
     output:
         f"{GEN}/{{cell}}.speed.json",
     log:
