@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from .cell import Dims
 from .files import read_jsonl
 from .intervals import bootstrap_interval
 from .results_file import RATIOS, load_reported
@@ -45,8 +46,9 @@ class Collected:
 
 
 def grid_dims(results: Path) -> list[dict[str, Any]]:
-    """The dims of each cell of the grid (``grid.json``, written by the workflow), in the grid's order."""
-    return json.loads((results / "grid.json").read_text())
+    """The dims of each cell of the grid (``grid.json``, written by the workflow), in the grid's order, read
+    through the one type of a cell's dimensions (``cell.Dims``)."""
+    return [Dims.from_json(d).to_json() for d in json.loads((results / "grid.json").read_text())]
 
 
 def cell_figures(cell: str, speed: dict[str, Any], summary: dict[str, Any]) -> list[tuple]:
