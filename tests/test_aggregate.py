@@ -20,7 +20,7 @@ def two_cells(root: Path) -> Path:
     """A results tree of an ensemble and its speculative ensemble (Spec-Bench categories, a τ per model)."""
     results = root / "results"
     (results / "generations" / "d" / "s").mkdir(parents=True)
-    dims = {"experiment": "x", "model_set": "s", "models": ["a", "b"], "large_model": "a", "family": "we"}
+    dims = {"experiment": "x", "grid": "g", "model_set": "s", "models": ["a", "b"], "large_model": "a", "family": "we"}
     dims |= {"dataset": "d", "temperature": 0.0, "standard": "we"}
     grid = [
         {"id": WE, **dims, "method": "we", "kind": "plain", "gamma": None},
