@@ -1,6 +1,8 @@
 # The grid as files: one cell file per cell (its settings for the jobs, its dimensions for W&B and
 # the tables), and grid.json, the index of the current config's cells. A changed cell rewrites its
 # file, and the cell's jobs rerun from it; the other cells' files stay as they are.
+# The files hold CellFile.to_json() (pipeline/cell.py); the run directives are left as they are, since
+# Snakemake reruns a rule whose code changed, and with it every cell of a results directory.
 
 
 rule cell:
@@ -12,7 +14,7 @@ rule cell:
         f"{RESULTS}/logs/cells/{{cell}}.log",
     localrule: True
     run:
-        write_cell(output[0], json.loads(params.entry), log[0])
+        write_json(output[0], json.loads(params.entry), log[0])
 
 
 rule grid:
@@ -24,4 +26,4 @@ rule grid:
         f"{RESULTS}/logs/grid.log",
     localrule: True
     run:
-        write_json(output[0], [CellFile.read(f).dims.to_json() for f in input], log[0])
+        write_json(output[0], [json.loads(Path(f).read_text())["dims"] for f in input], log[0])

@@ -14,7 +14,6 @@ min_version("8.0")
 ROOT = Path(workflow.basedir)
 sys.path.insert(0, str(ROOT))  # the pipeline package, also when it is not installed
 
-from pipeline.cell import CellFile
 from pipeline.config import ConfigError, check_config, load_config_file, load_schema, model_entry
 from pipeline.grid import expand_cells
 from pipeline.preflight import models_to_prepare
@@ -75,14 +74,8 @@ def generate_threads(wildcards):
     return _checked["threads"]
 
 
-def write_cell(out, entry, log):
-    """A cell file (pipeline/cell.py: its one JSON form), atomically."""
-    CellFile.from_json(entry).write(out)
-    Path(log).write_text(f"wrote {out}\n")
-
-
 def write_json(out, data, log):
-    """A small file a local rule writes (the grid index, the timing settings), atomically."""
+    """A small file a local rule writes (a cell file, the grid index, the timing settings), atomically."""
     from pipeline.files import write_atomic
 
     write_atomic(Path(out), json.dumps(data, indent=1, sort_keys=True) + "\n")
