@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from pipeline.decoding import generate
+from pipeline.decoding.runner import ENGINES, set_engine
 from pipeline.decoding.spec import PEERS, parse_method
 from pipeline.files import ResultsError
 from pipeline.models import BUNDLED, ModelError, Recipe, cpu_kernels, ensure_draft, load, load_bundled, truncated_copy
@@ -84,6 +85,7 @@ class Totals:
     verified: int = 0
     accepted: int = 0
     target_calls: int = 0
+    model_forward: list = field(default_factory=lambda: [0.0, 0.0])  # seconds inside the target's, the draft's forwards
     outputs: list = field(default_factory=list)  # the new tokens of each prompt, in prompt order
     per_prompt: list = field(default_factory=list)  # (tokens, wall) of each prompt, in prompt order
     stats: list = field(default_factory=list)  # the decoder's stats of each prompt, in prompt order
@@ -206,6 +208,8 @@ def measure(target, draft, tokenizer, prompts, vs: list[Variant], max_new: int) 
                 t.verified += sum(m.verified for m in s.models) + sum(p.verified for p in s.proposers.values())
                 t.accepted += s.accepted or 0  # None for transformers' methods: not counted
                 t.target_calls += s.models[0].forward_calls
+                for j, m in enumerate(s.models[:2]):
+                    t.model_forward[j] += m.forward_time_s
                 t.per_prompt.append((len(r.token_ids), s.wall_time_s))
                 t.stats.append(s.to_dict())
                 t.outputs.append(r.token_ids)
@@ -265,6 +269,7 @@ def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
             "acceptance": t.accepted / t.verified if t.verified else None,
             "tau": t.tokens / t.target_calls if t.target_calls else None,
             "overhead": 1 - t.forward / t.wall,
+            "time_split": {"target": t.model_forward[0] / t.wall, "draft": t.model_forward[1] / t.wall},
             "predicted": _predicted(t, base[v.group]),
             "per_prompt": t.per_prompt,  # (tokens, wall s) per prompt: any two rows' ratio with its interval
             "identical": f"{same}/{len(t.outputs)}" if v.temperature == 0 else "-",
@@ -309,9 +314,12 @@ def tree_costs(
         f"cost model: target forward {at:.1f} + {bt:.2f}·k ms, draft {ad:.1f} + {bd:.2f}·k ms (k = {ks} timed now)"
     ]
     for r in found["rows"]:
+        t = totals[r["label"]]
+        target_s, draft_s = (s / t.wall for s in t.model_forward)
         lines.append(
             f"  {r['label']:18} τ {r['tau']:.2f}, {r['nodes']:.1f} nodes and {r['depth']:.1f} draft forwards of "
-            f"{r['width']:.1f} tokens per round: predicted {r['predicted']:.2f}x"
+            f"{r['width']:.1f} tokens per round: predicted {r['predicted']:.2f}x; wall time in target forwards "
+            f"{target_s:.0%}, draft forwards {draft_s:.0%}, the rest {1 - target_s - draft_s:.0%}"
         )
     best = found["best"]
     lines.append(f"cost model's best of these: {best['label']} ({best['predicted']:.2f}x)")
@@ -404,6 +412,18 @@ def record(out_dir: Path, rows: list[dict], settings: dict[str, Any]) -> Path:
     return path
 
 
+def compiled_engine(engine: str, models: list, tokenizer, prompts: list[str], args) -> None:
+    """Put ``models`` on a compiled engine and compile, before anything is timed, the graphs the runs use
+    (the largest tree's masked forwards included)."""
+    from pipeline.decoding.static import compile_ahead
+    from pipeline.decoding.tree import parse_tree
+
+    for model in models:
+        set_engine(model, engine)
+    lengths = [len(tokenizer(p).input_ids) + n + 1 for p in prompts for n in (8, args.max_new_tokens)]
+    compile_ahead(models, lengths, tree_tokens=max((parse_tree(t).nodes + 1 for t in args.tree), default=0))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipeline.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=6, help="number of HumanEval prompts (default 6)")
@@ -441,6 +461,12 @@ def main(argv: list[str] | None = None) -> int:
         "--methods", nargs="+", metavar="METHOD", help="only these methods (and the baselines of their groups)"
     )
     ap.add_argument("--no-pack", action="store_true", help="keep nn.Linear (MKL) instead of prepacked oneDNN layers")
+    ap.add_argument(
+        "--engine",
+        default="eager",
+        choices=ENGINES,
+        help="the engine of the target and the draft (default eager; compiled: static cache, graphs compiled first)",
+    )
     ap.add_argument("--device", default="cpu", help="where the models run (default cpu; cuda on a GPU machine)")
     ap.add_argument("--json", type=Path, help="also write the table as JSON here")
     ap.add_argument(
@@ -468,7 +494,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     kernels = "MKL (nn.Linear)"
-    if not args.no_pack and args.device == "cpu" and cpu_kernels.available():
+    if args.engine != "eager":  # inductor packs its own weights
+        kernels = f"engine {args.engine}"
+    elif not args.no_pack and args.device == "cpu" and cpu_kernels.available():
         cpu_kernels.pack_linears(target)
         cpu_kernels.pack_linears(draft)
         kernels = "oneDNN prepacked"
@@ -482,6 +510,8 @@ def main(argv: list[str] | None = None) -> int:
         trees=args.tree,
     )
     vs = select(every, args.groups, args.methods)
+    if args.engine != "eager":
+        compiled_engine(args.engine, [target, draft, getattr(draft, "base", draft)], tokenizer, prompts, args)
     print(
         f"target: bundled SmolLM2-135M-Instruct (float32, {args.device}, {torch.get_num_threads()} threads); "
         f"draft: {draft_desc}; proposer: {args.proposer}; linear kernels: {kernels}"
