@@ -101,16 +101,18 @@ def test_audit_passes_over_long_outputs(engines):
 
 
 def test_inductor_on_the_cpu_matches_eager():
-    """The real compiler (inductor's C++ kernels) in float64: token for token the eager runner's output."""
+    """The real compiler (inductor's C++ kernels) in float64: token for token the eager runner's output, a
+    token tree's masked forwards included (prompt lookup's continuations as its branches)."""
     model = tiny_llama(5, layers=1, hidden=16)
     fast = set_engine(copy.deepcopy(model), "compiled", backend="inductor")
-    for method, models, gamma, args in [
-        ("large_model", [0], 1, {}),
-        ("sd", [0], 3, {"proposer": "lookup"}),
-        ("sd", [0, 0], 2, {}),
+    for method, models, gamma, args, tree in [
+        ("large_model", [0], 1, {}, None),
+        ("sd", [0], 3, {"proposer": "lookup"}, None),
+        ("sd", [0, 0], 2, {}, None),
+        ("sd", [0], 3, {"proposer": "lookup"}, [2]),
     ]:
         for prompt in PROMPTS[:4]:
-            kw = dict(gamma=gamma, max_new_tokens=30, method_args=args, temperature=0.0)
+            kw = dict(gamma=gamma, max_new_tokens=30, method_args=args, temperature=0.0, tree=tree)
             want = generate([model] * len(models), prompt, method, **kw)
             assert generate([fast] * len(models), prompt, method, **kw).token_ids == want.token_ids
 
@@ -262,13 +264,3 @@ def test_a_tree_compiles_its_masked_buckets_once_and_room_for_its_nodes():
     assert runner.graphs is tree and runner.max_len == 246 and backend.graphs == compiled
     assert not next(g for g in graphs if g.length == 256).busy  # the chain's cache is free again
 
-
-def test_inductor_on_the_cpu_decodes_a_tree_as_eager():
-    """The real compiler over a tree's masked forwards (float64): the eager runner's tokens."""
-    model = tiny_llama(5, layers=1, hidden=16)
-    draft = perturbed(model, 0.1, seed=2)
-    fast = [set_engine(copy.deepcopy(m), "compiled", backend="inductor") for m in (model, draft)]
-    for prompt in PROMPTS[:3]:
-        kw = dict(gamma=2, max_new_tokens=20, temperature=0.0, tree=[2])
-        want = generate([model, draft], prompt, "sd", **kw)
-        assert generate(fast, prompt, "sd", **kw).token_ids == want.token_ids
