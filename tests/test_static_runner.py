@@ -263,4 +263,3 @@ def test_a_tree_compiles_its_masked_buckets_once_and_room_for_its_nodes():
     runner.prepare_masked(16)  # moves to the tree's cache, compiled ahead: nothing compiled now
     assert runner.graphs is tree and runner.max_len == 246 and backend.graphs == compiled
     assert not next(g for g in graphs if g.length == 256).busy  # the chain's cache is free again
-
