@@ -39,6 +39,7 @@ import torch
 from pipeline.bench_table import Totals, best_against_best, render_table, table, tree_costs
 from pipeline.bench_variants import Variant, select, variants
 from pipeline.decoding import generate
+from pipeline.decoding.runner import ENGINES, set_engine
 from pipeline.decoding.spec import PEERS
 from pipeline.files import ResultsError
 from pipeline.models import BUNDLED, ModelError, Recipe, cpu_kernels, ensure_draft, load, load_bundled, truncated_copy
@@ -99,6 +100,8 @@ def measure(target, draft, tokenizer, prompts, vs: list[Variant], max_new: int) 
                 t.verified += sum(m.verified for m in s.models) + sum(p.verified for p in s.proposers.values())
                 t.accepted += s.accepted or 0  # None for transformers' methods: not counted
                 t.target_calls += s.models[0].forward_calls
+                for j, m in enumerate(s.models[:2]):
+                    t.model_forward[j] += m.forward_time_s
                 t.per_prompt.append((len(r.token_ids), s.wall_time_s))
                 t.stats.append(s.to_dict())
                 t.outputs.append(r.token_ids)
@@ -140,6 +143,18 @@ def record(out_dir: Path, rows: list[dict], settings: dict[str, Any]) -> Path:
     return path
 
 
+def compiled_engine(engine: str, models: list, tokenizer, prompts: list[str], args) -> None:
+    """Put ``models`` on a compiled engine and compile, before anything is timed, the graphs the runs use
+    (the largest tree's masked forwards included)."""
+    from pipeline.decoding.static import compile_ahead
+    from pipeline.decoding.tree import parse_tree
+
+    for model in models:
+        set_engine(model, engine)
+    lengths = [len(tokenizer(p).input_ids) + n + 1 for p in prompts for n in (8, args.max_new_tokens)]
+    compile_ahead(models, lengths, tree_tokens=max((parse_tree(t).nodes + 1 for t in args.tree), default=0))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipeline.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=6, help="number of HumanEval prompts (default 6)")
@@ -177,6 +192,12 @@ def main(argv: list[str] | None = None) -> int:
         "--methods", nargs="+", metavar="METHOD", help="only these methods (and the baselines of their groups)"
     )
     ap.add_argument("--no-pack", action="store_true", help="keep nn.Linear (MKL) instead of prepacked oneDNN layers")
+    ap.add_argument(
+        "--engine",
+        default="eager",
+        choices=ENGINES,
+        help="the engine of the target and the draft (default eager; compiled: static cache, graphs compiled first)",
+    )
     ap.add_argument("--device", default="cpu", help="where the models run (default cpu; cuda on a GPU machine)")
     ap.add_argument("--json", type=Path, help="also write the table as JSON here")
     ap.add_argument(
@@ -204,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     kernels = "MKL (nn.Linear)"
-    if not args.no_pack and args.device == "cpu" and cpu_kernels.available():
+    if args.engine != "eager":  # inductor packs its own weights
+        kernels = f"engine {args.engine}"
+    elif not args.no_pack and args.device == "cpu" and cpu_kernels.available():
         cpu_kernels.pack_linears(target)
         cpu_kernels.pack_linears(draft)
         kernels = "oneDNN prepacked"
@@ -218,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         trees=args.tree,
     )
     vs = select(every, args.groups, args.methods)
+    if args.engine != "eager":
+        compiled_engine(args.engine, [target, draft, getattr(draft, "base", draft)], tokenizer, prompts, args)
     print(
         f"target: bundled SmolLM2-135M-Instruct (float32, {args.device}, {torch.get_num_threads()} threads); "
         f"draft: {draft_desc}; proposer: {args.proposer}; linear kernels: {kernels}"

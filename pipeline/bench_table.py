@@ -21,6 +21,7 @@ class Totals:
     verified: int = 0
     accepted: int = 0
     target_calls: int = 0
+    model_forward: list = field(default_factory=lambda: [0.0, 0.0])  # seconds inside the target's, the draft's forwards
     outputs: list = field(default_factory=list)  # the new tokens of each prompt, in prompt order
     per_prompt: list = field(default_factory=list)  # (tokens, wall) of each prompt, in prompt order
     stats: list = field(default_factory=list)  # the decoder's stats of each prompt, in prompt order
@@ -67,6 +68,7 @@ def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
             "acceptance": t.accepted / t.verified if t.verified else None,
             "tau": t.tokens / t.target_calls if t.target_calls else None,
             "overhead": 1 - t.forward / t.wall,
+            "time_split": {"target": t.model_forward[0] / t.wall, "draft": t.model_forward[1] / t.wall},
             "predicted": _predicted(t, base[v.group]),
             "per_prompt": t.per_prompt,  # (tokens, wall s) per prompt: any two rows' ratio with its interval
             "identical": f"{same}/{len(t.outputs)}" if v.temperature == 0 else "-",
@@ -111,9 +113,12 @@ def tree_costs(
         f"cost model: target forward {at:.1f} + {bt:.2f}·k ms, draft {ad:.1f} + {bd:.2f}·k ms (k = {ks} timed now)"
     ]
     for r in found["rows"]:
+        t = totals[r["label"]]
+        target_s, draft_s = (s / t.wall for s in t.model_forward)
         lines.append(
             f"  {r['label']:18} τ {r['tau']:.2f}, {r['nodes']:.1f} nodes and {r['depth']:.1f} draft forwards of "
-            f"{r['width']:.1f} tokens per round: predicted {r['predicted']:.2f}x"
+            f"{r['width']:.1f} tokens per round: predicted {r['predicted']:.2f}x; wall time in target forwards "
+            f"{target_s:.0%}, draft forwards {draft_s:.0%}, the rest {1 - target_s - draft_s:.0%}"
         )
     best = found["best"]
     lines.append(f"cost model's best of these: {best['label']} ({best['predicted']:.2f}x)")

@@ -31,6 +31,7 @@ from .cell import Cell
 from .decoding import generate
 from .decoding.runner import engine_of
 from .decoding.static import compile_ahead
+from .decoding.tree import parse_tree
 from .errors import UserError
 from .files import writable_dir, write_atomic
 from .journal import Journal, journal_lock
@@ -138,7 +139,8 @@ def _run_cell(cell: Cell, out: Path, progress: bool, journal: Path, speed: bool)
     )  # warm-up, not recorded
     if cell.baseline:
         run(first_ids, cell.baseline, method_args=cell.baseline_args, seed=cell.seed, max_new_tokens=8)
-    compile_ahead(models, [len(p) + cell.max_new_tokens + 1 for p in prompts.values()])
+    nodes = parse_tree(cell.tree).nodes + 1 if cell.tree is not None else 0  # a tree's masked forwards too
+    compile_ahead(models, [len(p) + cell.max_new_tokens + 1 for p in prompts.values()], tree_tokens=nodes)
     here = provenance(next(models[0].parameters()).device, {engine_of(m)[0] for m in models})
     todo = [(i, r) for i, r in enumerate(rendered) if r[0].id not in done]
     if done and progress:

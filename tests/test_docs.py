@@ -30,6 +30,7 @@ COMMANDS = {
     "make run": "tests/test_workflow.py::test_the_whole_dag_writes_tables_plots_wandb_runs_and_a_notebook",
     "make test": "suite: it runs every test here (about 16.5 minutes on 2 cores)",
     "bash benchmarks/gpu/run.sh trees": "gpu: benchmarks/gpu/run.sh runs on a GPU machine only",
+    "bash benchmarks/gpu/run.sh trees-compiled": "gpu: benchmarks/gpu/run.sh runs on a GPU machine only",
     "make bench": "tests/test_bundled_model.py::test_benchmark_runs_prints_every_method_and_records_the_run",
     ".venv/bin/pipeline --help": "tests/test_docs.py::test_the_readmes_cheap_commands_run_as_written",
     ".venv/bin/python -m pipeline.workflow config/default.yaml": (

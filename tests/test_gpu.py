@@ -14,7 +14,7 @@ from pipeline.decoding.runner import set_engine
 from pipeline.decoding.static import StaticRunner
 
 from .conftest import perturbed, tiny_llama
-from .test_static_runner import CASES, PROMPTS, assert_autotuned_emits_eager_tokens
+from .test_static_runner import CASES, PROMPTS, TREE_CASES, assert_autotuned_emits_eager_tokens
 
 pytestmark = [
     pytest.mark.gpu,
@@ -47,6 +47,23 @@ def test_compiled_engine_on_cuda_emits_the_eager_runners_tokens(cuda_models, met
         with torch._dynamo.config.patch(error_on_recompile=True):
             got = generate([compiled[i] for i in which], prompt, method, **kw)
         assert got.token_ids == want.token_ids, (method, prompt)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("method,which,gamma,tree,schedule,args", TREE_CASES)
+def test_trees_on_the_compiled_engine_on_cuda_emit_the_eager_runners_tokens(
+    cuda_models, method, which, gamma, tree, schedule, args, temperature
+):
+    """Token trees over CUDA graphs of masked forwards (and the compaction inside the static cache)."""
+    eager, compiled = cuda_models
+    kw = dict(gamma=gamma, method_args=args, temperature=temperature, seed=7, tree=tree, gamma_schedule=schedule)
+    models = [compiled[i] for i in which]
+    generate(models, PROMPTS[0], method, max_new_tokens=4, **kw)  # the masked graphs, compiled before decoding
+    for prompt in PROMPTS:
+        want = generate([eager[i] for i in which], prompt, method, max_new_tokens=40, **kw)
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            got = generate(models, prompt, method, max_new_tokens=40, **kw)
+        assert got.token_ids == want.token_ids, (method, tree, prompt)
 
 
 def test_members_on_their_own_streams_emit_the_standard_ensembles_tokens(cuda_models):

@@ -101,16 +101,18 @@ def test_audit_passes_over_long_outputs(engines):
 
 
 def test_inductor_on_the_cpu_matches_eager():
-    """The real compiler (inductor's C++ kernels) in float64: token for token the eager runner's output."""
+    """The real compiler (inductor's C++ kernels) in float64: token for token the eager runner's output, a
+    token tree's masked forwards included (prompt lookup's continuations as its branches)."""
     model = tiny_llama(5, layers=1, hidden=16)
     fast = set_engine(copy.deepcopy(model), "compiled", backend="inductor")
-    for method, models, gamma, args in [
-        ("large_model", [0], 1, {}),
-        ("sd", [0], 3, {"proposer": "lookup"}),
-        ("sd", [0, 0], 2, {}),
+    for method, models, gamma, args, tree in [
+        ("large_model", [0], 1, {}, None),
+        ("sd", [0], 3, {"proposer": "lookup"}, None),
+        ("sd", [0, 0], 2, {}, None),
+        ("sd", [0], 3, {"proposer": "lookup"}, [2]),
     ]:
         for prompt in PROMPTS[:4]:
-            kw = dict(gamma=gamma, max_new_tokens=30, method_args=args, temperature=0.0)
+            kw = dict(gamma=gamma, max_new_tokens=30, method_args=args, temperature=0.0, tree=tree)
             want = generate([model] * len(models), prompt, method, **kw)
             assert generate([fast] * len(models), prompt, method, **kw).token_ids == want.token_ids
 
@@ -199,3 +201,65 @@ def test_models_on_different_devices_form_one_target():
     moved = [copy.deepcopy(target).to("cuda"), draft]
     got = generate(moved, PROMPTS[3], "we_se", gamma=[1, 3], max_new_tokens=30, temperature=0.0)
     assert got.token_ids == want.token_ids
+
+
+# ---- token trees on the compiled engine ---------------------------------------------------------
+
+TREE_CASES = [  # method, model indices, gamma, tree, gamma_schedule, method_args
+    ("sd", [0, 1], 3, [3, 2, 1], "fixed", {}),
+    ("sd", [0, 1], 3, "d8", "dynamic", {"proposer": "lookup+draft"}),
+    ("we_se", [0, 1, 2], [1, 2, 3], [2, 2], "fixed", {}),
+    ("cd_sd", [0, 1], 2, "4x4x1", "fixed", {"alpha": 0.3}),  # 36 nodes: the 64-token bucket
+]
+
+
+@pytest.fixture(scope="module")
+def tree_engines():
+    """As ``engines``, with a backend of their own: the masked graphs a tree compiles are counted apart."""
+    target = tiny_llama(0, layers=2, hidden=32)
+    eager = [target, perturbed(target, 0.08, seed=1), tiny_llama(2)]
+    backend = CountingBackend()
+    return eager, [set_engine(copy.deepcopy(m), "compiled", backend=backend) for m in eager], backend
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("method,which,gamma,tree,schedule,args", TREE_CASES)
+def test_compiled_runner_decodes_trees_as_the_eager_one(
+    tree_engines, method, which, gamma, tree, schedule, args, temperature
+):
+    eager, compiled, backend = tree_engines
+    if temperature == 0 and not parse_method(method).greedy_ok:
+        pytest.skip(f"{method} samples only")
+    kw = dict(gamma=gamma, method_args=args, temperature=temperature, seed=7, tree=tree, gamma_schedule=schedule)
+    models = [compiled[i] for i in which]
+    generate(models, PROMPTS[0], method, max_new_tokens=4, **kw)  # its masked graphs, compiled before decoding
+    before, calls = backend.graphs, backend.calls
+    for prompt in PROMPTS:
+        want = generate([eager[i] for i in which], prompt, method, max_new_tokens=40, **kw)
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            got = generate(models, prompt, method, max_new_tokens=40, **kw)
+        assert got.token_ids == want.token_ids, (method, tree, prompt)
+        assert [m.forward_calls for m in got.stats.models] == [m.forward_calls for m in want.stats.models]
+        assert got.stats.tree_nodes == want.stats.tree_nodes > 0
+    assert backend.graphs == before, "a generation compiled a new graph"
+    assert backend.calls > calls + len(PROMPTS), "the compiled graphs did not run"
+
+
+def test_a_tree_compiles_its_masked_buckets_once_and_room_for_its_nodes():
+    from pipeline.decoding.static import TREE_BUCKETS, compile_ahead, tree_bucket
+
+    assert [tree_bucket(k) for k in (1, 3, 17, 33, 64, 65)] == [1, 4, 32, 64, 64, None]
+    backend = CountingBackend()
+    model = set_engine(tiny_llama(3), "compiled", backend=backend)
+    compile_ahead([model], [230], tree_tokens=16)  # the chain's cache (256) and the tree's (512)
+    graphs = model.__dict__["_specens_static_graphs"]
+    assert sorted(g.length for g in graphs) == [256, 512]
+    tree = next(g for g in graphs if g.length == 512)
+    assert tree.masked_sizes == {b for b in TREE_BUCKETS if b <= 16}
+    assert backend.graphs == 2 * len(BUCKETS) + len(tree.masked_sizes)
+    compiled = backend.graphs
+    runner = StaticRunner(model, 32, max_len=230)
+    assert runner.graphs.length == 256
+    runner.prepare_masked(16)  # moves to the tree's cache, compiled ahead: nothing compiled now
+    assert runner.graphs is tree and runner.max_len == 246 and backend.graphs == compiled
+    assert not next(g for g in graphs if g.length == 256).busy  # the chain's cache is free again

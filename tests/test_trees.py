@@ -16,10 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.decoding import generate, tree_verify
+from pipeline.decoding import generate, tree_cache, tree_verify
 from pipeline.decoding import tree as tree_module
 from pipeline.decoding.audit import Audit, AuditError
-from pipeline.decoding.runner import set_engine
 from pipeline.decoding.spec import method_names, parse_method
 from pipeline.decoding.tree import Tree, parse_tree
 from pipeline.errors import ArgumentError
@@ -51,9 +50,6 @@ def test_trees_are_refused_where_they_cannot_run(trio):
         generate([target, draft], [1, 2], "we", max_new_tokens=2, method_args={"lambda": 0.5}, tree=[2])
     with pytest.raises(ArgumentError, match="tree="):
         generate([target, draft], [1, 2], "sd", max_new_tokens=2, tree="bushy")
-    compiled = set_engine(copy.deepcopy(draft), "compiled")
-    with pytest.raises(ArgumentError, match="a tree needs the eager engine; model 1 runs 'compiled'"):
-        generate([target, compiled], [1, 2], "sd", max_new_tokens=2, tree=[2])
     windowed = copy.deepcopy(target)
     windowed.config.sliding_window, windowed.config.layer_types = 4, ["sliding_attention", "full_attention"]
     with pytest.raises(ArgumentError, match="model 0 has sliding-window layers"):
@@ -239,12 +235,12 @@ def compact_without_gather(runner, start, keep):
     runner.crop(start + len(keep))
 
 
-ORIGINAL_COMPACT = tree_module.compact
+ORIGINAL_COMPACT = tree_cache.compact
 
 
 def test_the_audit_catches_a_stale_compaction(audit_trio, monkeypatch, temperature=0.9):
     early = audited(audit_trio, "sd", "draft", "3x2x1", n=40, temperature=temperature)[0].token_ids
-    monkeypatch.setattr(tree_module, "compact", compact_without_gather)
+    monkeypatch.setattr(tree_cache, "compact", compact_without_gather)
     assert audited(audit_trio, "sd", "draft", "3x2x1", n=40, temperature=temperature)[0].token_ids == early
     with pytest.raises(AuditError, match="differs from a recompute from scratch"):
         audited(audit_trio, "sd", "draft", "3x2x1", temperature=temperature)

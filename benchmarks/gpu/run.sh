@@ -6,7 +6,8 @@
 #   bash benchmarks/gpu/run.sh product   # generation jobs per engine, side by side, with exactness (~8 min)
 #   bash benchmarks/gpu/run.sh speed     # what a forward costs per engine and size, oracle drafts (~8 min)
 #   bash benchmarks/gpu/run.sh trees     # token trees against chains of the same node budget (~8 min)
-#   bash benchmarks/gpu/run.sh           # all four (~28 min: too long for one call)
+#   bash benchmarks/gpu/run.sh trees-compiled  # the same on the compiled engine (CUDA graphs; ~7 min)
+#   bash benchmarks/gpu/run.sh           # all five (~35 min: too long for one call)
 # Results of the last GPU session: benchmarks/gpu/results/.
 # Everything is written under $OUT (default /tmp/gpu-out, at most 8 files) and printed.
 set -uo pipefail
@@ -47,4 +48,11 @@ if part trees; then
   timeout 560 $PY -m pipeline.bench --device cuda --groups sd we --methods sd we_se --gamma 1 3 --dynamic \
     --tree 3x2x1 d16 --sd-temperature 1 --prompts 10 --max-new-tokens 128 --record /tmp/trees-record \
     --json "$OUT/trees.json" 2>&1 | grep -v "it/s\]" | tee "$OUT/trees.txt"
+fi
+if part trees-compiled; then
+  # 6. the same pair on the compiled engine: chains and trees as CUDA graphs (a tree's masked forwards in buckets
+  #    up to its node count), compiled before the timed runs
+  timeout 560 $PY -m pipeline.bench --device cuda --engine compiled --groups sd we --methods sd we_se --gamma 3 \
+    --dynamic --tree 3x2x1 d16 --prompts 6 --max-new-tokens 128 --record /tmp/trees-record \
+    --json "$OUT/trees-compiled.json" 2>&1 | grep -v "it/s\]" | tee "$OUT/trees-compiled.txt"
 fi

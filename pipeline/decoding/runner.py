@@ -3,7 +3,9 @@
 ``extend(tokens, keep)`` feeds ``k`` new tokens and returns the logits rows that
 predict the token after each of the last ``keep`` of them; ``crop(length)``
 forgets everything after the first ``length`` tokens. Methods never touch
-model internals, so another engine is another runner.
+model internals, so another engine is another runner. A token tree
+(``tree.py``) also needs ``extend_masked``: tokens at given positions under
+a given attention mask, and the K/V of ``cache.layers`` to compact.
 """
 
 from __future__ import annotations
@@ -54,10 +56,23 @@ class HFRunner:
 
     def extend(self, tokens: list[int], keep: int) -> Tensor:
         """Feed ``tokens``; return ``[keep, V]`` logits for the last ``keep`` of them."""
+        return self._forward(tokens, keep, {})
+
+    def extend_masked(self, tokens: list[int], keep: int, positions: list[int], visible: Tensor) -> Tensor:
+        """Feed ``tokens`` at ``positions``, token ``i`` attending to the cache slots where ``visible[i]`` is
+        True (``[len(tokens), length + len(tokens)]``: a token tree's mask); the logits as ``extend``'s."""
+        dtype = next(self.model.parameters()).dtype
+        inputs = {
+            "attention_mask": additive_mask(visible.to(self.device), dtype)[None, None],
+            "position_ids": torch.tensor([positions], device=self.device),
+        }
+        return self._forward(tokens, keep, inputs)
+
+    def _forward(self, tokens: list[int], keep: int, inputs: dict) -> Tensor:
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         kwargs = {"logits_to_keep": keep} if self._keep_arg else {}
         start = time.perf_counter()
-        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, **kwargs)
+        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, **inputs, **kwargs)
         logits = as_rows(out.logits[0, -keep:, : self.vocab_size], self.out_device)
         if self.sync:
             torch.cuda.synchronize(self.device)
@@ -72,6 +87,11 @@ class HFRunner:
         if length < self.length:
             self.cache.crop(length - self.length)  # a negative count removes that many tokens
             self.length = length
+
+
+def additive_mask(visible: Tensor, dtype: torch.dtype) -> Tensor:
+    """A boolean attention mask (True: attend) as the additive one a model takes: 0 or the dtype's minimum."""
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, torch.finfo(dtype).min)
 
 
 def as_rows(logits: Tensor, device: torch.device, copy: bool = False) -> Tensor:

@@ -20,6 +20,12 @@ What that takes, and how this runner does it:
   of two (``cache_len``), each size its own set of graphs, kept on the model
   for later generations.
 * A CUDA graph's outputs are overwritten by its next replay: rows are cloned.
+* Token trees (``tree_cache.py``) feed under a tree mask: ``extend_masked``
+  pads to a bucket of ``TREE_BUCKETS`` (up to 64 new tokens, each padding
+  token seeing only itself) and runs graphs of their own taking the mask, over
+  the whole cache, as an input (``compile_masked``: before decoding, by
+  ``compile_ahead`` or ``prepare_masked``, which also sizes the cache for the
+  tree's nodes). The tree's compaction moves K/V inside the static cache.
 
 ``compiled+autotune`` compiles the same graphs with inductor's autotuning of
 matrix products (``max-autotune``). On a CPU it freezes the weights into the
@@ -39,7 +45,8 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
@@ -49,12 +56,18 @@ from .runner import HFRunner, Runner, as_rows, engine_of
 from .stats import ModelStats
 
 BUCKETS = (1, 2, 4, 8, 16)
+TREE_BUCKETS = (*BUCKETS, 32, 64)  # a token tree's forwards (compiled on first use): up to 63 nodes and the root
 MIN_CACHE = 256
 
 
 def bucket(k: int) -> int | None:
     """The padded size of a forward of ``k`` new tokens (None: too many, run it eagerly)."""
     return next((b for b in BUCKETS if b >= k), None)
+
+
+def tree_bucket(k: int) -> int | None:
+    """The padded size of a masked forward (a token tree's) of ``k`` new tokens (None: run it eagerly)."""
+    return next((b for b in TREE_BUCKETS if b >= k), None)
 
 
 def cache_len(needed: int) -> int:
@@ -76,29 +89,68 @@ class _Graphs:
         self.model, self.length, self.backend, self.autotune = model, length, backend, autotune
         self.busy = False
         self.cache = StaticCache(config=model.config, max_cache_len=length)
-        device = next(model.parameters()).device
+        self.device = next(model.parameters()).device
         _make_room(len(BUCKETS))
-        mode = None  # a custom backend takes none
-        if backend in (None, "inductor") and device.type == "cuda":
-            mode = "max-autotune" if autotune else "reduce-overhead"  # both capture CUDA graphs
+        self.mode = None  # a custom backend takes none
+        if backend in (None, "inductor") and self.device.type == "cuda":
+            self.mode = "max-autotune" if autotune else "reduce-overhead"  # both capture CUDA graphs
         elif backend in (None, "inductor") and autotune:
-            mode = "max-autotune-no-cudagraphs"
-        self.compiled: Callable = torch.compile(self.forward, backend=backend or "inductor", mode=mode, dynamic=False)
-        # on a CPU, autotuning means inductor's C++ matrix kernels (aten's where they cannot serve), which
-        # need the weights frozen into the graph
-        cpu_kernels = {}
-        if autotune and device.type == "cpu":
-            cpu_kernels = dict(freezing=True, max_autotune_gemm_backends="CPP", autotune_fallback_to_aten=True)
-        with torch.inference_mode(), torch._inductor.config.patch(cpu_kernels):  # every bucket now, not mid-decode
-            one = torch.zeros((1, 1), dtype=torch.long, device=device)
+            self.mode = "max-autotune-no-cudagraphs"
+        self.compiled: Callable = self._compile(self.forward)
+        self.masked: Callable | None = None  # a token tree's forwards, compiled on first use (``compile_masked``)
+        self.masked_sizes: set[int] = set()
+        with self._compiling():  # every bucket now, not mid-decode
+            one = torch.zeros((1, 1), dtype=torch.long, device=self.device)
             self.forward(one, one)  # an eager forward allocates the cache: the graphs see it allocated
             for size in BUCKETS:
-                positions = torch.arange(1, 1 + size, device=device)[None]
+                positions = torch.arange(1, 1 + size, device=self.device)[None]
                 self.at(1)
                 self.compiled(torch.zeros_like(positions), positions)
 
+    def _compile(self, forward: Callable) -> Callable:
+        return torch.compile(forward, backend=self.backend or "inductor", mode=self.mode, dynamic=False)
+
+    @contextmanager
+    def _compiling(self) -> Iterator[None]:
+        """Inference mode and, on a CPU, autotuning's settings: inductor's C++ matrix kernels (aten's where
+        they cannot serve), which need the weights frozen into the graph."""
+        cpu_kernels = {}
+        if self.autotune and self.device.type == "cpu":
+            cpu_kernels = dict(freezing=True, max_autotune_gemm_backends="CPP", autotune_fallback_to_aten=True)
+        with torch.inference_mode(), torch._inductor.config.patch(cpu_kernels):
+            yield
+
+    def compile_masked(self, tokens: int) -> None:
+        """Compile the masked forwards (a token tree's) of every bucket up to the one of ``tokens`` new tokens
+        (up to the largest bucket), those not compiled yet."""
+        sizes = [b for b in TREE_BUCKETS if b <= (tree_bucket(tokens) or TREE_BUCKETS[-1])]
+        todo = [b for b in sizes if b not in self.masked_sizes]
+        if not todo:
+            return
+        _make_room(len(todo))
+        if self.masked is None:
+            self.masked = self._compile(self.forward_masked)
+        with self._compiling():
+            for size in todo:
+                positions = torch.arange(1, 1 + size, device=self.device)[None]
+                mask = torch.zeros((1, 1, size, self.length), dtype=self.dtype, device=self.device)
+                self.at(1)
+                self.masked(torch.zeros_like(positions), positions, mask)
+                self.masked_sizes.add(size)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
     def forward(self, ids: Tensor, positions: Tensor) -> Tensor:
         out = self.model(input_ids=ids, position_ids=positions, past_key_values=self.cache, use_cache=True)
+        return out.logits
+
+    def forward_masked(self, ids: Tensor, positions: Tensor, mask: Tensor) -> Tensor:
+        """A forward under an additive attention mask over the whole cache, ``[1, 1, new tokens, length]``."""
+        out = self.model(
+            input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=self.cache, use_cache=True
+        )
         return out.logits
 
     def at(self, length: int) -> None:
@@ -137,12 +189,18 @@ def lease(model: torch.nn.Module, needed: int) -> _Graphs:
     return graphs
 
 
-def compile_ahead(models, lengths) -> None:
+def compile_ahead(models, lengths, tree_tokens: int = 0) -> None:
     """Compile, before anything is timed, the graphs every generation of up to ``lengths`` positions
-    will use (one cache size each) for the models on the compiled engine."""
+    will use (one cache size each) for the models on the compiled engine; ``tree_tokens``: also the masked
+    forwards of a token tree of that many nodes and its root."""
     for model in {id(m): m for m in models if engine_of(m)[0] != "eager"}.values():
-        for size in sorted({cache_len(n + BUCKETS[-1]) for n in lengths}):
-            lease(model, size).busy = False
+        chains = {cache_len(n + BUCKETS[-1]) for n in lengths}
+        trees = {cache_len(n + tree_tokens + BUCKETS[-1]) for n in lengths} if tree_tokens else set()
+        for size in sorted(chains | trees):
+            graphs = lease(model, size)
+            if size in trees:
+                graphs.compile_masked(tree_tokens)
+            graphs.busy = False
 
 
 class StaticRunner:
@@ -160,9 +218,8 @@ class StaticRunner:
         self.vocab_size = vocab_size
         self.device = next(model.parameters()).device
         self.out_device = out_device or self.device
-        self.graphs = lease(model, max_len + BUCKETS[-1])
-        weakref.finalize(self, setattr, self.graphs, "busy", False)  # free again once this runner is gone
         self.max_len = max_len
+        self._lease(model)
         self.length = 0
         self.stats = stats if stats is not None else ModelStats()
         self.pad_id = pad_id
@@ -170,16 +227,61 @@ class StaticRunner:
 
     def extend(self, tokens: list[int], keep: int) -> Tensor:
         """Feed ``tokens``; return ``[keep, V]`` logits for the last ``keep`` of them."""
+        size = bucket(len(tokens)) if self.length else None  # the prefill runs eagerly
+        positions = torch.arange(self.length, self.length + (size or len(tokens)), device=self.device)[None]
+        return self._run(tokens, keep, size, positions, None)
+
+    def extend_masked(self, tokens: list[int], keep: int, positions: list[int], visible: Tensor) -> Tensor:
+        """Feed ``tokens`` at ``positions``, token ``i`` attending to the cache slots where ``visible[i]`` is
+        True (``[len(tokens), length + len(tokens)]``: a token tree's mask); the logits as ``extend``'s.
+        Padded to a tree bucket, each padding token seeing only itself; the prefill, more tokens than the
+        buckets compiled, or a bucket past the cache's end run eagerly."""
+        k = len(tokens)
+        size = tree_bucket(k) if self.length else None
+        if size not in self.graphs.masked_sizes or self.length + size > self.graphs.length:
+            size = None  # a bucket not compiled ahead (``prepare_masked``) runs eagerly: nothing compiles mid-decode
+        width = size or k
+        dtype = self.graphs.dtype
+        mask = torch.full((width, self.graphs.length), torch.finfo(dtype).min, dtype=dtype, device=self.device)
+        mask[:k, : self.length + k].masked_fill_(visible.to(self.device), 0.0)
+        pads = torch.arange(k, width, device=self.device)
+        mask[pads, self.length + pads] = 0.0
+        at = torch.tensor([positions + positions[-1:] * (width - k)], device=self.device)
+        return self._run(tokens, keep, size, at, mask[None, None])
+
+    def prepare_masked(self, tokens: int) -> None:
+        """Before the first forward: room for ``tokens`` more positions (a token tree's nodes and its root
+        past the last committed token) and its masked forwards of up to ``tokens`` new tokens compiled now."""
+        if self.length:
+            raise ArgumentError("prepare_masked comes before the runner's first forward")
+        self.max_len += tokens
+        if cache_len(self.max_len + BUCKETS[-1]) != self.graphs.length:
+            self._free()  # the graphs of the chain-sized cache are free again
+            self._lease(self.graphs.model)
+        self.graphs.compile_masked(tokens)
+
+    def _lease(self, model: torch.nn.Module) -> None:
+        self.graphs = lease(model, self.max_len + BUCKETS[-1])
+        self._free = weakref.finalize(self, setattr, self.graphs, "busy", False)  # free once this runner is gone
+
+    @property
+    def cache(self):
+        """The static cache (its ``layers``' K/V), as a token tree's compaction reads and moves them."""
+        return self.graphs.cache
+
+    def _run(self, tokens: list[int], keep: int, size: int | None, positions: Tensor, mask: Tensor | None) -> Tensor:
+        """One forward of ``tokens`` padded to ``positions``' width: compiled (``size``: its bucket) or eager."""
         k = len(tokens)
         if self.length + k > self.max_len:
             raise ArgumentError(f"the static cache holds {self.max_len} positions; {self.length + k} were asked for")
-        size = bucket(k) if self.length else None  # the prefill runs eagerly
-        width = size or k
+        width = positions.shape[1]
         ids = torch.tensor([tokens + [self.pad_id] * (width - k)], dtype=torch.long, device=self.device)
-        positions = torch.arange(self.length, self.length + width, device=self.device)[None]
         start = time.perf_counter()
         self.graphs.at(self.length)
-        logits = (self.graphs.compiled if size else self.graphs.forward)(ids, positions)
+        if mask is None:
+            logits = (self.graphs.compiled if size else self.graphs.forward)(ids, positions)
+        else:
+            logits = (self.graphs.masked if size else self.graphs.forward_masked)(ids, positions, mask)
         rows = as_rows(logits[0, k - keep : k, : self.vocab_size], self.out_device, copy=True)
         if self.sync:
             torch.cuda.synchronize(self.device)
