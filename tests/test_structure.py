@@ -102,7 +102,9 @@ def test_the_cycle_finder_finds_a_cycle():
 TYPE_ONLY_BACK_EDGES = {
     ("pipeline.estimate", "pipeline.preflight"),
     ("pipeline.decoding.tree", "pipeline.decoding.engine"),
-    ("pipeline.decoding.tree_verify", "pipeline.decoding.tree"),
+    ("pipeline.decoding.tree_draft", "pipeline.decoding.engine"),
+    ("pipeline.decoding.tree_verify", "pipeline.decoding.tree_draft"),
+    ("pipeline.decoding.tree_cache", "pipeline.decoding.tree_draft"),
 }
 
 
