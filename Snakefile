@@ -13,6 +13,7 @@ file. When a job fails, the workflow ends by printing each failed cell's cause
 in one line (`python -m pipeline status RESULTS` prints the same at any time).
 """
 
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/cells.smk"
 include: "workflow/rules/prepare.smk"
@@ -25,9 +26,9 @@ include: "workflow/rules/aggregate.smk"
 
 
 rule all:
+    default_target: True
     input:
         final_outputs(),
-    default_target: True
 
 
 onerror:

@@ -1,6 +1,7 @@
 # Aggregation: speed-up and quality tables (CSV, Markdown, HTML), plots and results.json; then the analysis
 # notebook. Outputs marked report() make `snakemake --report report.html` (captions: workflow/report/).
 
+
 report: "../report/workflow.rst"
 
 
@@ -41,16 +42,16 @@ rule aggregate:
         ),
     log:
         f"{RESULTS}/logs/aggregate.log",
-    params:
-        results=lambda w, input: str(Path(input.grid).parent),
     group:
         "report"
+    conda:
+        env("report")
     threads: 1
     resources:
         mem_mb=4000,
         runtime=10,
-    conda:
-        env("report")
+    params:
+        results=lambda w, input: str(Path(input.grid).parent),
     shell:
         '"$PY" -m pipeline.cli aggregate {params.results:q} > {log:q} 2>&1'
 
@@ -60,19 +61,18 @@ rule notebook:
         f"{RESULTS}/tables/cells.csv",
     output:
         f"{RESULTS}/analysis.ipynb",
-    params:
-        results=lambda w, input: str(Path(input[0]).parents[1]),
-        notebook=str(ROOT / "notebooks" / "analysis.ipynb"),
     log:
         f"{RESULTS}/logs/notebook.log",
     group:
         "report"
+    conda:
+        env("report")
     threads: 1
     resources:
         mem_mb=4000,
         runtime=10,
-    conda:
-        env("report")
+    params:
+        results=lambda w, input: str(Path(input[0]).parents[1]),
+        notebook=str(ROOT / "notebooks" / "analysis.ipynb"),
     shell:
-        '"$PY" -m pipeline.cli notebook {params.notebook:q} {output:q}'
-        " --results {params.results:q} > {log:q} 2>&1"
+        '"$PY" -m pipeline.cli notebook {params.notebook:q} {output:q} --results {params.results:q} > {log:q} 2>&1'

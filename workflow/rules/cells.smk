@@ -8,11 +8,11 @@
 rule cell:
     output:
         CELL_FILE,
-    params:
-        entry=lambda w: json.dumps(CELLS[w.cell].to_json(), sort_keys=True),
     log:
         f"{RESULTS}/logs/cells/{{cell}}.log",
     localrule: True
+    params:
+        entry=lambda w: json.dumps(CELLS[w.cell].to_json(), sort_keys=True),
     run:
         write_json(output[0], json.loads(params.entry), log[0])
 

@@ -14,19 +14,19 @@ rule generate:
     output:
         samples=f"{GEN}/{{cell}}.jsonl",
         meta=f"{GEN}/{{cell}}.meta.json",
-    params:
-        journal=lambda w: f"{RESULTS}/journal/{Path(w.cell).parent}",
     log:
         f"{RESULTS}/logs/generate/{{cell}}.log",
     group:
         "cell"
+    conda:
+        env("decode")
     threads: generate_threads
     resources:
         gpu=1,
         mem_mb=32000,
         runtime=120,
-    conda:
-        env("decode")
+    params:
+        journal=lambda w: f"{RESULTS}/journal/{Path(w.cell).parent}",
     shell:
         'OMP_WAIT_POLICY=PASSIVE "$PY" -m pipeline.cli generate {input.cell:q} {output.samples:q}'
         " --journal-dir {params.journal:q} --threads {threads} --timing-file {input.timing:q} --no-speed"

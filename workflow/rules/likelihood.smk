@@ -9,17 +9,17 @@ rule likelihood:
         models=lambda w: [f"{RESULTS}/models/{m}.json" for m in LIKELIHOOD[w.task]["models"]],
     output:
         f"{RESULTS}/likelihood/{{task}}.json",
-    params:
-        spec=lambda w: json.dumps(LIKELIHOOD[w.task], sort_keys=True),
     log:
         f"{RESULTS}/logs/likelihood/{{task}}.log",
+    conda:
+        env("decode")
     threads: 2
     resources:
         gpu=1,
         mem_mb=32000,
         runtime=120,
-    conda:
-        env("decode")
+    params:
+        spec=lambda w: json.dumps(LIKELIHOOD[w.task], sort_keys=True),
     shell:
         'OMP_WAIT_POLICY=PASSIVE "$PY" -m pipeline.cli likelihood {params.spec:q} {output:q} --threads {threads}'
         " > {log:q} 2>&1"

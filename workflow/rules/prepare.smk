@@ -6,13 +6,13 @@
 rule fetch_model:
     output:
         f"{RESULTS}/models/{{model}}.fetched",
-    params:
-        repo=lambda w: HUB_MODELS[w.model],
     log:
         f"{RESULTS}/logs/prepare/{{model}}.fetch.log",
     localrule: True
     conda:
         env("decode")
+    params:
+        repo=lambda w: HUB_MODELS[w.model],
     shell:
         '"$PY" -c "import sys; from pipeline.models.sources import hub_dir; print(hub_dir(sys.argv[1]))"'
         " {params.repo:q} > {output:q} 2> {log:q}"
@@ -23,16 +23,16 @@ rule prepare_model:
         lambda w: [f"{RESULTS}/models/{w.model}.fetched"] if w.model in HUB_MODELS else [],
     output:
         f"{RESULTS}/models/{{model}}.json",
-    params:
-        spec=lambda w: json.dumps(model_entry(_checked, w.model)),
-        offline=lambda w: "HF_HUB_OFFLINE=1 " if w.model in HUB_MODELS else "",
     log:
         f"{RESULTS}/logs/prepare/{{model}}.log",
+    conda:
+        env("decode")
     threads: max(_checked["threads"], 2)  # distillation is time-capped: it gets at least two threads
     resources:
         mem_mb=16000,
         runtime=60,
-    conda:
-        env("decode")
+    params:
+        spec=lambda w: json.dumps(model_entry(_checked, w.model)),
+        offline=lambda w: "HF_HUB_OFFLINE=1 " if w.model in HUB_MODELS else "",
     shell:
         '{params.offline}"$PY" -m pipeline.cli prepare {params.spec:q} {output:q} --threads {threads} > {log:q} 2>&1'

@@ -10,19 +10,19 @@ rule score:
     output:
         scores=f"{GEN}/{{cell}}.scores.jsonl",
         summary=f"{GEN}/{{cell}}.summary.json",
-    params:
-        task=lambda w: cell_dims(w).dataset,
-        data_dir=f"--data-dir {shlex.quote(_checked['data_dir'])}" if _checked["data_dir"] else "",
     log:
         f"{RESULTS}/logs/score/{{cell}}.log",
     group:
         "cell"
+    conda:
+        env("score")
     threads: 2
     resources:
         mem_mb=4000,
         runtime=30,
-    conda:
-        env("score")
+    params:
+        task=lambda w: cell_dims(w).dataset,
+        data_dir=f"--data-dir {shlex.quote(_checked['data_dir'])}" if _checked["data_dir"] else "",
     shell:
         '"$PY" -m pipeline.cli score {input.samples:q} --task {params.task} {params.data_dir} --workers {threads}'
         " > {log:q} 2>&1"

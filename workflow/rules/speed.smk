@@ -8,11 +8,11 @@
 rule timing:
     output:
         f"{RESULTS}/timing.json",
-    params:
-        timing=TIMING,
     log:
         f"{RESULTS}/logs/timing.log",
     localrule: True
+    params:
+        timing=TIMING,
     run:
         write_json(output[0], json.loads(params.timing), log[0])
 
@@ -29,11 +29,11 @@ rule speed:
         f"{RESULTS}/logs/speed/{{cell}}.log",
     group:
         "cell"
+    conda:
+        env("decode")
     threads: 1
     resources:
         mem_mb=speed_mem_mb,
         runtime=30,
-    conda:
-        env("decode")
     shell:
         '"$PY" -m pipeline.cli speed {input.cell:q} {input.samples:q} --timing-file {input.timing:q} > {log:q} 2>&1'

@@ -22,14 +22,14 @@ rule wandb_log:
         scores=f"{GEN}/{{cell}}.scores.jsonl",
     output:
         f"{GEN}/{{cell}}.wandb.json",
-    params:
-        settings=WANDB_ARGS,
-        results=lambda w, output: str(Path(output[0]).parents[len(Path(w.cell).parts)]),  # results/
     log:
         f"{RESULTS}/logs/wandb/{{cell}}.log",
     localrule: True
     conda:
         env("wandb")
+    params:
+        settings=WANDB_ARGS,
+        results=lambda w, output: str(Path(output[0]).parents[len(Path(w.cell).parts)]),  # results/
     shell:
         '"$PY" -m pipeline.cli wandb-log {input.samples:q} {output:q} --cell-file {input.cell:q} {params.settings}'
         " --dir {params.results:q} > {log:q} 2>&1"
@@ -42,14 +42,13 @@ rule wandb_experiment:
         summary=f"{RESULTS}/tables/summary.md",
     output:
         f"{RESULTS}/wandb.json",
-    params:
-        settings=WANDB_ARGS,
-        results=lambda w, input: str(Path(input.table).parents[1]),
     log:
         f"{RESULTS}/logs/wandb/experiment.log",
     localrule: True
     conda:
         env("wandb")
+    params:
+        settings=WANDB_ARGS,
+        results=lambda w, input: str(Path(input.table).parents[1]),
     shell:
-        '"$PY" -m pipeline.cli wandb-log-experiment {params.results:q} {output:q} {params.settings}'
-        " > {log:q} 2>&1"
+        '"$PY" -m pipeline.cli wandb-log-experiment {params.results:q} {output:q} {params.settings}' " > {log:q} 2>&1"
