@@ -6,6 +6,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -272,6 +274,13 @@ def test_snakemake_lint_is_clean(tmp_path):
     out = run.stdout + run.stderr
     assert run.returncode == 0 and "Lints for" not in out, out[-3000:]
     assert "Congratulations, your workflow is in a good condition!" in out
+
+
+def test_snakefmt_finds_the_rules_formatted():
+    """The Snakefile and the rules as snakefmt formats them (at the project's line length, pyproject.toml)."""
+    snakefmt = Path(sys.executable).parent / "snakefmt"
+    run = subprocess.run([snakefmt, "--check", "workflow", "Snakefile"], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-2000:]
 
 
 def test_slurm_dry_run_lists_jobs_with_their_resources(tmp_path):
