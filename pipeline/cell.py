@@ -10,7 +10,7 @@ the columns of the tables and the config of its W&B run. :class:`CellFile` is wh
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +122,11 @@ class Dims:
     def from_json(cls, data: dict[str, Any]) -> Dims:
         if unknown := sorted(set(data) - set(cls.__dataclass_fields__)):
             raise UserError(f"unknown dims {unknown}; accepted: {', '.join(cls.__dataclass_fields__)}")
+        required = [f.name for f in fields(cls) if f.default is MISSING]
+        if missing := [k for k in required if k not in data]:
+            raise UserError(
+                f"dims {data.get('id', '?')!r} lack {', '.join(missing)}; a cell's dims need {', '.join(required)}"
+            )
         return cls(**data)
 
     def to_json(self) -> dict[str, Any]:

@@ -65,6 +65,7 @@ def test_the_json_form_keeps_its_key_order_and_omissions():
         ('{"cell": {"models": ["a"], "method": "sd"}}', "cell file .*: .*'task'"),
         ('{"cell": {"models": ["a"], "method": "sd", "task": "t"}, "dims": {"id": "x", "hue": 1}}', "unknown dims"),
         ('{"cell": {"models": ["a"], "method": "sd", "task": "t"}, "dims": 3}', "expected an object"),
+        ('{"cell": {"models": ["a"], "method": "sd", "task": "t"}, "dims": {"id": "x"}}', "dims 'x' lack experiment"),
         ('["cell"]', "expected an object"),
         ('{"cell": ', "cell file .*: Expecting value"),
     ],
