@@ -52,7 +52,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ArgumentError
-from .runner import HFRunner, Runner, as_rows, engine_of
+from .runner import HFRunner, Runner, additive_mask, as_rows, engine_of
 from .stats import ModelStats
 
 BUCKETS = (1, 2, 4, 8, 16)
@@ -241,11 +241,11 @@ class StaticRunner:
         if size not in self.graphs.masked_sizes or self.length + size > self.graphs.length:
             size = None  # a bucket not compiled ahead (``prepare_masked``) runs eagerly: nothing compiles mid-decode
         width = size or k
-        dtype = self.graphs.dtype
-        mask = torch.full((width, self.graphs.length), torch.finfo(dtype).min, dtype=dtype, device=self.device)
-        mask[:k, : self.length + k].masked_fill_(visible.to(self.device), 0.0)
+        seen = torch.zeros((width, self.graphs.length), dtype=torch.bool, device=self.device)
+        seen[:k, : self.length + k] = visible.to(self.device)
         pads = torch.arange(k, width, device=self.device)
-        mask[pads, self.length + pads] = 0.0
+        seen[pads, self.length + pads] = True
+        mask = additive_mask(seen, self.graphs.dtype)
         at = torch.tensor([positions + positions[-1:] * (width - k)], device=self.device)
         return self._run(tokens, keep, size, at, mask[None, None])
 
