@@ -241,7 +241,7 @@ def test_dry_run_of_the_default_grid_lists_exactly_its_jobs(tmp_path):
     run = snakemake(tmp_path, "-n")
     assert run.returncode == 0, run.stderr[-2000:]
     n = len(expand_cells(check_config(DEFAULT)))
-    assert n == 21  # 5 + 1 + 6 + 4 + 5 cells per grid, one gamma each; no gamma for we/we_me/cd
+    assert n == 23  # 5 + 1 + 4 + 6 + 2 + 5 cells per grid, one gamma each; no gamma for we/we_me/cd
     assert job_counts(run.stdout + run.stderr) == {
         "all": 1,
         "cell": n,
