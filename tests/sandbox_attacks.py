@@ -224,11 +224,11 @@ def _starts(python: str, user: int | None) -> bool:
 
 @functools.cache
 def readable_sandbox() -> Path:
-    """A copy of the sandbox's two files that any uid can read: the checkout may sit under a directory only
+    """A copy of the sandbox's three files that any uid can read: the checkout may sit under a directory only
     its owner can traverse (a fresh clone in a 0700 temporary directory)."""
     copy = Path(tempfile.mkdtemp(prefix="specens-sandbox-src-"))
     atexit.register(shutil.rmtree, copy, True)
-    for name in (SANDBOX.name, "sandbox_child.py"):
+    for name in (SANDBOX.name, "sandbox_child.py", "sandbox_judge.py"):
         shutil.copyfile(SANDBOX.with_name(name), copy / name)
         (copy / name).chmod(0o644)
     copy.chmod(0o755)

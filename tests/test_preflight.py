@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline import preflight
+from pipeline import model_files, preflight
 from pipeline.config import check_config
 from pipeline.grid import expand_cells
 
@@ -243,14 +243,14 @@ def test_profile_gpu_model_sets_the_memory_checked(model_path, tmp_path, capsys)
 
 @pytest.mark.parametrize("repo", list(PUBLIC_PARAMETERS))
 def test_parameters_are_counted_from_config_json_shapes_alone(repo):
-    assert preflight.count_parameters(PUBLIC_CONFIGS[repo])[0] == PUBLIC_PARAMETERS[repo]
+    assert model_files.count_parameters(PUBLIC_CONFIGS[repo])[0] == PUBLIC_PARAMETERS[repo]
 
 
 def test_an_architecture_transformers_does_not_know_is_one_line():
     from pipeline.models import ModelError
 
     with pytest.raises(ModelError, match=r"^config.json of model_type 'gpt-9': ValueError: .*gpt-9"):
-        preflight.count_parameters({"model_type": "gpt-9", "hidden_size": 8})
+        model_files.count_parameters({"model_type": "gpt-9", "hidden_size": 8})
 
 
 def test_snakemake_stops_before_any_job_with_every_problem(model_path, tmp_path):

@@ -246,9 +246,9 @@ def test_compiled_runner_decodes_trees_as_the_eager_one(
 
 
 def test_a_tree_compiles_its_masked_buckets_once_and_room_for_its_nodes():
-    from pipeline.decoding.static import TREE_BUCKETS, compile_ahead, tree_bucket
+    from pipeline.decoding.static import TREE_BUCKETS, compile_ahead
 
-    assert [tree_bucket(k) for k in (1, 3, 17, 33, 64, 65)] == [1, 4, 32, 64, 64, None]
+    assert [bucket(k, TREE_BUCKETS) for k in (1, 3, 17, 33, 64, 65)] == [1, 4, 32, 64, 64, None]
     backend = CountingBackend()
     model = set_engine(tiny_llama(3), "compiled", backend=backend)
     compile_ahead([model], [230], tree_tokens=16)  # the chain's cache (256) and the tree's (512)

@@ -4,9 +4,10 @@ See ``docs/algorithms.md`` for the contract each method keeps.
 """
 
 from .ensemble import ENSEMBLES, register_ensemble
-from .methods import GenerationResult, generate, method_names
+from .methods import GenerationResult, generate
 from .proposers import register_proposer
 from .sampling import Sampling
+from .spec import method_names
 from .stats import GenerationStats, ModelStats
 from .union import UnionVocab, check_joinable
 

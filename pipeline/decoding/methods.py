@@ -34,20 +34,10 @@ from .parallel import ConcurrentForwards
 from .peers import run_peer
 from .proposers import NAMED_PROPOSERS, Chain, ModelProposer, Proposer
 from .sampling import Sampling
-from .spec import DRAFT, accepted_args, is_int, method_names, parse_method
+from .spec import DRAFT, is_int, parse_method
 from .static import make_runner
 from .stats import GenerationStats, ModelStats
 from .tree import check_tree_models, parse_tree
-
-__all__ = [
-    "GenerationResult",
-    "accepted_args",
-    "generate",
-    "method_names",
-    "parameter_counts",
-    "plan_method",
-    "restricted_heads",
-]
 
 Turn = tuple[tuple[str | int, ...], int]  # (proposers, chained: names or model indices; gamma)
 
@@ -82,16 +72,6 @@ def restricted_heads(models: Sequence[torch.nn.Module]) -> list[str]:
     return [str(i) for i, m in enumerate(models) if getattr(m, "restricted_vocab", False)]
 
 
-def cheapest(sizes: Sequence[int]) -> int:
-    """Index of the model with the fewest parameters (the later one on a tie)."""
-    return max(range(len(sizes)), key=lambda i: (-sizes[i], i))
-
-
-def largest(sizes: Sequence[int]) -> int:
-    """Index of the model with the most parameters (the earlier one on a tie)."""
-    return max(range(len(sizes)), key=lambda i: (sizes[i], -i))
-
-
 def fixed_turns(schedule: list[Turn] | None, sizes: Sequence[int]) -> frozenset[int]:
     """Turns that keep their gamma under a dynamic schedule: the largest model's (in a set of two or more).
 
@@ -100,7 +80,7 @@ def fixed_turns(schedule: list[Turn] | None, sizes: Sequence[int]) -> frozenset[
     """
     if not schedule or len(sizes) < 2:
         return frozenset()
-    keep = largest(sizes)
+    keep = max(range(len(sizes)), key=lambda i: (sizes[i], -i))  # the most parameters (the earlier one on a tie)
     return frozenset(k for k, (turn, _) in enumerate(schedule) if keep in turn)
 
 
@@ -125,7 +105,9 @@ def plan_method(
     members = list(range(n))
     if not spec.speculative:
         return Plan(members, target_fn, None, spec.parallel, args["weights"] if spec.mixture else None), args
-    first = args["first_proposer"] = cheapest(sizes) if args["first_proposer"] is None else args["first_proposer"]
+    if args["first_proposer"] is None:  # the fewest parameters (the later one on a tie)
+        args["first_proposer"] = max(range(n), key=lambda i: (-sizes[i], i))
+    first = args["first_proposer"]
     gammas = args["gamma"] = check_gamma(spec, gamma, n)
     if spec.mixture:
         args["gamma"] = gammas[first]
@@ -178,13 +160,9 @@ def _concurrent(decoder: Decoder, plan: Plan) -> Iterator[None]:
             decoder.concurrent = None
 
 
-def _names(models: Sequence[torch.nn.Module]) -> list[str]:
-    return [model_name(m, i) for i, m in enumerate(models)]
-
-
-def _own_runner(model: torch.nn.Module, stats: ModelStats, max_len: int, device: torch.device):
-    """A runner over a model's own vocabulary (its whole output head), as a union member's inner runner."""
-    return make_runner(model, int(model.get_output_embeddings().weight.shape[0]), stats, max_len, device)
+def _head(model: torch.nn.Module) -> int:
+    """The size of a model's own output head (its vocabulary, as a union member)."""
+    return int(model.get_output_embeddings().weight.shape[0])
 
 
 def generate(
@@ -208,43 +186,25 @@ def generate(
     gamma_schedule: str = "fixed",
     tree: Any = None,
 ) -> GenerationResult:
-    """Generate a continuation of ``prompt_ids`` with ``method``.
+    """Generate a continuation of ``prompt_ids`` with ``method`` (its arguments: docs/decoder.md).
 
-    ``models`` are loaded causal LMs in the order the method names them:
-    ``[target, draft]`` for ``sd``; ``[expert, amateur]`` for ``cd*``; the
-    weight order for ``we*``. ``large_model`` runs ``models[0]``,
-    ``small_model`` runs ``models[-1]``. ``gamma`` is an int, or for ``*_se``
-    a list with one entry per model; ``gamma_schedule="dynamic"`` lets each
-    proposer's gamma move between rounds from there (``engine.DynamicGamma``),
-    the largest model's excepted (``fixed_turns``); speculative methods only,
-    others ignore it; ``method_args`` holds the ensemble's
-    parameters (``lambda`` or ``weights``; ``alpha``, ``beta``) and, for
-    ``*_sd``/``*_se``, ``first_proposer`` (the index of the model that
-    proposes first; default the one with the fewest parameters). ``we_me``
-    draws one member per position (weights as for ``we``) and needs
-    ``temperature > 0``; ``we_me_sd`` too, its ``first_proposer`` drafting
-    ``gamma`` tokens for runs of the other members. Speculative
-    methods take ``proposer``: ``draft`` (models propose), ``lookup``
-    (prompt lookup alone) or ``lookup+draft`` (lookup where the context
-    matches, the model elsewhere). ``tree`` drafts a token tree per round
-    instead of a chain (``tree.py``: ``[3, 2, 1]``, ``"d16"``, ...; the
-    speculative ``sd``/``*_sd``/``*_se`` methods only). Stop strings need a ``tokenizer``. Tests
-    pass an ``audit`` (``audit.py``) to have every distribution recomputed.
-    Models with different tokenizers take ``tokenizers`` (one per model, in
-    order) and decode over the union of their vocabularies
-    (``docs/tokenizers.md``): ``prompt_ids`` are the first model's ids, the
-    result's ``token_ids`` are union ids, ``pieces`` and ``text`` their text.
-    Raises ``ValueError`` on any bad argument before decoding.
+    ``models`` are loaded causal LMs in the order the method names them (``[target, draft]`` for ``sd``,
+    ``[expert, amateur]`` for ``cd*``, the weight order for ``we*``; ``large_model`` runs ``models[0]``,
+    ``small_model`` ``models[-1]``). ``gamma`` is an int, or for ``*_se`` one per model; ``gamma_schedule="dynamic"``
+    lets each proposer's gamma move between rounds (``engine.DynamicGamma``; speculative methods only, the largest
+    model's excepted: ``fixed_turns``). ``method_args``: the ensemble's parameters, ``first_proposer`` and
+    ``proposer`` (``draft``, ``lookup``, ``lookup+draft``). ``tree`` drafts a token tree per round instead of a chain
+    (``tree.py``). Stop strings need a ``tokenizer``; tests pass an ``audit`` (``audit.py``) to have every
+    distribution recomputed. Models with different tokenizers take ``tokenizers`` (one per model) and decode over
+    the union of their vocabularies (docs/tokenizers.md): ``prompt_ids`` are the first model's ids, ``token_ids``
+    union ids, ``pieces`` and ``text`` their text. Raises ``ValueError`` on any bad argument before decoding.
     """
     if not isinstance(models, (list, tuple)) or not models:
         raise ArgumentError("models must be a non-empty list of causal LMs")
     check_loaded(models)
-    union = None if tokenizers is None else join(models, tokenizers, parse_method(method), _names(models))
-    vocab = (
-        check_vocab_size(models, vocab_size)
-        if union is None
-        else int(models[0].get_output_embeddings().weight.shape[0])
-    )
+    names = [model_name(m, i) for i, m in enumerate(models)]
+    union = None if tokenizers is None else join(models, tokenizers, parse_method(method), names)
+    vocab = check_vocab_size(models, vocab_size) if union is None else _head(models[0])
     if method_args is not None and not isinstance(method_args, dict):
         raise ArgumentError(f"method_args={method_args!r}: expected a dict of argument names to values")
     sizes = parameter_counts(models)
@@ -299,15 +259,12 @@ def generate(
     if union is None:
         members = [Member(make_runner(m, vocab, stats.models[i], max_len, device)) for i, m in enumerate(models)]
     else:
-        members = [
-            Member(joined.runner(i, _own_runner(m, stats.models[i], joined.max_len(i, max_new_tokens), device)))
-            for i, m in enumerate(models)
-        ]
+        members = []
+        for i, m in enumerate(models):  # each over its own output head (joined.py)
+            own = make_runner(m, _head(m), stats.models[i], joined.max_len(i, max_new_tokens), device)
+            members.append(Member(joined.runner(i, own)))
         audit = None if audit is None else joined.audit(audit)
-    generator = None
-    if not sampling.greedy:
-        generator = torch.Generator(device=device)
-        generator.manual_seed(seed)
+    generator = None if sampling.greedy else torch.Generator(device=device).manual_seed(seed)
     decoder = Decoder(
         members=members,
         targets=plan.members,

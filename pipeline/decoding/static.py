@@ -60,14 +60,10 @@ TREE_BUCKETS = (*BUCKETS, 32, 64)  # a token tree's forwards (compiled on first 
 MIN_CACHE = 256
 
 
-def bucket(k: int) -> int | None:
-    """The padded size of a forward of ``k`` new tokens (None: too many, run it eagerly)."""
-    return next((b for b in BUCKETS if b >= k), None)
-
-
-def tree_bucket(k: int) -> int | None:
-    """The padded size of a masked forward (a token tree's) of ``k`` new tokens (None: run it eagerly)."""
-    return next((b for b in TREE_BUCKETS if b >= k), None)
+def bucket(k: int, buckets: tuple[int, ...] = BUCKETS) -> int | None:
+    """The padded size of a forward of ``k`` new tokens (``TREE_BUCKETS``: a token tree's masked forward; None:
+    too many, run it eagerly)."""
+    return next((b for b in buckets if b >= k), None)
 
 
 def cache_len(needed: int) -> int:
@@ -121,9 +117,8 @@ class _Graphs:
             yield
 
     def compile_masked(self, tokens: int) -> None:
-        """Compile the masked forwards (a token tree's) of every bucket up to the one of ``tokens`` new tokens
-        (up to the largest bucket), those not compiled yet."""
-        sizes = [b for b in TREE_BUCKETS if b <= (tree_bucket(tokens) or TREE_BUCKETS[-1])]
+        """Compile the masked forwards (a token tree's) of the buckets up to ``tokens`` new tokens not compiled yet."""
+        sizes = [b for b in TREE_BUCKETS if b <= (bucket(tokens, TREE_BUCKETS) or TREE_BUCKETS[-1])]
         todo = [b for b in sizes if b not in self.masked_sizes]
         if not todo:
             return
@@ -237,7 +232,7 @@ class StaticRunner:
         Padded to a tree bucket, each padding token seeing only itself; the prefill, more tokens than the
         buckets compiled, or a bucket past the cache's end run eagerly."""
         k = len(tokens)
-        size = tree_bucket(k) if self.length else None
+        size = bucket(k, TREE_BUCKETS) if self.length else None
         if size not in self.graphs.masked_sizes or self.length + size > self.graphs.length:
             size = None  # a bucket not compiled ahead (``prepare_masked``) runs eagerly: nothing compiles mid-decode
         width = size or k
