@@ -18,7 +18,7 @@ from .errors import UserError
 
 if TYPE_CHECKING:
     from .cell import Cell, CellFile
-    from .preflight import ModelInfo
+    from .model_files import ModelInfo
 
 
 @dataclass(frozen=True)

@@ -97,10 +97,8 @@ def test_the_cycle_finder_finds_a_cycle():
 
 
 # Annotation-only imports that close a circle: the token-tree loop (tree.py) annotates the Decoder that runs it, its
-# acceptance rule (tree_verify.py) the Tree it walks, and the cost forecast (estimate.py) the model facts of the
-# preflight that calls it.
+# acceptance rule (tree_verify.py) the Tree it walks.
 TYPE_ONLY_BACK_EDGES = {
-    ("pipeline.estimate", "pipeline.preflight"),
     ("pipeline.decoding.tree", "pipeline.decoding.engine"),
     ("pipeline.decoding.tree_draft", "pipeline.decoding.engine"),
     ("pipeline.decoding.tree_verify", "pipeline.decoding.tree_draft"),
