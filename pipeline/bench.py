@@ -30,13 +30,13 @@ import argparse
 import json
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from pipeline.bench_table import Totals, best_against_best, render_table, table, tree_costs
+from pipeline.bench_table import measure as measure_runs
 from pipeline.bench_variants import Variant, select, variants
 from pipeline.decoding import generate
 from pipeline.decoding.runner import ENGINES, set_engine
@@ -82,31 +82,9 @@ def run_variant(v: Variant, target, draft, ids, max_new, eos, seed):
 
 
 def measure(target, draft, tokenizer, prompts, vs: list[Variant], max_new: int) -> dict[str, Totals]:
-    from tqdm import tqdm
-
     eos = tokenizer.eos_token_id
-    encoded = [tokenizer(p).input_ids for p in prompts]
-    for v in vs:  # warm-up, not timed
-        run_variant(v, target, draft, encoded[0], 8, eos, 0)
-    totals: dict[str, Totals] = defaultdict(Totals)
-    with tqdm(total=len(encoded) * len(vs), desc="bench", unit="run", file=sys.stderr) as bar:
-        for i, ids in enumerate(encoded):
-            for v in vs[i % len(vs) :] + vs[: i % len(vs)]:  # rotated, so no method always runs first
-                r = run_variant(v, target, draft, ids, max_new, eos, seed=i)
-                s, t = r.stats, totals[v.label]
-                t.tokens += len(r.token_ids)
-                t.wall += s.wall_time_s
-                t.forward += s.forward_time_s
-                t.verified += sum(m.verified for m in s.models) + sum(p.verified for p in s.proposers.values())
-                t.accepted += s.accepted or 0  # None for transformers' methods: not counted
-                t.target_calls += s.models[0].forward_calls
-                for j, m in enumerate(s.models[:2]):
-                    t.model_forward[j] += m.forward_time_s
-                t.per_prompt.append((len(r.token_ids), s.wall_time_s))
-                t.stats.append(s.to_dict())
-                t.outputs.append(r.token_ids)
-                bar.update()
-    return totals
+    runs = [(v.label, lambda ids, n, seed, v=v: run_variant(v, target, draft, ids, n, eos, seed)) for v in vs]
+    return measure_runs(runs, [tokenizer(p).input_ids for p in prompts], max_new, 8, "bench")
 
 
 def record(out_dir: Path, rows: list[dict], settings: dict[str, Any]) -> Path:

@@ -4,7 +4,11 @@ tree against the chain of its node budget, a dynamic gamma against the fastest f
 
 from __future__ import annotations
 
+import sys
+from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from pipeline.acceptance import predicted_speedup
 from pipeline.bench_variants import Variant, same_budget_chain
@@ -25,6 +29,38 @@ class Totals:
     outputs: list = field(default_factory=list)  # the new tokens of each prompt, in prompt order
     per_prompt: list = field(default_factory=list)  # (tokens, wall) of each prompt, in prompt order
     stats: list = field(default_factory=list)  # the decoder's stats of each prompt, in prompt order
+
+    def add(self, r: Any) -> None:
+        """One prompt's generation (a ``GenerationResult``)."""
+        s = r.stats
+        self.tokens += len(r.token_ids)
+        self.wall += s.wall_time_s
+        self.forward += s.forward_time_s
+        self.verified += sum(m.verified for m in s.models) + sum(p.verified for p in s.proposers.values())
+        self.accepted += s.accepted or 0  # None for transformers' methods: not counted
+        self.target_calls += s.models[0].forward_calls
+        for j, m in enumerate(s.models[:2]):
+            self.model_forward[j] += m.forward_time_s
+        self.per_prompt.append((len(r.token_ids), s.wall_time_s))
+        self.stats.append(s.to_dict())
+        self.outputs.append(r.token_ids)
+
+
+def measure(runs: list[tuple[str, Callable]], prompts: list[list[int]], max_new: int, warm_up: int, desc=None):
+    """Totals by label of every run (``(label, run)``, ``run(ids, max_new_tokens, seed)`` a ``GenerationResult``)
+    over every prompt, in an order rotated per prompt so that no run always goes first, after an untimed warm-up
+    of ``warm_up`` tokens on the first prompt; ``desc``: a progress bar on stderr."""
+    from tqdm import tqdm
+
+    for _, run in runs:  # warm-up, not timed
+        run(prompts[0], warm_up, 0)
+    totals: dict[str, Totals] = defaultdict(Totals)
+    with tqdm(total=len(prompts) * len(runs), desc=desc, unit="run", file=sys.stderr, disable=desc is None) as bar:
+        for i, ids in enumerate(prompts):
+            for label, run in runs[i % len(runs) :] + runs[: i % len(runs)]:
+                totals[label].add(run(ids, max_new, i))
+                bar.update()
+    return totals
 
 
 def _speedup(t: Totals, base: Totals) -> tuple[float, list[float | None]]:

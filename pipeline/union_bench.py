@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from pipeline.bench_table import measure
 from pipeline.decoding import generate
 from pipeline.decoding.union import byte_level_table
 from pipeline.speed import fmt, series_speedup
@@ -95,7 +96,6 @@ def bench_union(
     for m in methods:
         if m.endswith("_se"):
             kw[m]["gamma"][cheap] = gamma
-    encoded = [tokenizers[0](p).input_ids for p in prompts]
     eos = tokenizers[0].eos_token_id
 
     def run(m: str, ids: list[int], n: int, seed: int):
@@ -104,35 +104,24 @@ def bench_union(
             tokenizers=list(tokenizers), method_args=args, **kw[m],
         )  # fmt: skip
 
-    for m in methods:  # warm-up, not timed
-        run(m, encoded[0], 4, 0)
-    series: dict[str, list[tuple[int, float]]] = {m: [] for m in methods}
-    extra: dict[str, dict[str, float]] = {m: {"map": 0.0, "wall": 0.0, "calls0": 0, "size": 0} for m in methods}
-    for i, ids in enumerate(encoded):
-        for m in list(methods)[i % len(methods) :] + list(methods)[: i % len(methods)]:
-            s = run(m, ids, max_new_tokens, i).stats
-            series[m].append((s.new_tokens, s.wall_time_s))
-            e = extra[m]
-            e["map"] += s.union_map_s
-            e["wall"] += s.wall_time_s
-            e["calls0"] += s.models[0].forward_calls
-            e["size"] = s.union_size
+    runs = [(m, lambda ids, n, seed, m=m: run(m, ids, n, seed)) for m in methods]
+    totals = measure(runs, [tokenizers[0](p).input_ids for p in prompts], max_new_tokens, 4)
     rows = []
     for m in methods:
-        tokens = sum(t for t, _ in series[m])
-        ratio, low, high = series_speedup(series[m], series[methods[0]])
-        e = extra[m]
+        t = totals[m]
+        ratio, low, high = series_speedup(t.per_prompt, totals[methods[0]].per_prompt)
+        map_s = sum(s["union_map_s"] for s in t.stats)
         rows.append(
             {
                 "method": m,
-                "tokens": tokens,
-                "tok_s": tokens / e["wall"],
+                "tokens": t.tokens,
+                "tok_s": t.tokens / t.wall,
                 "speedup": ratio,
                 "interval": [low, high],
-                "tau": tokens / e["calls0"] if e["calls0"] else None,
-                "union_size": int(e["size"]),
-                "union_map_share": e["map"] / e["wall"],
-                "union_map_ms_per_token": 1000 * e["map"] / tokens if tokens else None,
+                "tau": t.tokens / t.target_calls if t.target_calls else None,
+                "union_size": int(t.stats[-1]["union_size"]),
+                "union_map_share": map_s / t.wall,
+                "union_map_ms_per_token": 1000 * map_s / t.tokens if t.tokens else None,
             }
         )
     return rows

@@ -194,25 +194,24 @@ class Decoder:
             self.drawn.append(self.targets[int(sample(self.mixture, self.generator)[0])])
         return self.drawn[pos - self.prompt_len]
 
-    def _draw_from(self, k: int, pos: int) -> int:
-        """A token for ``pos`` drawn from member ``k``'s own distribution (fed what it missed first)."""
+    def _own_rows(self, k: int, start: int, stop: int) -> Tensor:
+        """Member ``k``'s own rows for positions ``[start, stop)``, fed what it missed first."""
         member = self.members[k]
         member.catch_up(self.tokens, self.committed)
-        row = member.span(pos, pos + 1)
+        rows = member.span(start, stop)
         if self.audit is not None:
-            self.audit.check(self.tokens, pos, pos + 1, [row], [k], single_model, self.sampling)
-        return int(sample(probs(row, self.sampling), self.generator)[0])
+            self.audit.check(self.tokens, start, stop, [rows], [k], single_model, self.sampling)
+        return rows
+
+    def _draw_from(self, k: int, pos: int) -> int:
+        """A token for ``pos`` drawn from member ``k``'s own distribution."""
+        return int(sample(probs(self._own_rows(k, pos, pos + 1), self.sampling), self.generator)[0])
 
     def _verify_mixture(self, k: int) -> bool:
         """Member ``k`` verifies every pending token: ``p_k`` at its positions, the drafter's ``q`` at the
         drafter's own (accepted there). True on a rejection."""
         start, count = self.committed, len(self.tokens) - self.committed
-        member = self.members[k]
-        member.catch_up(self.tokens, start)
-        rows = member.span(start, start + count)
-        if self.audit is not None:
-            self.audit.check(self.tokens, start, start + count, [rows], [k], single_model, self.sampling)
-        target = probs(rows, self.sampling)
+        target = probs(self._own_rows(k, start, start + count), self.sampling)
         for j, p in enumerate(self.pending[:count]):
             if self._member_at(start + j) != k:
                 target[j] = p.q

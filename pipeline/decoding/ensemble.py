@@ -166,25 +166,22 @@ def check_output(out: Any, fn: Callable, step: int, rows: int, vocab: int, logit
     NaN; else a one-line ``EnsembleOutputError`` naming the ensemble and the step. One reduction (the row
     sums: NaN if any entry is NaN, -inf or 0 when no entry has mass), one host sync. ``logits``: ``out``
     holds logits (a row needs a finite maximum and no NaN: the row maxima, NaN where a row has one)."""
+    said = f"ensemble {target_name(fn)!r} at step {step} returned"
     if not isinstance(out, Tensor):
-        raise EnsembleOutputError(
-            f"ensemble {target_name(fn)!r} at step {step} returned a {type(out).__name__}, expected a tensor"
-        )
+        raise EnsembleOutputError(f"{said} a {type(out).__name__}, expected a tensor")
     if tuple(out.shape) != (rows, vocab):
         raise EnsembleOutputError(
-            f"ensemble {target_name(fn)!r} at step {step} returned shape {tuple(out.shape)}, expected "
-            f"({rows}, {vocab}): one row per position over the models' vocabulary of {vocab}"
+            f"{said} shape {tuple(out.shape)}, expected ({rows}, {vocab}): one row per position over the models' "
+            f"vocabulary of {vocab}"
         )
     if not out.is_floating_point():
-        raise EnsembleOutputError(
-            f"ensemble {target_name(fn)!r} at step {step} returned dtype {out.dtype}, expected a floating tensor"
-        )
+        raise EnsembleOutputError(f"{said} dtype {out.dtype}, expected a floating tensor")
     if logits:  # a finite maximum per row (NaN where a row holds one)
         ok = all(-math.inf < top < math.inf for top in out.amax(dim=-1).tolist())
     else:  # a finite positive mass per row (NaN where a row holds one, -inf or 0 where no entry has mass)
         ok = all(0 < total < math.inf for total in out.sum(dim=-1).tolist())
     if not ok:
-        raise EnsembleOutputError(f"ensemble {target_name(fn)!r} at step {step} returned {_fault(out, logits)}")
+        raise EnsembleOutputError(f"{said} {_fault(out, logits)}")
     return out
 
 

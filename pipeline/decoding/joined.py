@@ -121,13 +121,8 @@ class UnionRunner:
     """A member's runner fed union tokens (see the module docstring); ``length`` counts union tokens."""
 
     def __init__(self, inner: Runner | None, member: MemberMap, own_prompt: list[int], prompt_len: int, joined):
-        self.inner, self.member, self.own_prompt, self.prompt_len, self.joined = (
-            inner,
-            member,
-            own_prompt,
-            prompt_len,
-            joined,
-        )
+        self.inner, self.member, self.own_prompt = inner, member, own_prompt
+        self.prompt_len, self.joined = prompt_len, joined
         self.vocab_size = joined.union.size
         self.length = 0
         self.ends: list[int] = []  # [i]: the member's own length once union token i is fed

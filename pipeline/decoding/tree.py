@@ -30,29 +30,15 @@ from torch import Tensor
 
 from .ensemble import check_output
 from .sampling import Sampling
-from .tree_cache import TreeCache, compact
-from .tree_draft import Node, Tree, TreeDrafter, lookup_continuations, parts
-from .tree_shape import MAX_NODES, TreeShape, check_tree_models, parse_tree
+from .tree_cache import TreeCache
+from .tree_draft import Tree, TreeDrafter, parts
+from .tree_shape import TreeShape, check_tree_models, parse_tree
 from .tree_verify import accept_tree
 
 if TYPE_CHECKING:
     from .engine import Decoder
 
-__all__ = [
-    "MAX_NODES",
-    "Node",
-    "Tree",
-    "TreeCache",
-    "TreeDrafter",
-    "TreeShape",
-    "audit_tree",
-    "check_tree_models",
-    "compact",
-    "lookup_continuations",
-    "parse_tree",
-    "run_tree",
-    "verify_round",
-]
+__all__ = ["Tree", "TreeShape", "check_tree_models", "parse_tree", "run_tree"]  # what other modules use
 
 # ---- the loop ------------------------------------------------------------------
 

@@ -5,7 +5,6 @@ sampling, draws with or without replacement; prompt lookup's distinct continuati
 
 from __future__ import annotations
 
-from array import array
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -62,21 +61,6 @@ class Tree:
     @property
     def depth(self) -> int:
         return max((n.depth for n in self.nodes), default=0)
-
-
-def lookup_continuations(lookup: PromptLookup, tokens: list[int], limit: int) -> list[int]:
-    """Up to ``limit`` distinct tokens that followed earlier matches of the context's tail: longer n-grams
-    first, later matches first (the first is ``lookup.propose``'s)."""
-    size = array("i").itemsize
-    buf = array("i", tokens).tobytes()
-    found: list[int] = []
-    for n in range(min(lookup.max_ngram, len(tokens) - 1), lookup.min_ngram - 1, -1):
-        pattern, end = buf[-n * size :], len(buf) - size
-        while len(found) < limit and (at := buf.rfind(pattern, 0, end)) >= 0:
-            if at % size == 0 and (token := tokens[at // size + n]) not in found:
-                found.append(token)
-            end = at + len(pattern) - 1
-    return found
 
 
 def parts(proposer: Any) -> tuple[PromptLookup | None, ModelProposer | None]:
@@ -146,7 +130,7 @@ class TreeDrafter:
                 )
             q = probs(row[None], Sampling.identity() if dec.sampling.greedy else dec.sampling)[0]
             tree.q[n] = q
-        found = lookup_continuations(lookup, context, min(b, room)) if lookup is not None else []
+        found = lookup.continuations(context, min(b, room)) if lookup is not None else []
         for token in found:
             tree.add(n, token, None, cum * (float(q[token]) if q is not None else 1.0), lookup)
         draws = min(b, room) - len(found)
