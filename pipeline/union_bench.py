@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -104,8 +105,8 @@ def bench_union(
             tokenizers=list(tokenizers), method_args=args, **kw[m],
         )  # fmt: skip
 
-    runs = [(m, lambda ids, n, seed, m=m: run(m, ids, n, seed)) for m in methods]
-    totals = measure(runs, [tokenizers[0](p).input_ids for p in prompts], max_new_tokens, 4)
+    encoded = [tokenizers[0](p).input_ids for p in prompts]
+    totals = measure([(m, partial(run, m)) for m in methods], encoded, max_new_tokens, 4)
     rows = []
     for m in methods:
         t = totals[m]

@@ -208,7 +208,8 @@ class UnionVocab:
         size = max([*table, eos if eos is not None else -1, len(tokenizer) - 1]) + 1
         index = torch.full((size,), self.size, dtype=torch.long)
         own: dict[bytes, int] = {}
-        fallback = {i for i in table if conv.byte_fallback and _BYTE_FALLBACK.fullmatch(self._token(tokenizer, i))}
+        spelled = tokenizer.convert_ids_to_tokens(sorted(table)) if conv.byte_fallback else []
+        fallback = {i for i, token in zip(sorted(table), spelled) if _BYTE_FALLBACK.fullmatch(token)}
         for i in sorted(table, key=lambda i: (i in fallback, i)):
             index[i] = self.ids[table[i]]
             own.setdefault(table[i], i)
@@ -229,10 +230,6 @@ class UnionVocab:
                 )
             encodings.append(pieces)
         return MemberMap(name, tokenizer, index, encodings, eos, max(map(len, encodings), default=1))
-
-    @staticmethod
-    def _token(tokenizer: Any, i: int) -> str:
-        return tokenizer.convert_ids_to_tokens(i)
 
     def piece(self, union_id: int) -> str:
         """A union token as text (the end symbol as the first member's EOS token; bytes that are not valid

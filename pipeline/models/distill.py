@@ -21,9 +21,7 @@ import hashlib
 import json
 import math
 import random
-import shutil
 import sysconfig
-import tempfile
 import textwrap
 import time
 from collections import Counter
@@ -33,6 +31,7 @@ from pathlib import Path
 import torch
 
 from ..decoding.lookup import PromptLookup
+from .cache import save_dir
 from .cpu_kernels import pack_linears
 from .loading import truncated_copy
 from .restricted import RestrictedHeadLM
@@ -273,19 +272,6 @@ def distill(teacher, tokenizer, out_dir: Path, recipe: Recipe, teacher_name: str
         files[HEAD_FILE] = json.dumps(kept)
     save_dir(draft.base, tokenizer, out_dir, files)
     return out_dir
-
-
-def save_dir(model, tokenizer, out_dir: Path, files: dict[str, str]) -> None:
-    """A model directory written whole or not at all: the model, its tokenizer and ``files`` (name -> text)."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    for name, text in files.items():
-        (tmp / name).write_text(text)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    tmp.rename(out_dir)
 
 
 def draft_name(teacher: ModelSpec, recipe: Recipe) -> str:

@@ -25,8 +25,9 @@ from pathlib import Path
 
 import torch
 
+from .cache import save_dir
 from .cpu_kernels import pack_linears
-from .distill import META, digest, fit, heldout_prompts, save_dir, stdlib_files, stdlib_prompts, teacher_continuations
+from .distill import META, digest, fit, heldout_prompts, stdlib_files, stdlib_prompts, teacher_continuations
 from .loading import truncated_copy
 from .spec import ModelError, ModelSpec
 
@@ -189,10 +190,6 @@ def string_agreement(student, tokenizer, teacher_tokenizer, held: list[tuple[lis
     }
 
 
-def texts_of(tokenizer, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[str, str]]:
-    return [(tokenizer.decode(p), tokenizer.decode(c, skip_special_tokens=True)) for p, c in pairs if c]
-
-
 def distill_student(teacher, teacher_tokenizer, out_dir: Path, recipe: StudentRecipe, teacher_name: str) -> Path:
     """Build, train, measure and save a student with its own tokenizer; returns its directory.
 
@@ -215,7 +212,8 @@ def distill_student(teacher, teacher_tokenizer, out_dir: Path, recipe: StudentRe
     pairs = teacher_continuations(
         teacher, teacher_tokenizer, prompts, recipe.new_tokens, recipe.batch, "teacher continues"
     )
-    generated = texts_of(teacher_tokenizer, pairs)
+    decode = teacher_tokenizer.decode
+    generated = [(decode(p), decode(c, skip_special_tokens=True)) for p, c in pairs if c]  # (prompt, continuation)
     sources = []
     for path in files[-recipe.source_files :] if recipe.source_files else []:
         try:
