@@ -35,8 +35,7 @@ from typing import Any
 
 import torch
 
-from pipeline.bench_table import Totals, best_against_best, render_table, table, tree_costs
-from pipeline.bench_table import measure as measure_runs
+from pipeline.bench_table import best_against_best, measure, render_table, table, tree_costs
 from pipeline.bench_variants import Variant, select, variants
 from pipeline.decoding import generate
 from pipeline.decoding.runner import ENGINES, set_engine
@@ -81,32 +80,18 @@ def run_variant(v: Variant, target, draft, ids, max_new, eos, seed):
     )
 
 
-def measure(target, draft, tokenizer, prompts, vs: list[Variant], max_new: int) -> dict[str, Totals]:
-    eos = tokenizer.eos_token_id
-    runs = [(v.label, lambda ids, n, seed, v=v: run_variant(v, target, draft, ids, n, eos, seed)) for v in vs]
-    return measure_runs(runs, [tokenizer(p).input_ids for p in prompts], max_new, 8, "bench")
-
-
 def record(out_dir: Path, rows: list[dict], settings: dict[str, Any]) -> Path:
     """Write a run's results with its commit, machine and settings: ``<out_dir>/<time>-<commit>.json``."""
     import datetime
     import platform
-    import subprocess
 
     from .files import write_atomic
     from .generate_job import environment
+    from .results_file import git_state
     from .timing import provenance
 
-    root = Path(__file__).resolve().parent.parent
-
-    def git(*args: str, check: bool = True) -> str:
-        return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, check=check).stdout.strip()
-
-    try:
-        commit = git("rev-parse", "--short=12", "HEAD")
-        dirty = bool(git("status", "--porcelain", "--untracked-files=no", check=False))
-    except (OSError, subprocess.CalledProcessError):
-        commit, dirty = "unknown", False
+    state = git_state()
+    commit, dirty = (state["commit"] or "unknown")[:12], bool(state["dirty"])
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     path = Path(out_dir) / f"{stamp}-{commit}{'-dirty' if dirty else ''}.json"
     data = {
@@ -227,7 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"{len(prompts)} HumanEval prompts x {args.max_new_tokens} new tokens; EOS stops")
     start = time.perf_counter()
-    totals = measure(target, draft, tokenizer, prompts, vs, args.max_new_tokens)
+    eos = tokenizer.eos_token_id
+    runs = [(v.label, lambda ids, n, seed, v=v: run_variant(v, target, draft, ids, n, eos, seed)) for v in vs]
+    totals = measure(runs, [tokenizer(p).input_ids for p in prompts], args.max_new_tokens, 8, "bench")
     rows = table(vs, totals)
     print(render_table(rows))
     print(

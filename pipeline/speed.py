@@ -9,12 +9,9 @@
   dozen heterogeneous prompts is skewed and biased, which the plain percentile
   interval ignores); the percentile interval where BCa is undefined (every
   resample equal).
-- **Flags**: a cell is ``unstable`` when its interval is wider than
-  ``max_halfwidth`` of its estimate, when more than ``max_interfered`` of its
-  pairs were still interfered after re-measuring, when its samples were timed
-  on different machines or settings, or when the measured speed-up is further
-  from the cost model's prediction than the interval's half-width plus
-  ``prediction_tolerance`` of the prediction.
+- **Flags** (``flags``, thresholds from ``Policy``): a cell is ``unstable``
+  when its interval is too wide, too many of its pairs stayed interfered, its
+  samples were timed on different machines, or it is off the cost model.
 """
 
 from __future__ import annotations
@@ -117,17 +114,9 @@ def relative_speedup(
     """
     b = {r["id"]: r for r in rows_b if "baseline" in r}
     pairs = [(r, b[r["id"]]) for r in rows_a if "baseline" in r and r["id"] in b]
-
-    def series(rows: list[dict[str, Any]]) -> list[tuple[int, float]]:
-        return [(r["stats"]["new_tokens"], r["stats"]["wall_time_s"]) for r in rows]
-
-    return speedup_ratio(
-        series([a for a, _ in pairs]),
-        series([a["baseline"] for a, _ in pairs]),
-        series([x for _, x in pairs]),
-        series([x["baseline"] for _, x in pairs]),
-        policy,
-    )
+    sides = zip(*[(a, a["baseline"], x, x["baseline"]) for a, x in pairs])  # a, its baseline, b, its baseline
+    series = [[(r["stats"]["new_tokens"], r["stats"]["wall_time_s"]) for r in rows] for rows in sides]
+    return speedup_ratio(*series, policy) if pairs else None
 
 
 def speedup_ratio(

@@ -34,13 +34,10 @@ own, where a proposal is always accepted).
 
 A rejection discards every pending token and restarts the schedule.
 
-With a dynamic gamma (``DynamicGamma``) each turn's gamma changes between
-rounds by what verification found: more after a turn whose proposals were all
-accepted, fewer after one whose proposal was rejected (turns named in
-``fixed_turns``, the largest model's, keep theirs). The rule reads only
-verified outcomes and the acceptance rule is untouched, so every method stays
-exact. The ``E_p`` methods run the autoregressive loop with the members'
-forwards issued concurrently (``parallel.py``).
+A dynamic gamma (``DynamicGamma``, ``_adapt_gammas``) changes a turn's gamma
+between rounds by verified outcomes only, so every method stays exact. The
+``E_p`` methods run the autoregressive loop with the members' forwards issued
+concurrently (``parallel.py``).
 """
 
 from __future__ import annotations

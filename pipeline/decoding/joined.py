@@ -93,7 +93,7 @@ class Joined:
         return {index[i] for i in ids if i < len(index) and index[i] < self.union.size}
 
     def runner(self, i: int, inner: Runner) -> UnionRunner:
-        return UnionRunner(inner, self.union.members[i], self.own_prompts[i], len(self.prompt), self)
+        return UnionRunner(inner, i, self)
 
     def max_len(self, i: int, new_tokens: int) -> int:
         """The most of its own tokens member ``i`` is fed in one generation."""
@@ -120,9 +120,9 @@ class Joined:
 class UnionRunner:
     """A member's runner fed union tokens (see the module docstring); ``length`` counts union tokens."""
 
-    def __init__(self, inner: Runner | None, member: MemberMap, own_prompt: list[int], prompt_len: int, joined):
-        self.inner, self.member, self.own_prompt = inner, member, own_prompt
-        self.prompt_len, self.joined = prompt_len, joined
+    def __init__(self, inner: Runner | None, i: int, joined: Joined):
+        self.inner, self.joined, self.member = inner, joined, joined.union.members[i]
+        self.own_prompt, self.prompt_len = joined.own_prompts[i], len(joined.prompt)
         self.vocab_size = joined.union.size
         self.length = 0
         self.ends: list[int] = []  # [i]: the member's own length once union token i is fed
@@ -184,9 +184,7 @@ class UnionAudit(Audit):
     def _rows(self, index: int, tokens: list[int], start: int, stop: int) -> Tensor:
         context, logits, ends = self._own.get(index, ((), None, []))
         if len(context) < stop - 1 or context[: stop - 1] != tuple(tokens[: stop - 1]):
-            j = self.joined
-            probe = UnionRunner(None, j.union.members[index], j.own_prompts[index], len(j.prompt), j)
-            own, ends = probe.own_tokens(tokens)
+            own, ends = UnionRunner(None, index, self.joined).own_tokens(tokens)
             model = self.models[index]
             ids = torch.tensor([own], device=next(model.parameters()).device)
             context, logits = tuple(tokens), model(input_ids=ids, use_cache=False).logits[0].double()

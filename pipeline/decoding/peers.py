@@ -97,20 +97,11 @@ def generation_config(
         eos_token_id=eos_ids,
         pad_token_id=eos_ids[0] if eos_ids else 0,
     )
-    if spec.peer_proposer != DRAFT:  # with a draft, gamma is the assistant's own setting (``_assistant``)
+    if spec.peer_proposer != DRAFT:  # with a draft, gamma is the assistant's own setting (``run_peer``)
         config.prompt_lookup_num_tokens = args["gamma"]
     if spec.ensemble is not None:
         config.assistant_ensemble_weight = args["weights"][0]  # w on the target: our lambda is 1 - w
     return config
-
-
-def _assistant(draft: torch.nn.Module, gamma: int) -> torch.nn.Module:
-    """The draft, set to propose a constant ``gamma`` tokens (transformers reads these from the assistant)."""
-    config = draft.generation_config
-    config.num_assistant_tokens = gamma
-    config.num_assistant_tokens_schedule = "constant"
-    config.assistant_confidence_threshold = 0.0
-    return draft
 
 
 def run_peer(
@@ -133,8 +124,11 @@ def run_peer(
         return [], stats
     config = generation_config(spec, args, sampling, stopper.max_new_tokens, stopper.eos_ids)
     kwargs: dict[str, Any] = {}
-    if spec.peer_proposer == DRAFT:
-        kwargs["assistant_model"] = _assistant(models[1], args["gamma"])
+    if spec.peer_proposer == DRAFT:  # the draft proposes a constant gamma (transformers reads it from the assistant)
+        kwargs["assistant_model"] = draft = models[1]
+        draft.generation_config.num_assistant_tokens = args["gamma"]
+        draft.generation_config.num_assistant_tokens_schedule = "constant"
+        draft.generation_config.assistant_confidence_threshold = 0.0
     if stopper.stop_strings:  # our rule after each block (transformers' own stop strings fail in the assistant)
         from transformers import StoppingCriteriaList
 

@@ -1,29 +1,17 @@
 """The union vocabulary of models with different tokenizers, and each member's maps into it.
 
-Every regular token of a member stands for a string of bytes: a byte-level BPE
-token (GPT-2 style, ``Ġ`` for a space, ``Ċ`` for a newline) for the bytes its
-characters encode (``byte_level_table``); a SentencePiece token with ``▁`` for
-a space and ``<0xNN>`` byte-fallback tokens for that byte; any other token for
-its text in UTF-8. Special tokens are left out, except each member's EOS,
-which stands for one shared end symbol (``END``, the empty string). The union
-vocabulary ``U`` is the set of those strings over all members (``docs/algorithms.md``,
+Every regular token of a member stands for a string of bytes (``Convention.token_bytes``: a byte-level BPE's
+characters for bytes, SentencePiece's ``▁`` for a space and ``<0xNN>`` byte-fallback tokens, else UTF-8 text);
+special tokens are left out, except each member's EOS, which stands for one shared end symbol (``END``, the empty
+string). The union vocabulary ``U`` is the set of those strings over all members (``docs/algorithms.md``,
 "Members with different tokenizers").
 
-Per member, precomputed once per set of tokenizers and cached by their hashes:
-
-* ``index``: its token ids to union ids (ids outside ``U``, its specials and a
-  padded embedding's extra rows, go to one extra column that is dropped), so a
-  distribution over its own vocabulary becomes one over ``U`` by one
-  scatter-add (``MemberMap.to_union``);
-* ``encodings``: for every union string, the member's own tokens for it. A
-  string that is one of its tokens is that token (where several of its tokens
-  stand for the same bytes: the one that is not a byte-fallback token, then the
-  lowest id). Any other string is split into the fewest of its tokens whose
-  bytes concatenate to it, ties broken by the longest first token, then the
-  longest next, and so on: a deterministic rule on bytes, so a string that is
-  not valid UTF-8 (a piece of a multi-byte character) is split like any other.
-  A member that cannot split some string at all is refused when the set is
-  built (``check_joinable``).
+Per member (``MemberMap``), built once per set of tokenizers and cached by their hashes: ``index``, its ids to
+union ids (ids outside ``U`` go to one extra column that is dropped), so a distribution over its own vocabulary
+becomes one over ``U`` by one scatter-add; and ``encodings``, its own tokens for every union string: the token
+that stands for those bytes (where several do, the one that is not a byte-fallback token, then the lowest id),
+else the fewest of its tokens that spell them (``split``: a deterministic rule on bytes). A member that cannot
+spell some string is refused when the set is built (``check_joinable``).
 """
 
 from __future__ import annotations
