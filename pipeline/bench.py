@@ -3,23 +3,16 @@
     python -m pipeline.bench                # the full table (about 10 minutes on 2 cores)
     python -m pipeline.bench --quick        # a smaller run (about 2 minutes)
 
-The draft is the distilled 2-layer student of the bundled model (distilled
-on first use, a few minutes, then cached), proposing after prompt lookup
-(``--proposer lookup+draft``); ``--draft truncated`` uses an untrained
-truncated copy instead, ``--draft DIR`` any model directory. CD needs the
-amateur's full-vocabulary logits and transformers' own methods (``hf_*``,
-``decoding/peers.py``) cannot take a restricted head, so a draft with a
-restricted head serves them with its teacher's full head; ``--full-head``
-gives every method that full-head draft.
+The draft (``--draft``) is the bundled model's distilled 2-layer student
+(distilled on first use, then cached), proposing after prompt lookup; CD and
+transformers' own methods (``hf_*``) cannot take its restricted head and run
+it with its teacher's full head (``--full-head``: every method does).
 
-All methods run over the same prompts, one prompt at a time, in a rotating
-order, after a warm-up, so slow drifts of a shared machine hit them alike.
-Speed is total new tokens over total wall time per method; ratios compare
-methods measured side by side, each with its 95% paired-bootstrap interval
-over prompts (``speed.py``). Greedy methods are also checked token for token
-against their baseline. Each of transformers' methods is compared with ours
-at the same gamma (``sd``; ``we_sd`` for ``hf_assisted_ensemble``), and our
-fastest method with theirs, each over its group's baseline.
+All methods run over the same prompts in a rotating order after a warm-up
+(``bench_table.measure``), so slow drifts of a shared machine hit them alike;
+speed-ups are over each group's baseline, with 95% paired-bootstrap intervals
+over prompts (``speed.py``); greedy outputs are checked token for token, and
+transformers' methods are set against ours (the printed legend says how).
 Each run is recorded with its commit, machine and settings under
 ``benchmarks/`` (``--record``), so a figure quoted anywhere names its run.
 """

@@ -80,13 +80,6 @@ def best_fixed(v: Variant, vs: list[Variant], totals: dict[str, Totals]) -> Vari
     return max(fixed, key=lambda w: totals[w.label].tokens / totals[w.label].wall, default=None)
 
 
-def _predicted(t: Totals, base: Totals) -> float | None:
-    """The speed-up predicted from ``t``'s counted forwards priced at ``base``'s measured cost per forward."""
-    if t is base:
-        return None
-    return predicted_speedup([{"stats": m, "baseline": {"stats": b}} for m, b in zip(t.stats, base.stats)])
-
-
 def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
     rows = []
     base = {v.group: totals[v.label] for v in vs if v.baseline}
@@ -94,6 +87,7 @@ def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
         t = totals[v.label]
         speedup, ci = _speedup(t, base[v.group])
         same = sum(tokens == ref for tokens, ref in zip(t.outputs, base[v.group].outputs))  # token for token (greedy)
+        pairs = [{"stats": m, "baseline": {"stats": b}} for m, b in zip(t.stats, base[v.group].stats)]
         row = {
             "group": v.group,
             "method": v.label,
@@ -105,7 +99,7 @@ def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
             "tau": t.tokens / t.target_calls if t.target_calls else None,
             "overhead": 1 - t.forward / t.wall,
             "time_split": {"target": t.model_forward[0] / t.wall, "draft": t.model_forward[1] / t.wall},
-            "predicted": _predicted(t, base[v.group]),
+            "predicted": None if t is base[v.group] else predicted_speedup(pairs),  # counted forwards, measured costs
             "per_prompt": t.per_prompt,  # (tokens, wall s) per prompt: any two rows' ratio with its interval
             "identical": f"{same}/{len(t.outputs)}" if v.temperature == 0 else "-",
         }

@@ -1,18 +1,8 @@
-"""How speed is measured and reported: every speed figure of a cell (τ and acceptance: ``acceptance.py``).
-
-- **Speed** is total new tokens over total wall time (Spec-Bench's definition),
-  never a mean of per-sample rates; a **speed-up** is the method's speed over
-  its standard method's, both run on the same prompts side by side.
-- **Interval**: a seeded paired bootstrap over prompts (each resample draws
-  prompts with replacement and keeps each prompt's method and baseline
-  together), BCa (bias-corrected and accelerated: a ratio of totals over a few
-  dozen heterogeneous prompts is skewed and biased, which the plain percentile
-  interval ignores); the percentile interval where BCa is undefined (every
-  resample equal).
-- **Flags** (``flags``, thresholds from ``Policy``): a cell is ``unstable``
-  when its interval is too wide, too many of its pairs stayed interfered, its
-  samples were timed on different machines, or it is off the cost model.
-"""
+"""How speed is measured and reported: every speed figure of a cell (τ and acceptance: ``acceptance.py``), as
+``docs/speed.md`` defines them. Speed is total new tokens over total wall time, never a mean of per-sample rates;
+a speed-up is a method's speed over its standard method's, run side by side on the same prompts, with a seeded
+paired-bootstrap interval over prompts (BCa, else the percentile interval where BCa is undefined); ``flags`` says
+why a cell is ``unstable``, by ``Policy``'s thresholds."""
 
 from __future__ import annotations
 

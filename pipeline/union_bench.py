@@ -4,12 +4,9 @@ with different tokenizers, interleaved, and the share of decode time spent mappi
     python -m pipeline.union_bench --quick       # the bundled model and a 2-layer copy, 3 prompts, 32 tokens
 
 Without a second model family on the machine, the pair is the bundled model
-(a byte-level BPE) and a truncated copy of it read through
-``sentencepiece_twin``: the same vocabulary spelled in SentencePiece's
-convention (``▁`` for a space, ``<0xNN>`` byte fallback for bytes that are
-not text alone) with another id order, a different tokenizer of the real size
-(49k), so the union is built, mapped and fed as for two families. Other
-callers pass their own models and tokenizers to ``bench_union``.
+and a truncated copy of it read through ``sentencepiece_twin`` (a different
+tokenizer of the real size), so the union is built, mapped and fed as for two
+families. Other callers pass their own models and tokenizers to ``bench_union``.
 """
 
 from __future__ import annotations
@@ -19,6 +16,7 @@ import json
 import sys
 from collections.abc import Sequence
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -168,8 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     print(render_table(rows))
     print(f"union of {rows[0]['union_size']} strings; map share: union_map_s over wall time", file=sys.stderr)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+        Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0
 
 

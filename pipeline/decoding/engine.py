@@ -22,15 +22,11 @@ Prompt lookup proposes alone (``[(lookup, g), (m, 0), ...]``) or chained
 before each model (``lookup+draft``).
 
 The mixture loop (``*_me``) samples ``r = sum_k w_k p_k`` in two steps: a
-member ``k ~ Categorical(w)``, then the token from ``p_k`` alone. Only member
-``k`` is fed; the others catch up lazily, one forward over every token they
-missed, when next drawn. Its speculative form (``*_me_sd``, schedule
-``[(drafter, g)]``) draws the member of each position once, ahead of its
-token: a position drawn for the drafter is the drafter's own sample; at one
-drawn for another member ``k`` the drafter proposes up to ``g`` tokens for
-the coming positions drawn for ``k`` or itself, and ``k`` verifies them (the
-target is ``p_k`` at ``k``'s positions and the drafter's own ``q`` at its
-own, where a proposal is always accepted).
+member ``k ~ Categorical(w)``, then the token from ``p_k`` alone; only ``k``
+is fed, the others catch up (one forward) when next drawn. Its speculative
+form (``*_me_sd``, schedule ``[(drafter, g)]``) draws each position's member
+once, ahead of its token, and decodes the runs of positions drawn for another
+member speculatively (``_mixture``, ``_verify_mixture``).
 
 A rejection discards every pending token and restarts the schedule.
 
@@ -137,9 +133,6 @@ class Decoder:
         dist = self._target(self.committed, self.committed + 1)
         return int(dist[0] if self.sampling.greedy else sample(dist, self.generator)[0])
 
-    def _targets_know(self, pos: int) -> bool:
-        return all(self.members[i].knows(pos) for i in self.targets)
-
     # ---- committing ---------------------------------------------------------------
 
     def _commit(self, count: int) -> None:
@@ -225,7 +218,7 @@ class Decoder:
                 continue
             if self.done:
                 break
-            if self.committed == len(self.tokens) and self._targets_know(self.committed):
+            if self.committed == len(self.tokens) and all(self.members[i].knows(self.committed) for i in self.targets):
                 self.tokens.append(self._draw_target())  # bonus token
                 self._commit(1)
                 if self.done:

@@ -2,12 +2,10 @@
 
 The decoder's token list holds union ids (``union.py``). Each member's runner
 is wrapped in a ``UnionRunner``: fed union tokens, it feeds the model its own
-encoding of each (several of its tokens where needed, all in one forward; its
-own encoding of the prompt's text first), keeps the model's cache append-only
-and crops it at union-token boundaries, and returns one row per union token:
-the model's row at the end of that token's encoding, with ids outside ``U``
-masked, warped in the model's own vocabulary (temperature, top-k, top-p),
-scatter-added into ``U`` and returned as ``log P_m`` over ``U``.
+encoding of each (all in one forward; its own encoding of the prompt's text
+first), crops its cache at union-token boundaries, and returns one row per
+union token: the model's row at the end of that token's encoding as ``log P_m``
+over ``U`` (``Joined.to_union``: warped in the model's own vocabulary).
 
 Since ``softmax(log P) = P`` and ``warp`` at temperature 1 without top-k or
 top-p is the identity, the decoder runs at those settings

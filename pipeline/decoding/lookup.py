@@ -1,9 +1,8 @@
 """Prompt lookup: proposals copied from the context, no model needed.
 
-The last ``n`` tokens (``n`` from ``max_ngram`` down to ``min_ngram``) are
-searched for earlier in the context; the token that followed their most recent
-earlier occurrence is proposed. A proposal is a deterministic function of the
-context, so its proposal distribution is one-hot and the shared acceptance
+The token that followed the latest earlier match of the context's last ``n``
+tokens is proposed (``n`` from ``max_ngram`` down): a deterministic function of
+the context, so its proposal distribution is one-hot and the shared acceptance
 rule keeps it lossless.
 """
 

@@ -11,15 +11,12 @@ output is not the weighted ensemble's distribution (``tests/test_peers.py``
 measures the gap).
 
 Each call is seeded (``torch.manual_seed``: transformers samples with the
-global generator) and takes the same temperature, top-k, top-p and EOS ids as
-ours; our stop rule (``member.Stopper``, stop strings included) is its
-stopping criterion, checked after each block, and its output is cut where that
-rule stops, so both sides count the same tokens: tokens transformers accepts
-past a stop string are not counted. What is recorded is
-what can be counted honestly from outside: wall time, and each model's
-forward calls, forwarded tokens and time inside its forwards (forward hooks).
-Proposals, verifications and acceptances are not counted (left at 0, so no
-acceptance rate is derived; ``rounds`` and ``accepted`` are None).
+global generator) and takes our temperature, top-k, top-p and EOS ids; our stop
+rule (``member.Stopper``) is its stopping criterion, checked after each block,
+and its output is cut where that rule stops (``_cut``), so both sides count the
+same tokens. Recorded is what can be counted from outside: wall time and each
+model's forwards (``_Counter``); proposals, verifications and acceptances are
+not (left at 0; ``rounds`` and ``accepted`` are None).
 """
 
 from __future__ import annotations

@@ -84,8 +84,11 @@ class TreeDrafter:
             expand = self._choose(tree, frontier, d)
             if not expand:
                 break
-            if model is not None:
-                self._rows(model, tree, [n for n in expand if n >= 0])
+            if model is not None:  # the drafter's rows there (and at the root): one forward of what it lacks
+                cache = self.caches[model.index]
+                todo = [n for n in expand if n >= 0 and n not in cache.rows]
+                if -1 not in cache.rows or todo:
+                    cache.feed(self.decoder.tokens, self.decoder.committed, tree, todo)
             for n in expand:
                 self._children(tree, n, lookup, model, self._width(d))
             frontier = [i for i, node in enumerate(tree.nodes) if node.depth == d]
@@ -105,14 +108,6 @@ class TreeDrafter:
             live = sorted(live, key=lambda n: -tree.nodes[n].cum if n >= 0 else 0)[:DYNAMIC_EXPAND]
         room = self.shape.nodes - len(tree.nodes)
         return live[: max(0, -(-room // self._width(depth)))] if room > 0 else []
-
-    def _rows(self, model: ModelProposer, tree: Tree, nodes: list[int]) -> None:
-        """The drafter's rows at ``nodes`` (and the root): one forward of what it has not fed."""
-        dec = self.decoder
-        cache = self.caches[model.index]
-        todo = [n for n in nodes if n not in cache.rows]
-        if -1 not in cache.rows or todo:
-            cache.feed(dec.tokens, dec.committed, tree, todo)
 
     def _children(self, tree: Tree, n: int, lookup: PromptLookup | None, model: ModelProposer | None, b: int):
         dec = self.decoder

@@ -1,10 +1,7 @@
 """Where a model comes from (the sources the package's docstring lists), without loading it.
 
-``MODEL_PATH`` is read from the environment or a ``.env`` file (the
-reference implementation's convention). GGUF files are converted once into
-a safetensors directory in the cache (``$SPECENS_CACHE``, default
-``~/.cache/specens``): reading a GGUF takes about 20 s, the cached copy
-under a second.
+GGUF files are converted once into a safetensors directory in the cache
+(reading a GGUF takes about 20 s, the cached copy under a second).
 """
 
 from __future__ import annotations

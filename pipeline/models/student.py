@@ -9,10 +9,9 @@ on the teacher's continuations under the student's tokenization (sequence-level 
 chunks of standard-library source as plain text beside them. No benchmark data is trained on (as
 ``distill.py``).
 
-Agreement is measured in string terms on held-out prompts continued by the teacher (``distill.heldout_prompts``):
-at each position of the continuation where both tokenizations have a boundary, the student's argmax piece
-against the teacher's next token: ``agreement`` counts equal strings, ``agreement_prefix`` strings of which
-one is a prefix of the other (a piece that a union decoder can continue consistently).
+Agreement is measured in string terms on held-out prompts continued by the teacher (``string_agreement``):
+``agreement`` counts equal pieces, ``agreement_prefix`` pieces of which one is a prefix of the other (a piece that a
+union decoder can continue consistently).
 """
 
 from __future__ import annotations
