@@ -91,10 +91,8 @@ def bench_union(
     share of wall time."""
     args = {"weights": list(weights)} if weights is not None else {}
     cheap = min(range(len(models)), key=lambda i: sum(p.numel() for p in models[i].parameters()))
-    kw = {m: {"gamma": ([1] * len(models)) if m.endswith("_se") else gamma} for m in methods}
-    for m in methods:
-        if m.endswith("_se"):
-            kw[m]["gamma"][cheap] = gamma
+    turns = [gamma if i == cheap else 1 for i in range(len(models))]  # *_se: the cheapest model drafts gamma
+    kw = {m: {"gamma": list(turns) if m.endswith("_se") else gamma} for m in methods}
     eos = tokenizers[0].eos_token_id
 
     def run(m: str, ids: list[int], n: int, seed: int):
