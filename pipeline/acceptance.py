@@ -1,18 +1,6 @@
-"""What the decoder's counts over a cell's samples say (``speed.py`` puts each in the cell's summary).
-
-- **τ** (mean accepted length, as Spec-Bench and vLLM define it): tokens
-  emitted per verification forward of the target, the verifier's own token
-  included, so autoregressive decoding has τ = 1.00. Here, per model: new
-  tokens over that model's forward calls; τ is the large model's (models[0]):
-  for ``sd`` and ``*_sd`` the verifier's, for ``*_se`` the tokens per forward
-  of the large model, whose turns both verify and propose.
-- **Acceptance**: ``acceptance_rate`` is accepted over verified proposals;
-  ``draft_acceptance_rate`` is accepted over proposed (vLLM's), proposals cut
-  by an earlier rejection included; ``position_acceptance[j]`` is the rate at
-  the (j+1)-th token of a verified block, given it was reached.
-- **Predicted speed-up**: the method's counted forwards priced at each model's
-  measured cost of one (``predicted_speedup``).
-"""
+"""What the decoder's counts over a cell's samples say (``speed.py`` puts each in the cell's summary): τ (mean
+accepted length), the acceptance rates, the cost of mapping rows into a union vocabulary and the speed-up the
+counted forwards predict, as ``docs/speed.md`` defines them ("τ and acceptance, by the field's names")."""
 
 from __future__ import annotations
 

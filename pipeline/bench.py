@@ -3,23 +3,16 @@
     python -m pipeline.bench                # the full table (about 10 minutes on 2 cores)
     python -m pipeline.bench --quick        # a smaller run (about 2 minutes)
 
-The draft is the distilled 2-layer student of the bundled model (distilled
-on first use, a few minutes, then cached), proposing after prompt lookup
-(``--proposer lookup+draft``); ``--draft truncated`` uses an untrained
-truncated copy instead, ``--draft DIR`` any model directory. CD needs the
-amateur's full-vocabulary logits and transformers' own methods (``hf_*``,
-``decoding/peers.py``) cannot take a restricted head, so a draft with a
-restricted head serves them with its teacher's full head; ``--full-head``
-gives every method that full-head draft.
+The draft (``--draft``) is the bundled model's distilled 2-layer student
+(distilled on first use, then cached), proposing after prompt lookup; CD and
+transformers' own methods (``hf_*``) cannot take its restricted head and run
+it with its teacher's full head (``--full-head``: every method does).
 
-All methods run over the same prompts, one prompt at a time, in a rotating
-order, after a warm-up, so slow drifts of a shared machine hit them alike.
-Speed is total new tokens over total wall time per method; ratios compare
-methods measured side by side, each with its 95% paired-bootstrap interval
-over prompts (``speed.py``). Greedy methods are also checked token for token
-against their baseline. Each of transformers' methods is compared with ours
-at the same gamma (``sd``; ``we_sd`` for ``hf_assisted_ensemble``), and our
-fastest method with theirs, each over its group's baseline.
+All methods run over the same prompts in a rotating order after a warm-up
+(``bench_table.measure``), so slow drifts of a shared machine hit them alike;
+speed-ups are over each group's baseline, with 95% paired-bootstrap intervals
+over prompts (``speed.py``); greedy outputs are checked token for token, and
+transformers' methods are set against ours (the printed legend says how).
 Each run is recorded with its commit, machine and settings under
 ``benchmarks/`` (``--record``), so a figure quoted anywhere names its run.
 """
@@ -30,13 +23,12 @@ import argparse
 import json
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from pipeline.bench_table import Totals, best_against_best, render_table, table, tree_costs
+from pipeline.bench_table import best_against_best, measure, render_table, table, tree_costs
 from pipeline.bench_variants import Variant, select, variants
 from pipeline.decoding import generate
 from pipeline.decoding.runner import ENGINES, set_engine
@@ -81,54 +73,18 @@ def run_variant(v: Variant, target, draft, ids, max_new, eos, seed):
     )
 
 
-def measure(target, draft, tokenizer, prompts, vs: list[Variant], max_new: int) -> dict[str, Totals]:
-    from tqdm import tqdm
-
-    eos = tokenizer.eos_token_id
-    encoded = [tokenizer(p).input_ids for p in prompts]
-    for v in vs:  # warm-up, not timed
-        run_variant(v, target, draft, encoded[0], 8, eos, 0)
-    totals: dict[str, Totals] = defaultdict(Totals)
-    with tqdm(total=len(encoded) * len(vs), desc="bench", unit="run", file=sys.stderr) as bar:
-        for i, ids in enumerate(encoded):
-            for v in vs[i % len(vs) :] + vs[: i % len(vs)]:  # rotated, so no method always runs first
-                r = run_variant(v, target, draft, ids, max_new, eos, seed=i)
-                s, t = r.stats, totals[v.label]
-                t.tokens += len(r.token_ids)
-                t.wall += s.wall_time_s
-                t.forward += s.forward_time_s
-                t.verified += sum(m.verified for m in s.models) + sum(p.verified for p in s.proposers.values())
-                t.accepted += s.accepted or 0  # None for transformers' methods: not counted
-                t.target_calls += s.models[0].forward_calls
-                for j, m in enumerate(s.models[:2]):
-                    t.model_forward[j] += m.forward_time_s
-                t.per_prompt.append((len(r.token_ids), s.wall_time_s))
-                t.stats.append(s.to_dict())
-                t.outputs.append(r.token_ids)
-                bar.update()
-    return totals
-
-
 def record(out_dir: Path, rows: list[dict], settings: dict[str, Any]) -> Path:
     """Write a run's results with its commit, machine and settings: ``<out_dir>/<time>-<commit>.json``."""
     import datetime
     import platform
-    import subprocess
 
     from .files import write_atomic
     from .generate_job import environment
+    from .results_file import git_state
     from .timing import provenance
 
-    root = Path(__file__).resolve().parent.parent
-
-    def git(*args: str, check: bool = True) -> str:
-        return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, check=check).stdout.strip()
-
-    try:
-        commit = git("rev-parse", "--short=12", "HEAD")
-        dirty = bool(git("status", "--porcelain", "--untracked-files=no", check=False))
-    except (OSError, subprocess.CalledProcessError):
-        commit, dirty = "unknown", False
+    state = git_state()
+    commit, dirty = (state["commit"] or "unknown")[:12], bool(state["dirty"])
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     path = Path(out_dir) / f"{stamp}-{commit}{'-dirty' if dirty else ''}.json"
     data = {
@@ -249,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"{len(prompts)} HumanEval prompts x {args.max_new_tokens} new tokens; EOS stops")
     start = time.perf_counter()
-    totals = measure(target, draft, tokenizer, prompts, vs, args.max_new_tokens)
+    eos = tokenizer.eos_token_id
+    runs = [(v.label, lambda ids, n, seed, v=v: run_variant(v, target, draft, ids, n, eos, seed)) for v in vs]
+    totals = measure(runs, [tokenizer(p).input_ids for p in prompts], args.max_new_tokens, 8, "bench")
     rows = table(vs, totals)
     print(render_table(rows))
     print(

@@ -4,7 +4,11 @@ tree against the chain of its node budget, a dynamic gamma against the fastest f
 
 from __future__ import annotations
 
+import sys
+from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from pipeline.acceptance import predicted_speedup
 from pipeline.bench_variants import Variant, same_budget_chain
@@ -26,6 +30,38 @@ class Totals:
     per_prompt: list = field(default_factory=list)  # (tokens, wall) of each prompt, in prompt order
     stats: list = field(default_factory=list)  # the decoder's stats of each prompt, in prompt order
 
+    def add(self, r: Any) -> None:
+        """One prompt's generation (a ``GenerationResult``)."""
+        s = r.stats
+        self.tokens += len(r.token_ids)
+        self.wall += s.wall_time_s
+        self.forward += s.forward_time_s
+        self.verified += sum(m.verified for m in s.models) + sum(p.verified for p in s.proposers.values())
+        self.accepted += s.accepted or 0  # None for transformers' methods: not counted
+        self.target_calls += s.models[0].forward_calls
+        for j, m in enumerate(s.models[:2]):
+            self.model_forward[j] += m.forward_time_s
+        self.per_prompt.append((len(r.token_ids), s.wall_time_s))
+        self.stats.append(s.to_dict())
+        self.outputs.append(r.token_ids)
+
+
+def measure(runs: list[tuple[str, Callable]], prompts: list[list[int]], max_new: int, warm_up: int, desc=None):
+    """Totals by label of every run (``(label, run)``, ``run(ids, max_new_tokens, seed)`` a ``GenerationResult``)
+    over every prompt, in an order rotated per prompt so that no run always goes first, after an untimed warm-up
+    of ``warm_up`` tokens on the first prompt; ``desc``: a progress bar on stderr."""
+    from tqdm import tqdm
+
+    for _, run in runs:  # warm-up, not timed
+        run(prompts[0], warm_up, 0)
+    totals: dict[str, Totals] = defaultdict(Totals)
+    with tqdm(total=len(prompts) * len(runs), desc=desc, unit="run", file=sys.stderr, disable=desc is None) as bar:
+        for i, ids in enumerate(prompts):
+            for label, run in runs[i % len(runs) :] + runs[: i % len(runs)]:
+                totals[label].add(run(ids, max_new, i))
+                bar.update()
+    return totals
+
 
 def _speedup(t: Totals, base: Totals) -> tuple[float, list[float | None]]:
     """``t``'s speed over ``base``'s with its paired-bootstrap interval over prompts, ``[low, high]``."""
@@ -44,13 +80,6 @@ def best_fixed(v: Variant, vs: list[Variant], totals: dict[str, Totals]) -> Vari
     return max(fixed, key=lambda w: totals[w.label].tokens / totals[w.label].wall, default=None)
 
 
-def _predicted(t: Totals, base: Totals) -> float | None:
-    """The speed-up predicted from ``t``'s counted forwards priced at ``base``'s measured cost per forward."""
-    if t is base:
-        return None
-    return predicted_speedup([{"stats": m, "baseline": {"stats": b}} for m, b in zip(t.stats, base.stats)])
-
-
 def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
     rows = []
     base = {v.group: totals[v.label] for v in vs if v.baseline}
@@ -58,6 +87,7 @@ def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
         t = totals[v.label]
         speedup, ci = _speedup(t, base[v.group])
         same = sum(tokens == ref for tokens, ref in zip(t.outputs, base[v.group].outputs))  # token for token (greedy)
+        pairs = [{"stats": m, "baseline": {"stats": b}} for m, b in zip(t.stats, base[v.group].stats)]
         row = {
             "group": v.group,
             "method": v.label,
@@ -69,7 +99,7 @@ def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
             "tau": t.tokens / t.target_calls if t.target_calls else None,
             "overhead": 1 - t.forward / t.wall,
             "time_split": {"target": t.model_forward[0] / t.wall, "draft": t.model_forward[1] / t.wall},
-            "predicted": _predicted(t, base[v.group]),
+            "predicted": None if t is base[v.group] else predicted_speedup(pairs),  # counted forwards, measured costs
             "per_prompt": t.per_prompt,  # (tokens, wall s) per prompt: any two rows' ratio with its interval
             "identical": f"{same}/{len(t.outputs)}" if v.temperature == 0 else "-",
         }

@@ -100,16 +100,11 @@ def engines_table(record: dict[str, Any]) -> list[str]:
     for e in engines:
         ms = e["ms_per_forward"]
         ratios = " / ".join(f"{ms[str(k)] / ms['1']:.2f}" for k in ks)
-        speed = _interval(*_split(e.get("speedup")))
-        forward = _interval(*_split(e.get("forward_speedup")))
+        speed, forward = (fmt(*(e.get(key) or [None])) for key in ("speedup", "forward_speedup"))
         cells = [e["shape"], f"`{e['engine']}`", f"{e['tokens_per_s']:.1f} ({e['bound_tokens_per_s']:.1f})"]
         cells += [f"{ms['1']:.2f}", ratios, "" if speed == "-" else speed, "" if forward == "-" else forward]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
-
-
-def _split(triple: list[float] | None) -> tuple[float | None, list[float] | None]:
-    return (None, None) if not triple else (triple[0], triple[1:])
 
 
 def machine_line(record: dict[str, Any]) -> str:

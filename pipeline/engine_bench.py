@@ -19,18 +19,14 @@ cost does not depend on the weights) and each engine, it measures:
   γ·c_draft(1) + c_target(γ+1)), and the decoder's own time per round (wall
   time outside model forwards).
 
-The engines of one shape are all built and compiled first, then measured
-in rounds, the order rotated each round, so that a drift of a shared machine
-hits every engine alike; each engine after the first gets its speed-up over
-the first (tokens/s and a one-token forward) with a 95% paired-bootstrap
-interval over rounds.
+The engines of one shape are all built and compiled first, then measured in
+interleaved rounds (``forward_timing.interleaved``); each engine after the
+first gets its speed-up over the first (tokens/s and a one-token forward) with
+a 95% paired-bootstrap interval over rounds.
 
-Engines: ``eager`` (transformers, dynamic cache), ``eager+pack`` (oneDNN
-prepacked linears, CPU), ``compiled`` (static cache, ``torch.compile``:
-CUDA graphs on a GPU, inductor on a CPU), ``compiled+freeze`` (inductor
-with weight freezing, which also prepacks on a CPU), ``compiled+autotune``
-(the engine of that name: inductor's autotuned matrix products; on a CPU its
-own C++ kernels over frozen weights).
+Engines: the decoder's (``eager``, ``compiled``, ``compiled+autotune``:
+``runner.set_engine``), ``eager+pack`` (oneDNN prepacked linears, CPU) and
+``compiled+freeze`` (inductor with weight freezing, which also prepacks on a CPU).
 
     python -m pipeline.engine_bench --shapes bundled --dtype float32 bfloat16 \\
         --engines eager eager+pack compiled compiled+freeze
@@ -92,15 +88,6 @@ def build(shape: str, dtype: torch.dtype, device: str, vocab: int | None = None)
     torch.manual_seed(0)
     with torch.device(device):
         return LlamaForCausalLM._from_config(LlamaConfig(**config), dtype=dtype).eval()
-
-
-def with_engine(model: nn.Module, engine: str) -> nn.Module:
-    if engine == "eager+pack":
-        from .models import cpu_kernels
-
-        if not cpu_kernels.pack_linears(model):
-            raise SystemExit("error: eager+pack needs float32 or bfloat16 weights on a CPU with oneDNN")
-    return set_engine(model, engine if engine in ENGINES else engine.split("+")[0])
 
 
 def weight_bytes(model: nn.Module) -> int:
@@ -214,7 +201,12 @@ def main(argv: list[str] | None = None) -> int:
             args.json.write_text(json.dumps(report, indent=2, default=str))
 
     def model(shape: str, dtype: str, engine: str) -> nn.Module:
-        return with_engine(build(shape, DTYPES[dtype], args.device), engine)
+        from .models import cpu_kernels
+
+        built = build(shape, DTYPES[dtype], args.device)
+        if engine == "eager+pack" and not cpu_kernels.pack_linears(built):
+            raise SystemExit("error: eager+pack needs float32 or bfloat16 weights on a CPU with oneDNN")
+        return set_engine(built, engine if engine in ENGINES else engine.split("+")[0])
 
     report["engines"], report["pairs"], costs = [], [], {}
     for dtype, shape in product(args.dtype, args.shapes):

@@ -1,21 +1,8 @@
-"""How speed is measured and reported: every speed figure of a cell (τ and acceptance: ``acceptance.py``).
-
-- **Speed** is total new tokens over total wall time (Spec-Bench's definition),
-  never a mean of per-sample rates; a **speed-up** is the method's speed over
-  its standard method's, both run on the same prompts side by side.
-- **Interval**: a seeded paired bootstrap over prompts (each resample draws
-  prompts with replacement and keeps each prompt's method and baseline
-  together), BCa (bias-corrected and accelerated: a ratio of totals over a few
-  dozen heterogeneous prompts is skewed and biased, which the plain percentile
-  interval ignores); the percentile interval where BCa is undefined (every
-  resample equal).
-- **Flags**: a cell is ``unstable`` when its interval is wider than
-  ``max_halfwidth`` of its estimate, when more than ``max_interfered`` of its
-  pairs were still interfered after re-measuring, when its samples were timed
-  on different machines or settings, or when the measured speed-up is further
-  from the cost model's prediction than the interval's half-width plus
-  ``prediction_tolerance`` of the prediction.
-"""
+"""How speed is measured and reported: every speed figure of a cell (τ and acceptance: ``acceptance.py``), as
+``docs/speed.md`` defines them. Speed is total new tokens over total wall time, never a mean of per-sample rates;
+a speed-up is a method's speed over its standard method's, run side by side on the same prompts, with a seeded
+paired-bootstrap interval over prompts (BCa, else the percentile interval where BCa is undefined); ``flags`` says
+why a cell is ``unstable``, by ``Policy``'s thresholds."""
 
 from __future__ import annotations
 
@@ -117,17 +104,9 @@ def relative_speedup(
     """
     b = {r["id"]: r for r in rows_b if "baseline" in r}
     pairs = [(r, b[r["id"]]) for r in rows_a if "baseline" in r and r["id"] in b]
-
-    def series(rows: list[dict[str, Any]]) -> list[tuple[int, float]]:
-        return [(r["stats"]["new_tokens"], r["stats"]["wall_time_s"]) for r in rows]
-
-    return speedup_ratio(
-        series([a for a, _ in pairs]),
-        series([a["baseline"] for a, _ in pairs]),
-        series([x for _, x in pairs]),
-        series([x["baseline"] for _, x in pairs]),
-        policy,
-    )
+    sides = zip(*[(a, a["baseline"], x, x["baseline"]) for a, x in pairs])  # a, its baseline, b, its baseline
+    series = [[(r["stats"]["new_tokens"], r["stats"]["wall_time_s"]) for r in rows] for rows in sides]
+    return speedup_ratio(*series, policy) if pairs else None
 
 
 def speedup_ratio(

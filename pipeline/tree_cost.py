@@ -51,9 +51,7 @@ def best_budget(rows: Sequence[dict[str, Any]], target: tuple, draft: tuple) -> 
         for r in rows
         if r.get("tau")
     ]
-    if not scored:
-        return None
-    return {"best": max(scored, key=lambda r: r["predicted"]), "rows": scored}
+    return {"best": max(scored, key=lambda r: r["predicted"]), "rows": scored} if scored else None
 
 
 def shape_of(stats: Sequence[dict[str, Any]], target: int = 0, draft: int = 1) -> dict[str, float] | None:

@@ -4,12 +4,9 @@ with different tokenizers, interleaved, and the share of decode time spent mappi
     python -m pipeline.union_bench --quick       # the bundled model and a 2-layer copy, 3 prompts, 32 tokens
 
 Without a second model family on the machine, the pair is the bundled model
-(a byte-level BPE) and a truncated copy of it read through
-``sentencepiece_twin``: the same vocabulary spelled in SentencePiece's
-convention (``▁`` for a space, ``<0xNN>`` byte fallback for bytes that are
-not text alone) with another id order, a different tokenizer of the real size
-(49k), so the union is built, mapped and fed as for two families. Other
-callers pass their own models and tokenizers to ``bench_union``.
+and a truncated copy of it read through ``sentencepiece_twin`` (a different
+tokenizer of the real size), so the union is built, mapped and fed as for two
+families. Other callers pass their own models and tokenizers to ``bench_union``.
 """
 
 from __future__ import annotations
@@ -18,10 +15,13 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from pipeline.bench_table import measure
 from pipeline.decoding import generate
 from pipeline.decoding.union import byte_level_table
 from pipeline.speed import fmt, series_speedup
@@ -91,11 +91,8 @@ def bench_union(
     share of wall time."""
     args = {"weights": list(weights)} if weights is not None else {}
     cheap = min(range(len(models)), key=lambda i: sum(p.numel() for p in models[i].parameters()))
-    kw = {m: {"gamma": ([1] * len(models)) if m.endswith("_se") else gamma} for m in methods}
-    for m in methods:
-        if m.endswith("_se"):
-            kw[m]["gamma"][cheap] = gamma
-    encoded = [tokenizers[0](p).input_ids for p in prompts]
+    turns = [gamma if i == cheap else 1 for i in range(len(models))]  # *_se: the cheapest model drafts gamma
+    kw = {m: {"gamma": list(turns) if m.endswith("_se") else gamma} for m in methods}
     eos = tokenizers[0].eos_token_id
 
     def run(m: str, ids: list[int], n: int, seed: int):
@@ -104,35 +101,24 @@ def bench_union(
             tokenizers=list(tokenizers), method_args=args, **kw[m],
         )  # fmt: skip
 
-    for m in methods:  # warm-up, not timed
-        run(m, encoded[0], 4, 0)
-    series: dict[str, list[tuple[int, float]]] = {m: [] for m in methods}
-    extra: dict[str, dict[str, float]] = {m: {"map": 0.0, "wall": 0.0, "calls0": 0, "size": 0} for m in methods}
-    for i, ids in enumerate(encoded):
-        for m in list(methods)[i % len(methods) :] + list(methods)[: i % len(methods)]:
-            s = run(m, ids, max_new_tokens, i).stats
-            series[m].append((s.new_tokens, s.wall_time_s))
-            e = extra[m]
-            e["map"] += s.union_map_s
-            e["wall"] += s.wall_time_s
-            e["calls0"] += s.models[0].forward_calls
-            e["size"] = s.union_size
+    encoded = [tokenizers[0](p).input_ids for p in prompts]
+    totals = measure([(m, partial(run, m)) for m in methods], encoded, max_new_tokens, 4)
     rows = []
     for m in methods:
-        tokens = sum(t for t, _ in series[m])
-        ratio, low, high = series_speedup(series[m], series[methods[0]])
-        e = extra[m]
+        t = totals[m]
+        ratio, low, high = series_speedup(t.per_prompt, totals[methods[0]].per_prompt)
+        map_s = sum(s["union_map_s"] for s in t.stats)
         rows.append(
             {
                 "method": m,
-                "tokens": tokens,
-                "tok_s": tokens / e["wall"],
+                "tokens": t.tokens,
+                "tok_s": t.tokens / t.wall,
                 "speedup": ratio,
                 "interval": [low, high],
-                "tau": tokens / e["calls0"] if e["calls0"] else None,
-                "union_size": int(e["size"]),
-                "union_map_share": e["map"] / e["wall"],
-                "union_map_ms_per_token": 1000 * e["map"] / tokens if tokens else None,
+                "tau": t.tokens / t.target_calls if t.target_calls else None,
+                "union_size": int(t.stats[-1]["union_size"]),
+                "union_map_share": map_s / t.wall,
+                "union_map_ms_per_token": 1000 * map_s / t.tokens if t.tokens else None,
             }
         )
     return rows
@@ -178,8 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     print(render_table(rows))
     print(f"union of {rows[0]['union_size']} strings; map share: union_map_s over wall time", file=sys.stderr)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+        Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0
 
 

@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from pipeline.decoding import generate, tree_cache, tree_verify
-from pipeline.decoding import tree as tree_module
 from pipeline.decoding.audit import Audit, AuditError
 from pipeline.decoding.spec import method_names, parse_method
 from pipeline.decoding.tree import Tree, parse_tree
@@ -103,7 +102,7 @@ def test_lookup_branches_are_the_distinct_continuations_of_its_matches():
 
     lookup = PromptLookup()
     tokens = [5, 6, 1, 5, 6, 2, 5, 6, 1, 9, 5, 6]
-    found = tree_module.lookup_continuations(lookup, tokens, 4)
+    found = lookup.continuations(tokens, 4)
     assert found[0] == lookup.propose(tokens) == 1 and found == [1, 2]
 
 

@@ -1,15 +1,12 @@
 """A distribution audit for tests: every distribution the decoder uses, recomputed from scratch.
 
-The decoder forms its distributions from logits rows kept across rounds, a KV
-cache cropped at every rejection and models fed lazily. A slip in that
-bookkeeping (a crop off by one, a row kept for the wrong position) may leave
-the first tokens right and show only deep into a sequence, where a
-statistical test of the first tokens cannot see it. Given an ``Audit``, the
-decoder hands it every set of rows it forms a target or a proposal
-distribution from, and every pending proposal it verifies; the audit forms
-the same distribution from one forward of the whole context, without any
-cache, in float64, and raises ``AuditError`` on any difference beyond
-``tolerance``.
+A slip in the decoder's bookkeeping (a cache crop off by one, a row kept for
+the wrong position) may show only deep into a sequence, where a statistical
+test of the first tokens cannot see it (``docs/exactness.md``). Given an
+``Audit``, the decoder hands it every set of rows it forms a distribution from
+and every proposal it verifies; the audit forms the same distribution from one
+forward of the whole context, without a cache, in float64, and raises
+``AuditError`` on any difference beyond ``tolerance``.
 
 The tolerance: with float64 models the decoder and the audit do the same
 arithmetic in another order (forwards of k tokens over a cache against one

@@ -96,9 +96,8 @@ def prompt_list(prompt_ids: Any, vocab: int) -> list[int]:
 def eos_set(eos_token_id: Any, vocab: int) -> set[int]:
     if eos_token_id is None:
         return set()
-    ids = [eos_token_id] if is_int(eos_token_id) else None
-    if ids is None:
-        ids = list(eos_token_id) if isinstance(eos_token_id, (list, tuple, set)) else [None]
+    listed = isinstance(eos_token_id, (list, tuple, set))
+    ids = [eos_token_id] if is_int(eos_token_id) else list(eos_token_id) if listed else [None]
     if not ids or not all(is_int(i) and i >= 0 for i in ids):
         raise ArgumentError(f"eos_token_id={eos_token_id!r}: expected an int token id, a list of them, or None")
     if outside := sorted(i for i in ids if i >= vocab):

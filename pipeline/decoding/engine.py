@@ -22,25 +22,18 @@ Prompt lookup proposes alone (``[(lookup, g), (m, 0), ...]``) or chained
 before each model (``lookup+draft``).
 
 The mixture loop (``*_me``) samples ``r = sum_k w_k p_k`` in two steps: a
-member ``k ~ Categorical(w)``, then the token from ``p_k`` alone. Only member
-``k`` is fed; the others catch up lazily, one forward over every token they
-missed, when next drawn. Its speculative form (``*_me_sd``, schedule
-``[(drafter, g)]``) draws the member of each position once, ahead of its
-token: a position drawn for the drafter is the drafter's own sample; at one
-drawn for another member ``k`` the drafter proposes up to ``g`` tokens for
-the coming positions drawn for ``k`` or itself, and ``k`` verifies them (the
-target is ``p_k`` at ``k``'s positions and the drafter's own ``q`` at its
-own, where a proposal is always accepted).
+member ``k ~ Categorical(w)``, then the token from ``p_k`` alone; only ``k``
+is fed, the others catch up (one forward) when next drawn. Its speculative
+form (``*_me_sd``, schedule ``[(drafter, g)]``) draws each position's member
+once, ahead of its token, and decodes the runs of positions drawn for another
+member speculatively (``_mixture``, ``_verify_mixture``).
 
 A rejection discards every pending token and restarts the schedule.
 
-With a dynamic gamma (``DynamicGamma``) each turn's gamma changes between
-rounds by what verification found: more after a turn whose proposals were all
-accepted, fewer after one whose proposal was rejected (turns named in
-``fixed_turns``, the largest model's, keep theirs). The rule reads only
-verified outcomes and the acceptance rule is untouched, so every method stays
-exact. The ``E_p`` methods run the autoregressive loop with the members'
-forwards issued concurrently (``parallel.py``).
+A dynamic gamma (``DynamicGamma``, ``_adapt_gammas``) changes a turn's gamma
+between rounds by verified outcomes only, so every method stays exact. The
+``E_p`` methods run the autoregressive loop with the members' forwards issued
+concurrently (``parallel.py``).
 """
 
 from __future__ import annotations
@@ -140,9 +133,6 @@ class Decoder:
         dist = self._target(self.committed, self.committed + 1)
         return int(dist[0] if self.sampling.greedy else sample(dist, self.generator)[0])
 
-    def _targets_know(self, pos: int) -> bool:
-        return all(self.members[i].knows(pos) for i in self.targets)
-
     # ---- committing ---------------------------------------------------------------
 
     def _commit(self, count: int) -> None:
@@ -194,25 +184,24 @@ class Decoder:
             self.drawn.append(self.targets[int(sample(self.mixture, self.generator)[0])])
         return self.drawn[pos - self.prompt_len]
 
-    def _draw_from(self, k: int, pos: int) -> int:
-        """A token for ``pos`` drawn from member ``k``'s own distribution (fed what it missed first)."""
+    def _own_rows(self, k: int, start: int, stop: int) -> Tensor:
+        """Member ``k``'s own rows for positions ``[start, stop)``, fed what it missed first."""
         member = self.members[k]
         member.catch_up(self.tokens, self.committed)
-        row = member.span(pos, pos + 1)
+        rows = member.span(start, stop)
         if self.audit is not None:
-            self.audit.check(self.tokens, pos, pos + 1, [row], [k], single_model, self.sampling)
-        return int(sample(probs(row, self.sampling), self.generator)[0])
+            self.audit.check(self.tokens, start, stop, [rows], [k], single_model, self.sampling)
+        return rows
+
+    def _draw_from(self, k: int, pos: int) -> int:
+        """A token for ``pos`` drawn from member ``k``'s own distribution."""
+        return int(sample(probs(self._own_rows(k, pos, pos + 1), self.sampling), self.generator)[0])
 
     def _verify_mixture(self, k: int) -> bool:
         """Member ``k`` verifies every pending token: ``p_k`` at its positions, the drafter's ``q`` at the
         drafter's own (accepted there). True on a rejection."""
         start, count = self.committed, len(self.tokens) - self.committed
-        member = self.members[k]
-        member.catch_up(self.tokens, start)
-        rows = member.span(start, start + count)
-        if self.audit is not None:
-            self.audit.check(self.tokens, start, start + count, [rows], [k], single_model, self.sampling)
-        target = probs(rows, self.sampling)
+        target = probs(self._own_rows(k, start, start + count), self.sampling)
         for j, p in enumerate(self.pending[:count]):
             if self._member_at(start + j) != k:
                 target[j] = p.q
@@ -229,7 +218,7 @@ class Decoder:
                 continue
             if self.done:
                 break
-            if self.committed == len(self.tokens) and self._targets_know(self.committed):
+            if self.committed == len(self.tokens) and all(self.members[i].knows(self.committed) for i in self.targets):
                 self.tokens.append(self._draw_target())  # bonus token
                 self._commit(1)
                 if self.done:

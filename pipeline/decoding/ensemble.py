@@ -6,16 +6,10 @@ probability tensor ``[k, V]``. Greedy decoding calls it with
 ``Sampling.identity()`` and takes the argmax, so greedy never falls back to one
 model's argmax.
 
-Register a new one by name and the methods ``<name>``, ``<name>_sd`` and
-``<name>_se`` exist at once (and ``<name>_me`` for a mixture, see below)::
-
-    @register_ensemble("geo", params={"weights": None})
-    def geometric(logits, sampling, weights):
-        ...
-
-An ensemble registered with ``mixture=True`` promises that its function is
-``r = sum_k w_k softmax(warp(l_k))`` with ``w`` its resolved ``weights``
-parameter: then ``r`` can be sampled as a mixture (``<name>_me``).
+Register a new one with ``register_ensemble`` (``docs/extending.md``) and its
+methods exist at once. One registered with ``mixture=True`` promises that its
+function is ``r = sum_k w_k softmax(warp(l_k))`` with ``w`` its resolved
+``weights`` parameter: then ``r`` can be sampled as a mixture (``<name>_me``).
 """
 
 from __future__ import annotations
@@ -135,14 +129,9 @@ def _check_gac(args: dict[str, Any], n_models: int) -> dict[str, Any]:
 
 @register_ensemble("gac", params={"threshold": 0.5, "weights": None, "lambda": None}, check=_check_gac)
 def gated_ensemble(logits: Sequence[Tensor], sampling: Sampling, threshold: float, weights: Sequence[float]) -> Tensor:
-    """The lead model (the first) alone where it is confident, the weighted ensemble elsewhere.
-
-    The threshold gate of GaC (Yu et al. 2024, arXiv 2406.12585): ``r = p_lead``
-    where ``max softmax(l_lead) >= threshold``, ``r = sum_k w_k p_k`` elsewhere.
-
-    The gate reads the lead model's plain softmax (temperature 1, no top-k or
-    top-p), so a position is gated the same way whatever the sampling settings.
-    """
+    """The lead model (the first) alone where it is confident, the weighted ensemble elsewhere: the threshold gate
+    of GaC (Yu et al. 2024, arXiv 2406.12585) on the lead's plain softmax, so a position is gated the same way
+    whatever the sampling settings (``docs/algorithms.md``)."""
     lead = logits[0]
     confident = torch.softmax(lead, dim=-1).amax(dim=-1, keepdim=True) >= threshold
     if bool(confident.all()):  # the other members' rows are not needed
@@ -166,25 +155,22 @@ def check_output(out: Any, fn: Callable, step: int, rows: int, vocab: int, logit
     NaN; else a one-line ``EnsembleOutputError`` naming the ensemble and the step. One reduction (the row
     sums: NaN if any entry is NaN, -inf or 0 when no entry has mass), one host sync. ``logits``: ``out``
     holds logits (a row needs a finite maximum and no NaN: the row maxima, NaN where a row has one)."""
+    said = f"ensemble {target_name(fn)!r} at step {step} returned"
     if not isinstance(out, Tensor):
-        raise EnsembleOutputError(
-            f"ensemble {target_name(fn)!r} at step {step} returned a {type(out).__name__}, expected a tensor"
-        )
+        raise EnsembleOutputError(f"{said} a {type(out).__name__}, expected a tensor")
     if tuple(out.shape) != (rows, vocab):
         raise EnsembleOutputError(
-            f"ensemble {target_name(fn)!r} at step {step} returned shape {tuple(out.shape)}, expected "
-            f"({rows}, {vocab}): one row per position over the models' vocabulary of {vocab}"
+            f"{said} shape {tuple(out.shape)}, expected ({rows}, {vocab}): one row per position over the models' "
+            f"vocabulary of {vocab}"
         )
     if not out.is_floating_point():
-        raise EnsembleOutputError(
-            f"ensemble {target_name(fn)!r} at step {step} returned dtype {out.dtype}, expected a floating tensor"
-        )
+        raise EnsembleOutputError(f"{said} dtype {out.dtype}, expected a floating tensor")
     if logits:  # a finite maximum per row (NaN where a row holds one)
         ok = all(-math.inf < top < math.inf for top in out.amax(dim=-1).tolist())
     else:  # a finite positive mass per row (NaN where a row holds one, -inf or 0 where no entry has mass)
         ok = all(0 < total < math.inf for total in out.sum(dim=-1).tolist())
     if not ok:
-        raise EnsembleOutputError(f"ensemble {target_name(fn)!r} at step {step} returned {_fault(out, logits)}")
+        raise EnsembleOutputError(f"{said} {_fault(out, logits)}")
     return out
 
 

@@ -2,12 +2,10 @@
 
 The decoder's token list holds union ids (``union.py``). Each member's runner
 is wrapped in a ``UnionRunner``: fed union tokens, it feeds the model its own
-encoding of each (several of its tokens where needed, all in one forward; its
-own encoding of the prompt's text first), keeps the model's cache append-only
-and crops it at union-token boundaries, and returns one row per union token:
-the model's row at the end of that token's encoding, with ids outside ``U``
-masked, warped in the model's own vocabulary (temperature, top-k, top-p),
-scatter-added into ``U`` and returned as ``log P_m`` over ``U``.
+encoding of each (all in one forward; its own encoding of the prompt's text
+first), crops its cache at union-token boundaries, and returns one row per
+union token: the model's row at the end of that token's encoding as ``log P_m``
+over ``U`` (``Joined.to_union``: warped in the model's own vocabulary).
 
 Since ``softmax(log P) = P`` and ``warp`` at temperature 1 without top-k or
 top-p is the identity, the decoder runs at those settings
@@ -93,7 +91,7 @@ class Joined:
         return {index[i] for i in ids if i < len(index) and index[i] < self.union.size}
 
     def runner(self, i: int, inner: Runner) -> UnionRunner:
-        return UnionRunner(inner, self.union.members[i], self.own_prompts[i], len(self.prompt), self)
+        return UnionRunner(inner, i, self)
 
     def max_len(self, i: int, new_tokens: int) -> int:
         """The most of its own tokens member ``i`` is fed in one generation."""
@@ -120,14 +118,9 @@ class Joined:
 class UnionRunner:
     """A member's runner fed union tokens (see the module docstring); ``length`` counts union tokens."""
 
-    def __init__(self, inner: Runner | None, member: MemberMap, own_prompt: list[int], prompt_len: int, joined):
-        self.inner, self.member, self.own_prompt, self.prompt_len, self.joined = (
-            inner,
-            member,
-            own_prompt,
-            prompt_len,
-            joined,
-        )
+    def __init__(self, inner: Runner | None, i: int, joined: Joined):
+        self.inner, self.joined, self.member = inner, joined, joined.union.members[i]
+        self.own_prompt, self.prompt_len = joined.own_prompts[i], len(joined.prompt)
         self.vocab_size = joined.union.size
         self.length = 0
         self.ends: list[int] = []  # [i]: the member's own length once union token i is fed
@@ -183,23 +176,13 @@ class UnionAudit(Audit):
         self.models, self.tolerance = base.models, base.tolerance
         self._own: dict[int, tuple[tuple[int, ...], Tensor, list[int]]] = {}
 
-    @property
-    def checked(self) -> int:
-        return self.base.checked
-
-    @property
-    def max_difference(self) -> float:
-        return self.base.max_difference
-
-    def _compare(self, got: Tensor, want: Tensor, what: str) -> None:
+    def _compare(self, got: Tensor, want: Tensor, what: str) -> None:  # counted in the base audit
         self.base._compare(got, want, what)
 
     def _rows(self, index: int, tokens: list[int], start: int, stop: int) -> Tensor:
         context, logits, ends = self._own.get(index, ((), None, []))
         if len(context) < stop - 1 or context[: stop - 1] != tuple(tokens[: stop - 1]):
-            j = self.joined
-            probe = UnionRunner(None, j.union.members[index], j.own_prompts[index], len(j.prompt), j)
-            own, ends = probe.own_tokens(tokens)
+            own, ends = UnionRunner(None, index, self.joined).own_tokens(tokens)
             model = self.models[index]
             ids = torch.tensor([own], device=next(model.parameters()).device)
             context, logits = tuple(tokens), model(input_ids=ids, use_cache=False).logits[0].double()

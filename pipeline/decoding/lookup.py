@@ -1,9 +1,8 @@
 """Prompt lookup: proposals copied from the context, no model needed.
 
-The last ``n`` tokens (``n`` from ``max_ngram`` down to ``min_ngram``) are
-searched for earlier in the context; the token that followed their most recent
-earlier occurrence is proposed. A proposal is a deterministic function of the
-context, so its proposal distribution is one-hot and the shared acceptance
+The token that followed the latest earlier match of the context's last ``n``
+tokens is proposed (``n`` from ``max_ngram`` down): a deterministic function of
+the context, so its proposal distribution is one-hot and the shared acceptance
 rule keeps it lossless.
 """
 
@@ -35,13 +34,20 @@ class PromptLookup:
 
     def propose(self, tokens: list[int]) -> int | None:
         """The token that followed the latest earlier match of the context's tail, or None."""
+        found = self.continuations(tokens, 1)
+        return found[0] if found else None
+
+    def continuations(self, tokens: list[int], limit: int) -> list[int]:
+        """Up to ``limit`` distinct tokens that followed earlier matches of the context's tail: longer n-grams
+        first, later matches first (a token tree's lookup branches; the first is ``propose``'s)."""
         size = array("i").itemsize
         buf = array("i", tokens).tobytes()
+        found: list[int] = []
         for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
             pattern = buf[-n * size :]
             end = len(buf) - size  # a match must end before the last token: something follows it
-            while (at := buf.rfind(pattern, 0, end)) >= 0:
-                if at % size == 0:
-                    return tokens[at // size + n]
+            while len(found) < limit and (at := buf.rfind(pattern, 0, end)) >= 0:
+                if at % size == 0 and (token := tokens[at // size + n]) not in found:
+                    found.append(token)
                 end = at + len(pattern) - 1
-        return None
+        return found

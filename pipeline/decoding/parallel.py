@@ -18,11 +18,9 @@ all of them are done.
   ``forward_time_s`` is its launch time plus that common wait, so overlapping
   forwards are counted in each.
 * CPU: a pool of one thread per CPU member (torch releases the GIL inside its
-  ops). Intra-op threads are counted per process, so the process's thread
-  budget (``torch.get_num_threads()``) is split evenly between the members,
-  at least one thread each: with a budget of one thread the members still
-  run one thread each, so ``E_p`` then uses as many threads as it has
-  members while ``E`` uses one. The budget is restored when decoding ends.
+  ops), the process's thread budget (``torch.get_num_threads()``) split evenly
+  between them, at least one thread each (``docs/decoder.md``), and restored
+  when decoding ends.
 """
 
 from __future__ import annotations

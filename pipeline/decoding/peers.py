@@ -11,15 +11,12 @@ output is not the weighted ensemble's distribution (``tests/test_peers.py``
 measures the gap).
 
 Each call is seeded (``torch.manual_seed``: transformers samples with the
-global generator) and takes the same temperature, top-k, top-p and EOS ids as
-ours; our stop rule (``member.Stopper``, stop strings included) is its
-stopping criterion, checked after each block, and its output is cut where that
-rule stops, so both sides count the same tokens: tokens transformers accepts
-past a stop string are not counted. What is recorded is
-what can be counted honestly from outside: wall time, and each model's
-forward calls, forwarded tokens and time inside its forwards (forward hooks).
-Proposals, verifications and acceptances are not counted (left at 0, so no
-acceptance rate is derived; ``rounds`` and ``accepted`` are None).
+global generator) and takes our temperature, top-k, top-p and EOS ids; our stop
+rule (``member.Stopper``) is its stopping criterion, checked after each block,
+and its output is cut where that rule stops (``_cut``), so both sides count the
+same tokens. Recorded is what can be counted from outside: wall time and each
+model's forwards (``_Counter``); proposals, verifications and acceptances are
+not (left at 0; ``rounds`` and ``accepted`` are None).
 """
 
 from __future__ import annotations
@@ -97,20 +94,11 @@ def generation_config(
         eos_token_id=eos_ids,
         pad_token_id=eos_ids[0] if eos_ids else 0,
     )
-    if spec.peer_proposer != DRAFT:  # with a draft, gamma is the assistant's own setting (``_assistant``)
+    if spec.peer_proposer != DRAFT:  # with a draft, gamma is the assistant's own setting (``run_peer``)
         config.prompt_lookup_num_tokens = args["gamma"]
     if spec.ensemble is not None:
         config.assistant_ensemble_weight = args["weights"][0]  # w on the target: our lambda is 1 - w
     return config
-
-
-def _assistant(draft: torch.nn.Module, gamma: int) -> torch.nn.Module:
-    """The draft, set to propose a constant ``gamma`` tokens (transformers reads these from the assistant)."""
-    config = draft.generation_config
-    config.num_assistant_tokens = gamma
-    config.num_assistant_tokens_schedule = "constant"
-    config.assistant_confidence_threshold = 0.0
-    return draft
 
 
 def run_peer(
@@ -133,8 +121,11 @@ def run_peer(
         return [], stats
     config = generation_config(spec, args, sampling, stopper.max_new_tokens, stopper.eos_ids)
     kwargs: dict[str, Any] = {}
-    if spec.peer_proposer == DRAFT:
-        kwargs["assistant_model"] = _assistant(models[1], args["gamma"])
+    if spec.peer_proposer == DRAFT:  # the draft proposes a constant gamma (transformers reads it from the assistant)
+        kwargs["assistant_model"] = draft = models[1]
+        draft.generation_config.num_assistant_tokens = args["gamma"]
+        draft.generation_config.num_assistant_tokens_schedule = "constant"
+        draft.generation_config.assistant_confidence_threshold = 0.0
     if stopper.stop_strings:  # our rule after each block (transformers' own stop strings fail in the assistant)
         from transformers import StoppingCriteriaList
 

@@ -1,20 +1,10 @@
 """Method names, parsed once: what a method is and what it needs of a model set.
 
-A name is ``large_model``, ``small_model``, ``sd`` or, for each registered
-ensemble ``E``, ``E`` (the standard ensemble), ``E_p`` (the standard ensemble
-with the members' forwards run concurrently), ``E_sd`` (one model proposes,
-every model verifies) or ``E_se`` (every model proposes in turn); and for a
-mixture ensemble (``we``) ``E_me`` (one member drawn per position, the token
-drawn from it alone; sampling only) and ``E_me_sd`` (the same, with runs of
-positions drawn for an expensive member decoded speculatively, the cheapest
-member drafting). The peers are transformers' own
-speculative methods, run as grid methods beside ours (``peers.py``):
-``hf_assisted`` (assisted generation with the set's draft), ``hf_prompt_lookup``
-(prompt lookup) and ``hf_assisted_ensemble`` (assisted generation verified
-against ``w p + (1 - w) q``, ``assistant_ensemble_weight``; compared with
-``we`` at ``lambda = 1 - w``). The decoder
-and the workflow both read the spec and check a method against a model set
-with :meth:`MethodSpec.check`, so the two never disagree.
+A name is ``large_model``, ``small_model``, ``sd``, a registered ensemble ``E`` or one of its forms (``SUFFIXES``:
+``E_p``, ``E_sd``, ``E_se``, and for a mixture ensemble ``E_me``, ``E_me_sd``; ``MethodSpec.kind`` says what each
+does), or a peer, one of transformers' own speculative methods run beside ours (``PEERS``, ``peers.py``). The
+decoder and the workflow both check a method against a model set with :meth:`MethodSpec.check`, so the two never
+disagree; each method's contract is in ``docs/algorithms.md``.
 """
 
 from __future__ import annotations

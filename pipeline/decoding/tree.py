@@ -1,24 +1,10 @@
 """Token trees: several candidates per position, drafted as a tree and verified in one forward per target model.
 
-A tree hangs under the root, the last committed token. A static shape gives
-the branching per depth (``[3, 2, 1]``: three children of the root, two of
-each, one of each of those: 15 nodes); a dynamic one (``td16``) grows to a
-node budget, each depth expanding the nodes of highest cumulative draft
-probability (EAGLE-2 style). The drafter proposes a node's children from its
-distribution ``q`` there: greedy, its top ``b`` tokens; sampling, ``b`` draws
-(with replacement, or without: ``q`` renormalised over the tokens not yet
-drawn); prompt lookup adds the distinct continuations of its matches first
-(one-hot). The drafter feeds one depth per forward with a tree attention mask
-over its cache; every target model then feeds the whole tree in one forward.
-The acceptance rule (``tree_verify.py``) walks down from the root; afterwards
-each model keeps only the accepted path in its cache (``compact``: the path's
-K/V gathered into place, the rest cropped).
-
-The modules: ``tree_shape.py`` (shapes, what is refused), ``tree_draft.py``
-(the tree and its drafter), ``tree_cache.py`` (forwards over a tree on
-either engine, compaction), ``tree_verify.py`` (the acceptance rule), and
-this one, the round loop. See ``docs/trees.md`` and ``docs/algorithms.md``
-("Token trees").
+This module is the round loop; its parts: ``tree_shape.py`` (static and dynamic shapes, what is refused),
+``tree_draft.py`` (the tree and its drafter: one depth per forward under a tree mask), ``tree_cache.py``
+(forwards over a tree on either engine; after the round each model keeps only the accepted path in its cache)
+and ``tree_verify.py`` (the acceptance rule, walking down from the root). See ``docs/trees.md`` and
+``docs/algorithms.md`` ("Token trees").
 """
 
 from __future__ import annotations
@@ -30,29 +16,15 @@ from torch import Tensor
 
 from .ensemble import check_output
 from .sampling import Sampling
-from .tree_cache import TreeCache, compact
-from .tree_draft import Node, Tree, TreeDrafter, lookup_continuations, parts
-from .tree_shape import MAX_NODES, TreeShape, check_tree_models, parse_tree
+from .tree_cache import TreeCache
+from .tree_draft import Tree, TreeDrafter, parts
+from .tree_shape import TreeShape, check_tree_models, parse_tree
 from .tree_verify import accept_tree
 
 if TYPE_CHECKING:
     from .engine import Decoder
 
-__all__ = [
-    "MAX_NODES",
-    "Node",
-    "Tree",
-    "TreeCache",
-    "TreeDrafter",
-    "TreeShape",
-    "audit_tree",
-    "check_tree_models",
-    "compact",
-    "lookup_continuations",
-    "parse_tree",
-    "run_tree",
-    "verify_round",
-]
+__all__ = ["Tree", "TreeShape", "check_tree_models", "parse_tree", "run_tree"]  # what other modules use
 
 # ---- the loop ------------------------------------------------------------------
 

@@ -1,13 +1,5 @@
-"""Forwards over a token tree, and the compaction of a runner's cache after a round.
-
-A runner feeds, in one forward, the committed tokens it lacks, then tree
-nodes at position ``committed - 1 + depth``, each seeing the committed
-context and its own ancestors only (``extend_masked``: the eager runner's
-dynamic cache, or the compiled engine's static cache with its masked graphs,
-one per bucket of new tokens). After the round each runner keeps the
-accepted path: its K/V gathered into the slots right after the committed
-tokens, the rest cropped (``compact``).
-"""
+"""Forwards over a token tree (``extend_masked``: the eager runner's dynamic cache, or the compiled engine's static
+cache with its masked graphs, one per bucket of new tokens), and the compaction of a runner's cache after a round."""
 
 from __future__ import annotations
 

@@ -5,7 +5,6 @@ sampling, draws with or without replacement; prompt lookup's distinct continuati
 
 from __future__ import annotations
 
-from array import array
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -64,21 +63,6 @@ class Tree:
         return max((n.depth for n in self.nodes), default=0)
 
 
-def lookup_continuations(lookup: PromptLookup, tokens: list[int], limit: int) -> list[int]:
-    """Up to ``limit`` distinct tokens that followed earlier matches of the context's tail: longer n-grams
-    first, later matches first (the first is ``lookup.propose``'s)."""
-    size = array("i").itemsize
-    buf = array("i", tokens).tobytes()
-    found: list[int] = []
-    for n in range(min(lookup.max_ngram, len(tokens) - 1), lookup.min_ngram - 1, -1):
-        pattern, end = buf[-n * size :], len(buf) - size
-        while len(found) < limit and (at := buf.rfind(pattern, 0, end)) >= 0:
-            if at % size == 0 and (token := tokens[at // size + n]) not in found:
-                found.append(token)
-            end = at + len(pattern) - 1
-    return found
-
-
 def parts(proposer: Any) -> tuple[PromptLookup | None, ModelProposer | None]:
     """A turn's prompt lookup and model proposer (either may be absent)."""
     chain = proposer.proposers if isinstance(proposer, Chain) else [proposer]
@@ -100,8 +84,11 @@ class TreeDrafter:
             expand = self._choose(tree, frontier, d)
             if not expand:
                 break
-            if model is not None:
-                self._rows(model, tree, [n for n in expand if n >= 0])
+            if model is not None:  # the drafter's rows there (and at the root): one forward of what it lacks
+                cache = self.caches[model.index]
+                todo = [n for n in expand if n >= 0 and n not in cache.rows]
+                if -1 not in cache.rows or todo:
+                    cache.feed(self.decoder.tokens, self.decoder.committed, tree, todo)
             for n in expand:
                 self._children(tree, n, lookup, model, self._width(d))
             frontier = [i for i, node in enumerate(tree.nodes) if node.depth == d]
@@ -122,14 +109,6 @@ class TreeDrafter:
         room = self.shape.nodes - len(tree.nodes)
         return live[: max(0, -(-room // self._width(depth)))] if room > 0 else []
 
-    def _rows(self, model: ModelProposer, tree: Tree, nodes: list[int]) -> None:
-        """The drafter's rows at ``nodes`` (and the root): one forward of what it has not fed."""
-        dec = self.decoder
-        cache = self.caches[model.index]
-        todo = [n for n in nodes if n not in cache.rows]
-        if -1 not in cache.rows or todo:
-            cache.feed(dec.tokens, dec.committed, tree, todo)
-
     def _children(self, tree: Tree, n: int, lookup: PromptLookup | None, model: ModelProposer | None, b: int):
         dec = self.decoder
         room = self.shape.nodes - len(tree.nodes)
@@ -146,7 +125,7 @@ class TreeDrafter:
                 )
             q = probs(row[None], Sampling.identity() if dec.sampling.greedy else dec.sampling)[0]
             tree.q[n] = q
-        found = lookup_continuations(lookup, context, min(b, room)) if lookup is not None else []
+        found = lookup.continuations(context, min(b, room)) if lookup is not None else []
         for token in found:
             tree.add(n, token, None, cum * (float(q[token]) if q is not None else 1.0), lookup)
         draws = min(b, room) - len(found)

@@ -82,10 +82,9 @@ def check_tree_models(models: list, spec: MethodSpec) -> None:
     if not spec.own_loop:
         raise ArgumentError(f"a tree is for the sd, *_sd and *_se methods; this method's kind is {spec.kind!r}")
     for i, model in enumerate(models):
-        types = getattr(getattr(model, "config", None), "layer_types", None) or []
-        if getattr(getattr(model, "config", None), "sliding_window", None) and any(
-            t != "full_attention" for t in types
-        ):
+        config = getattr(model, "config", None)
+        types = getattr(config, "layer_types", None) or []
+        if getattr(config, "sliding_window", None) and any(t != "full_attention" for t in types):
             raise ArgumentError(
                 f"a tree needs full-attention layers; model {i} has sliding-window layers (decode it with chains)"
             )

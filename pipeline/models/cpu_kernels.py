@@ -1,12 +1,9 @@
 """Prepacked linear layers for float32 inference on the CPU.
 
-MKL's general matrix product, behind ``nn.Linear`` on the CPU, handles two or
-three input rows as that many separate matrix-vector products, so a forward
-of 2-3 new tokens costs 1.5-1.8x a forward of one: exactly the forwards that
-speculative verification runs. oneDNN with weights reordered once keeps a
-forward of 1-4 tokens at about the cost of one (and a single token faster
-too). ``pack_linears`` swaps every float32 ``nn.Linear`` of a model for such a
-layer; every method then runs on the same kernels, baselines included.
+MKL's ``nn.Linear`` runs 2-3 new tokens, the forwards speculative verification
+runs, as that many matrix-vector products; oneDNN with weights reordered once
+keeps a forward of 1-4 tokens at about the cost of one (``docs/decoder.md``).
+Every method then runs on the same kernels, baselines included.
 """
 
 from __future__ import annotations

@@ -9,9 +9,7 @@ several times cheaper while keeping speculative decoding lossless.
 Training text contains no benchmark data: prompts are signatures and
 docstrings of public functions in the Python standard library, continued by
 the teacher itself (on-policy), plus chunks of standard-library source.
-Agreement is measured on held-out HumanEval prompts, continued by the teacher
-(evaluation only): the share of positions where the draft's argmax equals the
-teacher's, alone and with prompt lookup first.
+Agreement is measured on held-out HumanEval prompts (``agreement``).
 """
 
 from __future__ import annotations
@@ -21,9 +19,7 @@ import hashlib
 import json
 import math
 import random
-import shutil
 import sysconfig
-import tempfile
 import textwrap
 import time
 from collections import Counter
@@ -33,6 +29,7 @@ from pathlib import Path
 import torch
 
 from ..decoding.lookup import PromptLookup
+from .cache import save_dir
 from .cpu_kernels import pack_linears
 from .loading import truncated_copy
 from .restricted import RestrictedHeadLM
@@ -144,8 +141,6 @@ def lr_at(step: int, recipe: Recipe, total: int) -> float:
 
 def train(draft: RestrictedHeadLM, data: list[tuple[list[int], list[int]]], recipe: Recipe) -> dict:
     """Cross-entropy to the teacher's argmax over the kept ids; returns training facts."""
-    from tqdm import tqdm
-
     kept_index = {t: i for i, t in enumerate(draft.kept.tolist())}
     examples = []
     for ids, labels in data:
@@ -155,33 +150,45 @@ def train(draft: RestrictedHeadLM, data: list[tuple[list[int], list[int]]], reci
     base = draft.base
     draft.requires_grad_(False)
     trainable = [p for layer in base.model.layers for p in layer.parameters()] + list(base.model.norm.parameters())
-    for p in trainable:
+
+    def logits(ids: torch.Tensor) -> torch.Tensor:
+        return draft.head_logits(base.model(input_ids=ids, use_cache=False).last_hidden_state[0])
+
+    return fit(base, trainable, examples, recipe, logits, "train draft")
+
+
+def fit(model, params: list, examples: list, recipe, logits, desc: str) -> dict:
+    """Train ``params`` of ``model`` (the rest frozen): AdamW at ``lr_at``'s rate on ``examples`` (input ids,
+    targets) drawn at random, cross-entropy of ``logits(ids)`` to the targets, until ``recipe.steps`` or
+    ``recipe.max_train_seconds``; returns training facts. Shared by drafts and students (``student.py``)."""
+    from tqdm import tqdm
+
+    for p in params:
         p.requires_grad_(True)
-    opt = torch.optim.AdamW(trainable, lr=recipe.lr, betas=(0.9, 0.98), weight_decay=0.0)
+    opt = torch.optim.AdamW(params, lr=recipe.lr, betas=(0.9, 0.98), weight_decay=0.0)
     rng = random.Random(recipe.seed)
-    start, losses = time.perf_counter(), []
-    base.train()
-    bar = tqdm(range(recipe.steps), desc="train draft", unit="step")
-    step = 0
+    start, losses, step = time.perf_counter(), [], 0
+    model.train()
+    bar = tqdm(range(recipe.steps), desc=desc, unit="step")
     for step in bar:
         if time.perf_counter() - start > recipe.max_train_seconds:
             break
         ids, target = examples[rng.randrange(len(examples))]
         for group in opt.param_groups:
             group["lr"] = lr_at(step, recipe, recipe.steps)
-        hidden = base.model(input_ids=ids, use_cache=False).last_hidden_state[0]
-        loss = torch.nn.functional.cross_entropy(draft.head_logits(hidden), target, ignore_index=-100)
+        loss = torch.nn.functional.cross_entropy(logits(ids), target, ignore_index=-100)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         losses.append(loss.item())
         if step % 20 == 0:
             bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
     else:
         step += 1
-    base.eval()
-    draft.requires_grad_(False)
+    model.eval()
+    for p in params:
+        p.requires_grad_(False)
     return {
         "steps": step,
         "train_seconds": round(time.perf_counter() - start, 1),
@@ -258,37 +265,25 @@ def distill(teacher, tokenizer, out_dir: Path, recipe: Recipe, teacher_name: str
     facts.update(label_coverage=round(covered, 4), train_sequences=len(data))
     facts["total_seconds"] = round(time.perf_counter() - t0, 1)
     meta = {"teacher": teacher_name, "recipe": asdict(recipe), **facts}
-    save(draft, tokenizer, out_dir, meta, kept if len(kept) < vocab else None)
-    return out_dir
-
-
-def save(draft: RestrictedHeadLM, tokenizer, out_dir: Path, meta: dict, kept: list[int] | None) -> None:
     files = {META: json.dumps(meta, indent=2)}
-    if kept is not None:
+    if len(kept) < vocab:
         files[HEAD_FILE] = json.dumps(kept)
     save_dir(draft.base, tokenizer, out_dir, files)
-
-
-def save_dir(model, tokenizer, out_dir: Path, files: dict[str, str]) -> None:
-    """A model directory written whole or not at all: the model, its tokenizer and ``files`` (name -> text)."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    for name, text in files.items():
-        (tmp / name).write_text(text)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    tmp.rename(out_dir)
+    return out_dir
 
 
 def draft_name(teacher: ModelSpec, recipe: Recipe) -> str:
     """The cache name of a draft: readable, plus a hash of the whole recipe and the teacher's spec
     (another teacher source or another step count is another draft)."""
     head = f"h{recipe.head_tokens}" if recipe.head_tokens else "full"
-    where = locate(teacher)  # the teacher's identity, however it was named ('bundled' or by name)
+    return f"{teacher.name}-draft-L{recipe.layers}-{head}-s{recipe.seed}-{digest(teacher, recipe)}"
+
+
+def digest(teacher: ModelSpec, recipe) -> str:
+    """A hash of the whole recipe and the teacher's identity, however it was named ('bundled' or by name)."""
+    where = locate(teacher)
     key = json.dumps({"recipe": asdict(recipe), "teacher": [where[0], str(where[1])]}, sort_keys=True)
-    return f"{teacher.name}-draft-L{recipe.layers}-{head}-s{recipe.seed}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
+    return hashlib.sha256(key.encode()).hexdigest()[:8]
 
 
 def read_meta(path: Path) -> dict:

@@ -1,10 +1,7 @@
 """Where a model comes from (the sources the package's docstring lists), without loading it.
 
-``MODEL_PATH`` is read from the environment or a ``.env`` file (the
-reference implementation's convention). GGUF files are converted once into
-a safetensors directory in the cache (``$SPECENS_CACHE``, default
-``~/.cache/specens``): reading a GGUF takes about 20 s, the cached copy
-under a second.
+GGUF files are converted once into a safetensors directory in the cache
+(reading a GGUF takes about 20 s, the cached copy under a second).
 """
 
 from __future__ import annotations
@@ -12,8 +9,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +16,7 @@ import torch
 
 from ..errors import one_line
 from ..hub import offline
-from .cache import cache_dir, cache_lock
+from .cache import cache_dir, cache_lock, save_dir
 from .spec import BUNDLED, ModelError, ModelSpec, teacher_spec
 
 
@@ -62,23 +57,13 @@ def gguf_dir(gguf: Path, name: str, cache: Path | None = None) -> Path:
 def _convert_gguf(gguf: Path, target: Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    name = target.name
     print(f"converting {gguf.name} to a safetensors cache in {target} (once, about 20 s)", flush=True)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model.hf_quantizer = None  # the weights are dequantized already: save a plain float32 model
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        tmp.rename(target)  # atomic: a half-written cache never looks complete
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (target / "config.json").exists():
-            raise
+    save_dir(model, tokenizer, target)
     return target
 
 

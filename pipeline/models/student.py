@@ -9,15 +9,13 @@ on the teacher's continuations under the student's tokenization (sequence-level 
 chunks of standard-library source as plain text beside them. No benchmark data is trained on (as
 ``distill.py``).
 
-Agreement is measured in string terms on held-out prompts continued by the teacher (``distill.heldout_prompts``):
-at each position of the continuation where both tokenizations have a boundary, the student's argmax piece
-against the teacher's next token: ``agreement`` counts equal strings, ``agreement_prefix`` strings of which
-one is a prefix of the other (a piece that a union decoder can continue consistently).
+Agreement is measured in string terms on held-out prompts continued by the teacher (``string_agreement``):
+``agreement`` counts equal pieces, ``agreement_prefix`` pieces of which one is a prefix of the other (a piece that a
+union decoder can continue consistently).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import time
@@ -26,10 +24,10 @@ from pathlib import Path
 
 import torch
 
+from .cache import save_dir
 from .cpu_kernels import pack_linears
-from .distill import META, heldout_prompts, lr_at, save_dir, stdlib_files, stdlib_prompts, teacher_continuations
+from .distill import META, digest, fit, heldout_prompts, stdlib_files, stdlib_prompts, teacher_continuations
 from .loading import truncated_copy
-from .sources import locate
 from .spec import ModelError, ModelSpec
 
 CHAT_ASK = "Complete this Python function.\n```python\n{}```"  # half the prompts, as a chat turn
@@ -156,41 +154,6 @@ def source_examples(tokenizer, sources: list[str], count: int, size: int = 256):
     return out[:count]
 
 
-def train(model, examples, recipe: StudentRecipe) -> dict:
-    """Next-token cross-entropy on the teacher's text in the student's tokens; returns training facts."""
-    from tqdm import tqdm
-
-    model.requires_grad_(True)
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.98), weight_decay=0.0)
-    rng = random.Random(recipe.seed)
-    start, losses, step = time.perf_counter(), [], 0
-    model.train()
-    bar = tqdm(range(recipe.steps), desc="train student", unit="step")
-    for step in bar:
-        if time.perf_counter() - start > recipe.max_train_seconds:
-            break
-        ids, target = examples[rng.randrange(len(examples))]
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, recipe, recipe.steps)
-        logits = model(input_ids=ids, use_cache=False).logits[0]
-        loss = torch.nn.functional.cross_entropy(logits, target, ignore_index=-100)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
-        if step % 20 == 0:
-            bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
-    else:
-        step += 1
-    model.eval().requires_grad_(False)
-    return {
-        "steps": step,
-        "train_seconds": round(time.perf_counter() - start, 1),
-        "final_loss": round(sum(losses[-50:]) / max(len(losses[-50:]), 1), 4),
-    }
-
-
 def boundaries(tokenizer, ids: list[int], offset: int) -> dict[int, str]:
     """Character offset (from ``offset``) of each token of ``ids`` -> that token's string."""
     out, text = {}, ""
@@ -226,10 +189,6 @@ def string_agreement(student, tokenizer, teacher_tokenizer, held: list[tuple[lis
     }
 
 
-def texts_of(tokenizer, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[str, str]]:
-    return [(tokenizer.decode(p), tokenizer.decode(c, skip_special_tokens=True)) for p, c in pairs if c]
-
-
 def distill_student(teacher, teacher_tokenizer, out_dir: Path, recipe: StudentRecipe, teacher_name: str) -> Path:
     """Build, train, measure and save a student with its own tokenizer; returns its directory.
 
@@ -252,7 +211,8 @@ def distill_student(teacher, teacher_tokenizer, out_dir: Path, recipe: StudentRe
     pairs = teacher_continuations(
         teacher, teacher_tokenizer, prompts, recipe.new_tokens, recipe.batch, "teacher continues"
     )
-    generated = texts_of(teacher_tokenizer, pairs)
+    decode = teacher_tokenizer.decode
+    generated = [(decode(p), decode(c, skip_special_tokens=True)) for p, c in pairs if c]  # (prompt, continuation)
     sources = []
     for path in files[-recipe.source_files :] if recipe.source_files else []:
         try:
@@ -267,7 +227,8 @@ def distill_student(teacher, teacher_tokenizer, out_dir: Path, recipe: StudentRe
     examples = encode_pairs(tokenizer, generated) + source_examples(tokenizer, sources, recipe.source_chunks)
     if not examples:
         raise ModelError(f"the teacher {teacher_name!r} continued no prompt: nothing to train a student on")
-    facts.update(train(student, examples, recipe))
+    logits = lambda ids: student(input_ids=ids, use_cache=False).logits[0]  # noqa: E731
+    facts.update(fit(student, list(student.parameters()), examples, recipe, logits, "train student"))
     held = teacher_continuations(
         teacher, teacher_tokenizer, heldout_prompts(recipe.eval_prompts), recipe.new_tokens, recipe.batch, "held-out"
     )
@@ -280,7 +241,4 @@ def distill_student(teacher, teacher_tokenizer, out_dir: Path, recipe: StudentRe
 
 def student_name(teacher: ModelSpec, recipe: StudentRecipe) -> str:
     """The cache name of a student: readable, plus a hash of the whole recipe and the teacher's identity."""
-    where = locate(teacher)
-    key = json.dumps({"recipe": asdict(recipe), "teacher": [where[0], str(where[1])]}, sort_keys=True)
-    digest = hashlib.sha256(key.encode()).hexdigest()[:8]
-    return f"{teacher.name}-student-L{recipe.layers}-v{recipe.vocab}-s{recipe.seed}-{digest}"
+    return f"{teacher.name}-student-L{recipe.layers}-v{recipe.vocab}-s{recipe.seed}-{digest(teacher, recipe)}"
