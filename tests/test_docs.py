@@ -277,7 +277,7 @@ def test_the_readmes_cheap_commands_run_as_written(capsys):
     captured = capsys.readouterr()
     cells = len(captured.out.split())
     assert f"{cells} cells" in captured.err
-    stated = re.search(r"speculative methods beside them \((\d+) cells\)", README.read_text())
+    stated = re.search(r"token-tree cells \((\d+) cells\)", README.read_text())
     assert stated and int(stated[1]) == cells, "the README's count of the default grid's cells is stale"
 
 
