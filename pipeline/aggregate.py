@@ -18,7 +18,7 @@ from .figures import RATIOS, Collected, collect, per_cell
 from .files import ResultsError, write_atomic
 from .plots import plot_predicted, plot_speedup_vs_gamma
 from .results_file import write_results_file
-from .speedup_table import OVERALL_NOTE
+from .tables import OVERALL_NOTE
 
 CELLS_CSV = (  # a cell's figures in cells.csv, in order, after its dimensions
     "samples new_tokens tokens_per_s baseline_tokens_per_s speedup_side_by_side speedup_ci_low speedup_ci_high tau "
