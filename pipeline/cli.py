@@ -14,22 +14,14 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .errors import UserError
 
-
-@dataclass(frozen=True)
-class Command:
-    help: str
-    run: Callable  # (args) -> exit code; a passthrough command: (argv) -> exit code
-    arguments: tuple[tuple[tuple, dict], ...] = ()
-    passthrough: bool = False  # its own command line, untouched
-
-
-COMMANDS: dict[str, Command] = {}
+PARSER = argparse.ArgumentParser(prog="pipeline", description="Fast LLM ensembles through speculation")
+SUBCOMMANDS = PARSER.add_subparsers(dest="command", required=True)
+COMMANDS: dict[str, tuple[Callable, bool]] = {}  # name -> (run, passthrough: it takes its own command line, untouched)
 
 
 def arg(*flags, **options) -> tuple[tuple, dict]:
@@ -42,23 +34,17 @@ def named_options(args: argparse.Namespace, names: str) -> dict:
 
 
 def command(name: str, help: str, *arguments: tuple[tuple, dict], passthrough: bool = False):
-    """Register the decorated function as subcommand ``name`` with its arguments."""
+    """Register the decorated function as subcommand ``name`` with its arguments: ``run(args) -> exit code``, a
+    passthrough command's ``run(argv) -> exit code``."""
+    sub = SUBCOMMANDS.add_parser(name, help=help, add_help=not passthrough)
+    for flags, options in arguments or [(("rest",), {"nargs": argparse.REMAINDER})]:
+        sub.add_argument(*flags, **options)
 
     def register(run: Callable) -> Callable:
-        COMMANDS[name] = Command(help, run, arguments, passthrough)
+        COMMANDS[name] = run, passthrough
         return run
 
     return register
-
-
-def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="pipeline", description="Fast LLM ensembles through speculation")
-    sub = ap.add_subparsers(dest="command", required=True)
-    for name, cmd in COMMANDS.items():
-        p = sub.add_parser(name, help=cmd.help, add_help=not cmd.passthrough)
-        for flags, options in cmd.arguments or [(("rest",), {"nargs": argparse.REMAINDER})]:
-            p.add_argument(*flags, **options)
-    return ap
 
 
 def inline_json(text: str, what: str) -> Any:
@@ -474,14 +460,14 @@ def cmd_bench(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        if argv and argv[0] in COMMANDS and COMMANDS[argv[0]].passthrough:
-            return COMMANDS[argv[0]].run(argv[1:])
-        args = parser().parse_args(argv)
+        if argv and argv[0] in COMMANDS and COMMANDS[argv[0]][1]:
+            return COMMANDS[argv[0]][0](argv[1:])
+        args = PARSER.parse_args(argv)
         if getattr(args, "threads", None):
             import torch
 
             torch.set_num_threads(args.threads)
-        return COMMANDS[args.command].run(args)
+        return COMMANDS[args.command][0](args)
     except UserError as err:  # a user's mistake: one line, no traceback (a bug keeps its traceback)
         print(f"error: {err}", file=sys.stderr)
         return 2
