@@ -1,17 +1,10 @@
-"""One grid cell's generation job: a model set, a method, a task, a gamma.
+"""One grid cell's generation job: a model set, a method, a task, a gamma (docs/workflow.md, rule ``generate``).
 
-Samples are appended to a JSONL file one by one (flushed and synced), so a
-job that dies resumes where it stopped: ids already in the file are skipped.
-The job warms up before timing, records the decoder's stats per sample, and
-can run the cell's baseline on the same prompt right beside each sample
-(alternating which goes first), so the cell's speed-up is a ratio measured
-side by side. Each sample records where it was timed (host, device, threads,
-engine) and the interference signals of each run (``timing.py``); a pair
-that was interfered with is run again, up to ``timing.remeasure`` times (the
-outputs are the same: decoding is seeded), and every attempt's timing is kept
-with the one that counts. Hardware and library versions go to
-``<out>.meta.json`` and the cell's speed summary, with its interval, τ and
-flags (``judge.py``), to ``<out>.speed.json`` (both written atomically).
+Samples are appended to a journal one by one (``journal.py``), so a job that dies resumes where it stopped. The
+job warms up before timing and runs the cell's baseline beside each sample (alternating which goes first), so the
+speed-up is a ratio measured side by side; a pair that was interfered with (``timing.py``) is run again, up to
+``timing.remeasure`` times, every attempt's timing kept (docs/speed.md, "Interference"). Hardware and library
+versions go to ``<out>.meta.json``, the speed judgement to ``<out>.speed.json`` (``judge.py``).
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
-"""Weights & Biases logging of one scored cell.
-
-One W&B run per cell, grouped by experiment (``job_type`` "cell"): the cell's
-dimensions and settings, its method among them, as config; tokens/s, speed-up,
-acceptance and quality as summary metrics; per-sample speed as history; and a
-table of samples. One run per experiment (``job_type`` "aggregate") carries
-the aggregate tables. Run ids derive from the experiment and the cell
-(``run_id``): logging a cell again resumes its run rather than adding one. ``auto`` mode
-is online when an API key is configured (``WANDB_API_KEY`` or ``wandb
-login``), else offline (upload later with ``wandb sync results/wandb/offline-run-*``).
-``WANDB_MODE`` in the environment wins over the config.
-
-W&B never touches a result: the files under ``results/`` are the source of
-truth. A failure costs at most ``init_timeout`` seconds of waiting for the
-server; it is recorded, an online run is logged offline in its place (for
-``wandb sync``), and the job fails so that the next workflow run retries it.
+"""Weights & Biases logging (docs/workflow.md, "W&B"): one run per cell (``job_type`` "cell") and one per
+experiment (``job_type`` "aggregate", its tables), grouped by experiment; a run's id derives from the experiment
+and the cell (``run_id``), so logging again resumes it. W&B never touches a result: the files under ``results/``
+are the source of truth, and a failure is recorded and fails the job so that the next run retries it (``_logged``).
 """
 
 from __future__ import annotations
