@@ -3,10 +3,9 @@
 ``results.json`` (``pipeline.results_file``), from the figures of the grid's cells (``grid.json``) read once
 from their files under ``generations/`` (``pipeline.figures``).
 
-Every speed-up carries its interval (95% by default) (``1.55x [1.47, 1.63]``, ``speed.py``) and an unstable cell
-is marked ``(unstable)`` in every table and drawn hollow in every plot. The speed-up tables are shaped like the
-paper's: rows are model set x method, columns datasets; the value is the best over the gamma sweep, with that
-gamma in the Markdown. A new table: a layout in ``pipeline.tables`` (or an existing one), an entry here.
+Every speed-up carries its interval and an unstable cell is marked (docs/speed.md). The speed-up tables are shaped
+like the paper's: rows are model set x method, columns datasets; the value is the best over the gamma sweep, with
+that gamma in the Markdown. A new table: a layout in ``pipeline.tables`` (or an existing one), an entry here.
 """
 
 from __future__ import annotations
