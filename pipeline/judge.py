@@ -57,8 +57,3 @@ def interference(attempt: dict[str, Any], policy: Policy) -> float:
             psi = (t["psi_some_s"] or 0) / t["wall_s"] / policy.psi_share
             worst = max(worst, psi, t["nivcsw"] / t["wall_s"] / policy.nivcsw_per_s)
     return worst
-
-
-def speed_summary(path: Path) -> dict[str, Any]:
-    """The speed summary of a generations file (``speed.summarize``, default timing policy)."""
-    return summarize(read_jsonl(path), Policy())

@@ -178,16 +178,13 @@ def lm_eval_task(name: str):
         if name in manager.all_tasks:
             break
     else:
-        raise UserError(f"unknown lm-eval task {name!r}; accepted: the harness's tasks and {_local_tasks()}")
+        local = ", ".join(sorted(p.stem for p in LM_EVAL_TASKS.glob("*.yaml")))
+        raise UserError(f"unknown lm-eval task {name!r}; accepted: the harness's tasks and {local}")
     leaves = list(manager.load([name])["tasks"].values())
     if len(leaves) != 1 or leaves[0].OUTPUT_TYPE not in SCORED:
         kind = "a group of tasks" if len(leaves) != 1 else f"scored by {leaves[0].OUTPUT_TYPE}"
         raise UserError(f"lm-eval task {name!r} is {kind}; expected one task of output type {' or '.join(SCORED)}")
     return leaves[0]
-
-
-def _local_tasks() -> str:
-    return ", ".join(sorted(p.stem for p in LM_EVAL_TASKS.glob("*.yaml")))
 
 
 def score_task(name: str, lm, limit: int | None = None) -> dict[str, Any]:
