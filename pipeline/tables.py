@@ -1,7 +1,5 @@
 """A declared table (``Table``; the list: ``aggregate.TABLES``) rendered from the collected figures (``render``):
-its layout shapes its numbers (the CSV) and its text (Markdown and HTML, each figure with its interval). A speed-up
-table's numbers (``speedup_numbers``): per dataset the best cell's estimate, its interval, gamma, τ, tokens/s and
-flags, then the Overall over the datasets, as Spec-Bench prints it."""
+its layout shapes its numbers (the CSV) and its text (Markdown and HTML, each figure with its interval)."""
 
 from __future__ import annotations
 
