@@ -1,9 +1,8 @@
 """The ``pipeline`` command: what the workflow's rules call, and users by hand.
 
 Each subcommand is a function registered with ``@command``; ``pipeline --help`` lists them in the order registered:
-about models, a cell's jobs, a results directory's, a config's checks (its cells, its models, its cost), then the
-tools outside the workflow's jobs. A cell file is what the workflow writes to ``results/cells/<cell>.json``:
-``{"cell": {...}, "dims": {...}}``.
+about models, a cell's jobs (a cell file: ``cell.CellFile``), a results directory's, a config's checks (its cells,
+its models, its cost), then the tools outside the workflow's jobs.
 """
 
 from __future__ import annotations
