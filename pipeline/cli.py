@@ -444,9 +444,13 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 @command("lm-eval", "lm-eval's command line: its own models (hf, vllm, ...) and 'specens'", passthrough=True)
 def cmd_lm_eval(argv: list[str]) -> int:
-    from .lm_eval_model import main as lm_eval_main
+    from lm_eval.__main__ import cli_evaluate
 
-    return lm_eval_main(argv)
+    from . import lm_eval_model  # noqa: F401 (registers specens beside the harness's own models)
+
+    sys.argv = ["lm_eval", *argv]
+    cli_evaluate()
+    return 0
 
 
 @command("bench", "the benchmark; see python -m pipeline.bench --help", passthrough=True)

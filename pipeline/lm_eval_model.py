@@ -187,14 +187,3 @@ class SpecEnsLM(TemplateLM):
             )
             out.append(cut_at_stops(result.text, until))
         return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run lm-eval's command line with ``specens`` registered beside the harness's own models."""
-    import sys
-
-    from lm_eval.__main__ import cli_evaluate
-
-    sys.argv = ["lm_eval", *(argv if argv is not None else sys.argv[1:])]
-    cli_evaluate()
-    return 0
