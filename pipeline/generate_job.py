@@ -91,11 +91,9 @@ def run_cell(
 ) -> dict[str, Any] | None:
     """Generate every missing sample of ``cell`` into ``out``; return the speed summary.
 
-    Samples are appended to ``journal`` (default: ``out`` itself) as they are made; with a separate
-    journal, ``out`` appears only once the cell is complete (written from the journal), so a workflow
-    manager that deletes the outputs of a failed job never deletes generated samples. ``speed=False``
-    leaves ``<out>.speed.json`` to ``write_speed`` (the workflow's own rule, so that changing how
-    speed is judged never regenerates a sample).
+    Samples are appended to ``journal`` (default: ``out`` itself) as they are made; with a separate journal,
+    ``out`` appears only once the cell is complete (written from the journal), so a workflow manager that deletes
+    the outputs of a failed job never deletes generated samples. ``speed=False`` leaves the judge to its own rule.
     """
     out = Path(out)
     journal = Path(journal) if journal else out
@@ -147,12 +145,8 @@ def _run_cell(cell: Cell, out: Path, progress: bool, journal: Path, speed: bool)
     stuck = 0  # consecutive pairs interfered on every attempt: the interference is persistent
 
     def measure(i: int, ex, stops: list[str]) -> dict[str, Any]:
-        """One sample (and its baseline beside it), re-run while interfered, at most ``remeasure`` more times.
-
-        Re-running helps against a passing disturbance; once two pairs in a row stayed interfered through
-        every attempt the machine is busy for good, and later pairs are run once until one is clean again
-        (the cell is flagged either way).
-        """
+        """One sample (and its baseline beside it), re-run while interfered, at most ``remeasure`` more times; run
+        once while two pairs or more in a row stayed interfered through every attempt (docs/speed.md)."""
         nonlocal stuck
         order = [("method", cell.method, cell.method_args, trees), ("baseline", cell.baseline, cell.baseline_args, {})]
         order = [o for o in (order if i % 2 == 0 else order[::-1]) if o[1] is not None]
