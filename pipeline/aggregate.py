@@ -3,10 +3,9 @@
 ``results.json`` (``pipeline.results_file``), from the figures of the grid's cells (``grid.json``) read once
 from their files under ``generations/`` (``pipeline.figures``).
 
-Every speed-up carries its interval (95% by default) (``1.55x [1.47, 1.63]``, ``speed.py``) and an unstable cell
-is marked ``(unstable)`` in every table and drawn hollow in every plot. The speed-up tables are shaped like the
-paper's: rows are model set x method, columns datasets; the value is the best over the gamma sweep, with that
-gamma in the Markdown. A new table: a layout in ``pipeline.tables`` (or an existing one), an entry here.
+Every speed-up carries its interval and an unstable cell is marked (docs/speed.md). The speed-up tables are shaped
+like the paper's: rows are model set x method, columns datasets; the value is the best over the gamma sweep, with
+that gamma in the Markdown. A new table: a layout in ``pipeline.tables`` (or an existing one), an entry here.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from .figures import RATIOS, Collected, collect, per_cell
 from .files import ResultsError, write_atomic
 from .plots import plot_predicted, plot_speedup_vs_gamma
 from .results_file import write_results_file
-from .speedup_table import OVERALL_NOTE
+from .tables import OVERALL_NOTE
 
 CELLS_CSV = (  # a cell's figures in cells.csv, in order, after its dimensions
     "samples new_tokens tokens_per_s baseline_tokens_per_s speedup_side_by_side speedup_ci_low speedup_ci_high tau "

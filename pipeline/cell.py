@@ -1,10 +1,6 @@
-"""A grid cell as types, each with one JSON form (``to_json`` / ``from_json``).
-
-:class:`Cell` is what ``pipeline generate`` runs: a model set, a method, a task, a gamma and the sampling
-settings, checked by the decoder's own checks before anything loads. :class:`Dims` are the cell's dimensions,
-the columns of the tables and the config of its W&B run. :class:`CellFile` is what the workflow writes to
-``results/cells/<cell>.json``, ``{"cell": ..., "dims": ...}``. A new cell setting is a field of ``Cell``
-(and, when it is swept, a line of ``grid.py``); nothing else reads a cell by its keys.
+"""A grid cell as types, each with one JSON form (``to_json`` / ``from_json``): ``Cell``, its ``Dims`` and the
+``CellFile`` that holds both. A new cell setting is a field of ``Cell`` (and, when it is swept, a line of
+``grid.py``); nothing else reads a cell by its keys.
 """
 
 from __future__ import annotations
@@ -76,9 +72,8 @@ class Cell:
         return cls(models=models, **data)
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON form: ``gamma_schedule`` only when not fixed (fixed cells keep the form they had before
-        schedules existed), ``baseline`` and its args only when a baseline runs beside the cell, ``tree`` only
-        when set, ``timing`` only when given (the workflow passes it apart, in timing.json)."""
+        """The JSON form, less the settings ``unset`` marks as not set (fixed cells keep the form they had before
+        schedules existed; the workflow passes ``timing`` apart, in timing.json)."""
         unset = {"gamma_schedule": self.gamma_schedule == "fixed", "baseline": self.baseline is None}
         unset |= {"baseline_args": self.baseline is None, "tree": self.tree is None, "timing": not self.timing}
         data = {f.name: getattr(self, f.name) for f in fields(self) if not unset.get(f.name)}

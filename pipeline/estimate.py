@@ -1,11 +1,7 @@
-"""A config's cost before it is submitted: jobs per rule and GPU-hours of its generation jobs.
-
-Decoding one sequence is bound by memory bandwidth: every forward reads the weights, so a forward
-costs at least ``bytes read / bandwidth`` (``engine_bench`` measures how close an engine gets). A
-cell generates ``prompts x max_new_tokens`` tokens (an upper bound: stop strings end answers
-sooner), and its side-by-side baseline as many again. A speculative method's tokens per forward
-come from the cost model of ``engine_bench.predicted`` (Leviathan et al. 2023) at an assumed
-acceptance rate. The parameter counts are the preflight's (config.json shapes, no weights).
+"""A config's cost before it is submitted: jobs per rule and GPU-hours of its generation jobs (docs/cluster.md,
+"Before submitting"). A forward costs at least ``bytes read / bandwidth`` (decoding one sequence is bound by memory
+bandwidth); a speculative method's tokens per forward come from ``engine_bench.predicted`` at an assumed
+acceptance rate; the parameter counts are the preflight's (config.json shapes, no weights).
 """
 
 from __future__ import annotations

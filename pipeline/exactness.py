@@ -1,18 +1,10 @@
 """Exactness at T=0: does a method emit its baseline's tokens, and when not, is it numerics or a bug?
+(docs/exactness.md, "Greedy mismatches in a run").
 
-A speculative method computes its target from forwards of k tokens, its
-baseline from forwards of one; in float32 and float64 on a CPU the two
-roundings differ far below any real gap between tokens, so every greedy
-output is expected to equal the baseline's (Spec-Bench's equality check). In
-bfloat16 the difference is large enough that outputs may part
-where two tokens are nearly tied without any algorithmic error. For each
-mismatch this module finds the first divergent position and recomputes the
-target there in float64 (each model reloaded on the CPU, one at a time), from
-the shared prefix: when the two tokens' target log-probabilities lie within
-``near_tie_nats`` of each other the mismatch is attributed to numerics,
-otherwise it is reported as a bug. The check never fails a cell: when the
-float64 copies would not fit in memory, or the recompute fails, the
-mismatches are recorded as ``unchecked`` with the reason.
+For each mismatch the target is recomputed in float64 at the first divergent position (each model reloaded on the
+CPU, one at a time): within ``near_tie_nats`` between the two tokens it is numerics, else a bug. The check never
+fails a cell: when the float64 copies would not fit in memory, or the recompute fails, the mismatches are recorded
+as ``unchecked`` with the reason.
 """
 
 from __future__ import annotations

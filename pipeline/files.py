@@ -1,12 +1,6 @@
-"""Result files: atomic writes with ordinary permissions, user files read with one-line errors,
-JSONL reading, writable-directory checks, an exclusive lock held by one process at a time, and the
-``main`` of a generated page (written, or checked against its source).
-
-Every file a job writes appears whole or not at all (a temporary file beside
-it, then a rename) and gets the permissions the user's umask gives a new
-file, as if written in place. Every file the user gives is read through
-``read_user_bytes``/``read_user_text``: one that cannot be read (missing, a
-directory, a device, too large, not UTF-8) is a one-line ``UserError`` naming it.
+"""Result files written whole or not at all (a temporary file beside them, then a rename) with the permissions the
+user's umask gives a new file; user files read with one-line errors (``UserError`` naming the file); JSONL;
+writable-directory checks; an exclusive lock held by one process at a time; a generated page's ``main``.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
-"""One grid cell's generation job: a model set, a method, a task, a gamma.
+"""One grid cell's generation job: a model set, a method, a task, a gamma (docs/workflow.md, rule ``generate``).
 
-Samples are appended to a JSONL file one by one (flushed and synced), so a
-job that dies resumes where it stopped: ids already in the file are skipped.
-The job warms up before timing, records the decoder's stats per sample, and
-can run the cell's baseline on the same prompt right beside each sample
-(alternating which goes first), so the cell's speed-up is a ratio measured
-side by side. Each sample records where it was timed (host, device, threads,
-engine) and the interference signals of each run (``timing.py``); a pair
-that was interfered with is run again, up to ``timing.remeasure`` times (the
-outputs are the same: decoding is seeded), and every attempt's timing is kept
-with the one that counts. Hardware and library versions go to
-``<out>.meta.json`` and the cell's speed summary, with its interval, τ and
-flags (``judge.py``), to ``<out>.speed.json`` (both written atomically).
+Samples are appended to a journal one by one (``journal.py``), so a job that dies resumes where it stopped. The
+job warms up before timing and runs the cell's baseline beside each sample (alternating which goes first), so the
+speed-up is a ratio measured side by side; a pair that was interfered with (``timing.py``) is run again, up to
+``timing.remeasure`` times, every attempt's timing kept (docs/speed.md, "Interference"). Hardware and library
+versions go to ``<out>.meta.json``. The speed judge (``write_speed``) judges the finished samples into
+``<out>.speed.json`` (``speed.summarize``, with the exactness of a greedy cell, ``exactness.py``); the workflow runs
+it as its own rule (``pipeline speed``), so that changing how speed is judged never regenerates a sample.
 """
 
 from __future__ import annotations
@@ -33,10 +28,10 @@ from .decoding.runner import engine_of
 from .decoding.static import compile_ahead
 from .decoding.tree import parse_tree
 from .errors import UserError
-from .files import writable_dir, write_atomic
+from .files import read_jsonl, writable_dir, write_atomic
 from .journal import Journal, journal_lock
-from .judge import interference, write_speed
 from .models import load_members, union_tokenizers
+from .speed import Policy, summarize
 from .timing import Probe, provenance
 
 
@@ -96,11 +91,9 @@ def run_cell(
 ) -> dict[str, Any] | None:
     """Generate every missing sample of ``cell`` into ``out``; return the speed summary.
 
-    Samples are appended to ``journal`` (default: ``out`` itself) as they are made; with a separate
-    journal, ``out`` appears only once the cell is complete (written from the journal), so a workflow
-    manager that deletes the outputs of a failed job never deletes generated samples. ``speed=False``
-    leaves ``<out>.speed.json`` to ``write_speed`` (the workflow's own rule, so that changing how
-    speed is judged never regenerates a sample).
+    Samples are appended to ``journal`` (default: ``out`` itself) as they are made; with a separate journal,
+    ``out`` appears only once the cell is complete (written from the journal), so a workflow manager that deletes
+    the outputs of a failed job never deletes generated samples. ``speed=False`` leaves the judge to its own rule.
     """
     out = Path(out)
     journal = Path(journal) if journal else out
@@ -152,12 +145,8 @@ def _run_cell(cell: Cell, out: Path, progress: bool, journal: Path, speed: bool)
     stuck = 0  # consecutive pairs interfered on every attempt: the interference is persistent
 
     def measure(i: int, ex, stops: list[str]) -> dict[str, Any]:
-        """One sample (and its baseline beside it), re-run while interfered, at most ``remeasure`` more times.
-
-        Re-running helps against a passing disturbance; once two pairs in a row stayed interfered through
-        every attempt the machine is busy for good, and later pairs are run once until one is clean again
-        (the cell is flagged either way).
-        """
+        """One sample (and its baseline beside it), re-run while interfered, at most ``remeasure`` more times; run
+        once while two pairs or more in a row stayed interfered through every attempt (docs/speed.md)."""
         nonlocal stuck
         order = [("method", cell.method, cell.method_args, trees), ("baseline", cell.baseline, cell.baseline_args, {})]
         order = [o for o in (order if i % 2 == 0 else order[::-1]) if o[1] is not None]
@@ -199,3 +188,44 @@ def _run_cell(cell: Cell, out: Path, progress: bool, journal: Path, speed: bool)
     if journal != out:
         journal.unlink()  # last: until here a crash leaves every sample in the journal
     return summary
+
+
+def prompt_ids(cell: Cell) -> dict[str, list[int]]:
+    """Each example's prompt as token ids, as the generation job rendered it."""
+    from transformers import AutoTokenizer
+
+    from .models import resolve
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve(cell.models[0]))
+    task = get_task(cell.task)
+    examples = task.load(cell.size, cell.data_dir, cell.seed)
+    return {ex.id: tokenizer(render(task, ex, tokenizer, cell.chat)[0]).input_ids for ex in examples}
+
+
+def write_speed(
+    cell: Cell, out: Path, rows: list[dict[str, Any]] | None = None, prompts: dict[str, list[int]] | None = None
+) -> dict[str, Any]:
+    """Judge a finished cell's samples (``speed.summarize``, exactness at T=0) into ``<out>.speed.json``."""
+    out = Path(out)
+    rows = read_jsonl(out) if rows is None else rows
+    exact = None
+    if cell.baseline and cell.temperature == 0:
+        from .exactness import check
+
+        mismatched = any(r["token_ids"] != r["baseline"]["token_ids"] for r in rows)
+        prompts = prompts if prompts is not None or not mismatched else prompt_ids(cell)
+        exact = check(rows, prompts or {}, cell.models, cell.baseline, cell.baseline_args, cell.policy.near_tie_nats)
+    summary = summarize(rows, cell.policy, exact)
+    write_atomic(out.with_suffix(".speed.json"), json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def interference(attempt: dict[str, Any], policy: Policy) -> float:
+    """How far over its thresholds an attempt's worst run was (0: not at all)."""
+    worst = 0.0
+    for role in ("method", "baseline"):
+        t = attempt.get(role)
+        if t and t["wall_s"] > 0:
+            psi = (t["psi_some_s"] or 0) / t["wall_s"] / policy.psi_share
+            worst = max(worst, psi, t["nivcsw"] / t["wall_s"] / policy.nivcsw_per_s)
+    return worst

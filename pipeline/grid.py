@@ -1,10 +1,6 @@
-"""The workflow's grid: a checked config (``config.py``) expanded into cells (``cell.CellFile``).
-
-A cell is one model set, one method, one dataset, one temperature and one gamma (with its schedule and
-token tree); its ``Cell`` is what ``pipeline generate`` runs, its ``Dims`` the tables' columns. Cells that
-do not apply are left out: no gamma sweep for methods that do not speculate, ``sd`` and CD only for pairs,
-an ensemble only for sets of two models or more. ``large_model`` runs the set's first model alone and is
-shared by every set that starts with it.
+"""The workflow's grid: a checked config (``config.py``) expanded into cells (``cell.CellFile``), each a ``Cell``
+(what ``pipeline generate`` runs) and its ``Dims`` (the tables' columns). Which cells are made, and which are left
+out as not applying: docs/workflow.md, "Cells and rules".
 """
 
 from __future__ import annotations

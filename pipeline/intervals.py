@@ -1,10 +1,5 @@
-"""Intervals on quality figures: a mean over examples of a per-example score.
-
-Scores that are all 0 or 1 (accuracy, pass@1 with one sample a problem) get
-the Wilson score interval of the binomial proportion (``scipy.stats.binomtest``);
-any other scores in [0, 1] (pass@1 averaged over several samples of a
-problem, ROUGE) a seeded percentile bootstrap over examples
-(``scipy.stats.bootstrap``). Both are 95% intervals (``CONFIDENCE``).
+"""Intervals on quality figures, a mean over examples of a per-example score (docs/quality.md): Wilson's for
+scores all 0 or 1, else a seeded percentile bootstrap over examples; 95% (``CONFIDENCE``).
 """
 
 from __future__ import annotations

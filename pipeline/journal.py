@@ -1,13 +1,7 @@
 """The generation journal: one JSON line per sample, appended and synced as samples are made.
 
-A job that dies resumes from its journal. Recovery never lets one bad line
-cost a good one: every line is judged on its own, good samples are kept byte
-for byte, and a line that is not a valid sample (not JSON, not an object, no
-id, an id the cell does not have, a duplicate, missing fields, a line torn by
-a crash) is moved to ``<journal>.rejected`` with its reason and a warning. A
-complete last line that lacks its newline gets one, so the next sample is
-never glued onto it. The finished file holds each id exactly once, in the
-task's order.
+A job that dies resumes from it; recovery judges every line on its own, keeps good samples byte for byte and
+moves any other line to ``<journal>.rejected`` with its reason (docs/workflow.md: what a line must be).
 """
 
 from __future__ import annotations

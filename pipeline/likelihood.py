@@ -1,23 +1,11 @@
-"""Quality by log-likelihood: lm-eval's multiple-choice tasks scored once per distinct distribution of a grid.
+"""Quality by log-likelihood: lm-eval's multiple-choice tasks scored once per distinct distribution of a grid
+(docs/quality.md, "How it is computed").
 
-A method's log-likelihood is that of the distribution its tokens are drawn
-from (``lm_eval_model.target_distribution``), so the lossless accelerated
-methods share their standard method's: ``sd`` and the large-model peers score
-as ``large_model``, ``E_sd``/``E_se``/``E_p``/``E_me`` as the ensemble ``E``
-with its arguments, ``hf_assisted_ensemble`` as ``we``. A grid's cells are
-therefore mapped to their distributions (``distribution``), and each
-distribution is scored once.
-
-One job scores a task for every distribution of the grid at once
-(``score_task``): lm-eval builds the task's requests and computes its metrics
-(``Task.process_results``, the harness's own code), and in between each model
-runs one forward over a question's context, kept in its KV cache, and one
-over each answer: the members' rows are shared by every distribution that
-holds the model, and each distribution combines them with its target
-function, as the ``specens`` model's ``loglikelihood`` does one request at a
-time (the two agree; tests/test_quality.py). Each metric gets its interval
-(``pipeline.intervals``) from the per-question values, which are kept in the
-file for paired comparisons.
+A method's log-likelihood is that of the distribution its tokens are drawn from
+(``lm_eval_model.target_distribution``): a lossless accelerated method shares its standard method's, so a grid's
+cells map to their distributions (``distribution``) and one job scores a task under all of them (``score_task``):
+lm-eval builds the requests and computes the metrics, each model's rows are shared by every distribution that
+holds it, and each metric gets its interval (``pipeline.intervals``) from the per-question values, kept in the file.
 """
 
 from __future__ import annotations
@@ -190,16 +178,13 @@ def lm_eval_task(name: str):
         if name in manager.all_tasks:
             break
     else:
-        raise UserError(f"unknown lm-eval task {name!r}; accepted: the harness's tasks and {_local_tasks()}")
+        local = ", ".join(sorted(p.stem for p in LM_EVAL_TASKS.glob("*.yaml")))
+        raise UserError(f"unknown lm-eval task {name!r}; accepted: the harness's tasks and {local}")
     leaves = list(manager.load([name])["tasks"].values())
     if len(leaves) != 1 or leaves[0].OUTPUT_TYPE not in SCORED:
         kind = "a group of tasks" if len(leaves) != 1 else f"scored by {leaves[0].OUTPUT_TYPE}"
         raise UserError(f"lm-eval task {name!r} is {kind}; expected one task of output type {' or '.join(SCORED)}")
     return leaves[0]
-
-
-def _local_tasks() -> str:
-    return ", ".join(sorted(p.stem for p in LM_EVAL_TASKS.glob("*.yaml")))
 
 
 def score_task(name: str, lm, limit: int | None = None) -> dict[str, Any]:

@@ -1,32 +1,12 @@
-"""The shared decoder as an lm-evaluation-harness model named ``specens``.
+"""The shared decoder as an lm-evaluation-harness model named ``specens`` (docs/scoring.md, "lm-eval").
 
-``pipeline lm-eval`` is lm-eval's command line (same arguments) with
-``specens`` registered beside every model of the harness (``hf``, ``vllm``,
-...), so the harness's own baseline runs through it too::
-
-    pipeline lm-eval --model specens \\
-        --model_args method=we_se,models=smollm2-135m-instruct+smollm2-draft-l2,gamma=1+4,lambda=0.5 \\
-        --tasks gsm8k_local --include_path tasks/lm_eval --limit 5
-
-``models`` and a list ``gamma`` are joined with ``+`` (lm-eval splits
-``model_args`` on commas); a model is a name of the default config or
-``NAME=SOURCE``. ``max_length`` is the context window of log-likelihoods
-(default the first model's); every other key is a method argument
-(``lambda``, ``weights`` joined with ``+``, ``alpha``, ``beta``,
-``threshold``, ``proposer``, ``first_proposer``).
-
-``generate_until`` runs the decoder; models with different tokenizers run over
-the union of their vocabularies there (contexts are encoded by the first
-model's tokenizer, the others encode the text), and refuse log-likelihoods.
-``loglikelihood`` scores a continuation
-under the method's distribution: one forward per member over context and
-continuation, the rows predicting the continuation combined by the method's
-target function (the one generation samples from, ``plan_method``) at
-temperature 1 without top-k or top-p. That is the large model's distribution
-for ``large_model``, ``sd`` and the peers of the large model, the ensemble's
-for ``E``, ``E_p``, ``E_sd``, ``E_se`` and ``hf_assisted_ensemble``, and the
-mixture's for ``we_me``/``we_me_sd`` (the same ``we`` distribution).
-``loglikelihood_rolling`` sums it over a whole text in windows of the context.
+``pipeline lm-eval`` is lm-eval's command line with ``specens`` registered beside the harness's own models. Its
+``model_args``: ``models`` (names of the default config or ``NAME=SOURCE``) and a list ``gamma``, joined with ``+``
+(lm-eval splits on commas); ``max_length``, the context window of log-likelihoods (default the first model's);
+every other key is a method argument (``weights`` joined with ``+``). ``generate_until`` runs the decoder (over
+the union of the members' vocabularies when they tokenize differently; such models refuse log-likelihoods);
+``loglikelihood`` scores a continuation under the distribution the method's tokens are drawn from
+(``target_distribution``) at temperature 1 without top-k or top-p; ``loglikelihood_rolling`` sums it over windows.
 """
 
 from __future__ import annotations
@@ -207,14 +187,3 @@ class SpecEnsLM(TemplateLM):
             )
             out.append(cut_at_stops(result.text, until))
         return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run lm-eval's command line with ``specens`` registered beside the harness's own models."""
-    import sys
-
-    from lm_eval.__main__ import cli_evaluate
-
-    sys.argv = ["lm_eval", *(argv if argv is not None else sys.argv[1:])]
-    cli_evaluate()
-    return 0

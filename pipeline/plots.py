@@ -32,10 +32,9 @@ def _savefig(fig, path: Path) -> Path:
     return path
 
 
-def _errorbar(ax, x, rows: pd.DataFrame, columns: str, label, marker: str = "o", **kw) -> None:
-    """Points with their intervals (``columns``: the value's, the low end's and the high end's); unstable cells
-    hollow."""
-    y, low, high = (rows[c] for c in columns.split())
+def _errorbar(ax, x, rows: pd.DataFrame, value: str, label, marker: str = "o", **kw) -> None:
+    """Points of the column ``value`` with their intervals (``<value>_low``, ``_high``); unstable cells hollow."""
+    y, low, high = (rows[value + suffix] for suffix in ("", "_low", "_high"))
     yerr = [(y - low).fillna(0).clip(lower=0), (high - y).fillna(0).clip(lower=0)]
     line = ax.errorbar(x, y, yerr=yerr, marker=marker, capsize=3, label=label, **kw)
     hollow = rows["unstable"].astype(bool).to_numpy()
@@ -70,9 +69,10 @@ def speedup_vs_gamma_figure(found: Collected):
     series (model set, method, T) with its own colour and marker, its interval, unstable points hollow, points
     at one gamma spread apart; each panel's legend to its right, outside the data. None without such cells."""
     plt = _pyplot()
-    df = per_cell(found, ["speedup_vs_standard"])
+    value = "speedup_vs_standard"
+    df = per_cell(found, [value])
     fixed = df["gamma"].astype(str).str.fullmatch(r"[0-9-]+")  # speculative with a fixed gamma ("3", "1-3")
-    d = df[fixed].dropna(subset=["speedup_vs_standard"])
+    d = df[fixed].dropna(subset=[value])
     if d.empty:
         return None
     d = d.assign(
@@ -84,7 +84,6 @@ def speedup_vs_gamma_figure(found: Collected):
     n, m = len(datasets), len(families)
     fig, axes = plt.subplots(n, m, figsize=(7.5 * m, 3.6 * n + 0.8), squeeze=False, layout="constrained")
     conf = f"{found.confidence:.0%}"
-    columns = "speedup_vs_standard speedup_vs_standard_low speedup_vs_standard_high"
     for i, ds in enumerate(datasets):
         for j, family in enumerate(families):
             ax = axes[i][j]
@@ -103,7 +102,7 @@ def speedup_vs_gamma_figure(found: Collected):
                 colour, marker = styles[(ms, method, t)]
                 x = g["g"] + (k - (len(groups) - 1) / 2) * step
                 line = "--" if t == "0" else "-"
-                _errorbar(ax, x, g, columns, f"{method} ({ms}, T={t})", marker, color=colour, linestyle=line, ms=5)
+                _errorbar(ax, x, g, value, f"{method} ({ms}, T={t})", marker, color=colour, linestyle=line, ms=5)
             ax.axhline(1.0, color="grey", lw=0.8, ls="--")
             ax.set_xticks(sorted(sub["g"].unique()))
             ax.set_xlim(sub["g"].min() - 0.6, sub["g"].max() + 0.6)
@@ -126,9 +125,8 @@ def plot_predicted(found: Collected, path: Path) -> Path | None:
     if d.empty:
         return None
     fig, ax = plt.subplots(figsize=(5, 5))
-    columns = "speedup_side_by_side speedup_side_by_side_low speedup_side_by_side_high"
     for method, g in d.groupby("method"):
-        _errorbar(ax, g["predicted_speedup"], g, columns, method, linestyle="none")
+        _errorbar(ax, g["predicted_speedup"], g, "speedup_side_by_side", method, linestyle="none")
     hi = max(d[shown].max().max(), d["speedup_side_by_side_high"].fillna(0).max())
     ax.plot([0, hi * 1.1], [0, hi * 1.1], color="grey", lw=0.8, ls="--")
     ax.set_xlabel("predicted speed-up (counted forwards x measured cost)")

@@ -1,11 +1,7 @@
-"""One machine-readable file per experiment, ``results/<exp>/results.json``, and the paper beside ours.
-
-``results.json`` holds every cell: its speed (side-by-side speed-up with its interval, the speed-ups over the
-standard method and over the large model with theirs, τ, tokens/s, flags, where it was timed), its quality (each
-metric under its own name: ``pass@1``, ``exact_match``, ...), its config (the cell file the generation job
-read); and what made them: library versions, the git commit (and whether the tree had uncommitted changes),
-the machine that aggregated them. ``paper_vs_ours`` sets the speed-ups the paper reports
-(``config/paper_reported.yaml``) beside ours, with whether each lies in our interval.
+"""One machine-readable file per experiment, ``results/<exp>/results.json`` (docs/workflow.md: every cell's speed,
+quality and config, and the versions, commit and machine that made them), and the paper beside ours
+(``paper_vs_ours``: the speed-ups of ``config/paper_reported.yaml`` beside ours, with whether each lies in our
+interval).
 """
 
 from __future__ import annotations

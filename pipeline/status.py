@@ -5,9 +5,7 @@ A cell is *done* when it is judged and scored (``.speed.json``, ``.summary.json`
 generation's journal exists without the final ``.jsonl``, or a step's log exists, its output does not, and
 the log ends without an error; *failed* when a step's log ends in an error and its output is missing (the
 cause: the log's error line); *pending* otherwise. A cell whose speed judge raised flags is *unstable*
-(done, but measured under interference or with too wide an interval): ``rerun --unstable`` moves only
-those cells' files aside, under ``RESULTS/rerun/<time>/``, so that the next workflow run measures them
-again and nothing is lost.
+(done, but measured under interference or with too wide an interval; ``rerun_unstable`` sets them aside).
 """
 
 from __future__ import annotations

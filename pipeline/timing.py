@@ -1,21 +1,12 @@
 """Timing a run honestly: wall and CPU time, signs that something else competed for the CPU, provenance.
 
-A timed region records its wall time and two interference signals that work
-on any Linux machine, busy or not, whatever the thread count:
-
-- ``psi_some_s``: growth of the CPU pressure "some" total (seconds in which at
-  least one runnable task waited for a CPU) over the region: this process's
-  cgroup's ``cpu.pressure`` where cgroup v2 gives one (a batch job's own CPUs),
-  else the machine's ``/proc/pressure/cpu``;
-- ``nivcsw``: involuntary context switches of this process (``getrusage``):
-  its threads were preempted because another task wanted their CPU.
-
-A region *interfered* when either signal, per second of wall time, exceeds
-its threshold (``Thresholds``; calibrated on a 2-core machine: quiet runs
-stayed under 0.10 s/s of pressure and 250 preemptions/s, a competing process
-gave 0.22-0.50 s/s, or 5,500 preemptions/s with passive OpenMP threads). Wall time far above CPU time is not a usable
-signal: with two threads a quiet region's CPU time is twice its wall time and
-a contended one's about equal to it.
+A timed region records its wall time and two interference signals that work on any Linux machine
+(docs/speed.md, "Interference"): ``psi_some_s``, the growth of the CPU pressure "some" total (this process's
+cgroup's ``cpu.pressure`` where cgroup v2 gives one, else the machine's), and ``nivcsw``, this process's
+involuntary context switches. ``Thresholds`` were calibrated on a 2-core machine: quiet runs stayed under 0.10 s/s
+of pressure and 250 preemptions/s, a competing process gave 0.22-0.50 s/s, or 5,500 preemptions/s with passive
+OpenMP threads. Wall time far above CPU time is no signal: with two threads a quiet region's CPU time is twice its
+wall time and a contended one's about equal to it.
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
-"""Weights & Biases logging of one scored cell.
-
-One W&B run per cell, grouped by experiment (``job_type`` "cell"): the cell's
-dimensions and settings, its method among them, as config; tokens/s, speed-up,
-acceptance and quality as summary metrics; per-sample speed as history; and a
-table of samples. One run per experiment (``job_type`` "aggregate") carries
-the aggregate tables. Run ids derive from the experiment and the cell
-(``run_id``): logging a cell again resumes its run rather than adding one. ``auto`` mode
-is online when an API key is configured (``WANDB_API_KEY`` or ``wandb
-login``), else offline (upload later with ``wandb sync results/wandb/offline-run-*``).
-``WANDB_MODE`` in the environment wins over the config.
-
-W&B never touches a result: the files under ``results/`` are the source of
-truth. A failure costs at most ``init_timeout`` seconds of waiting for the
-server; it is recorded, an online run is logged offline in its place (for
-``wandb sync``), and the job fails so that the next workflow run retries it.
+"""Weights & Biases logging (docs/workflow.md, "W&B"): one run per cell (``job_type`` "cell") and one per
+experiment (``job_type`` "aggregate", its tables), grouped by experiment; a run's id derives from the experiment
+and the cell (``run_id``), so logging again resumes it. W&B never touches a result: the files under ``results/``
+are the source of truth, and a failure is recorded and fails the job so that the next run retries it (``_logged``).
 """
 
 from __future__ import annotations
@@ -88,70 +76,61 @@ def run_config(entry: CellFile | None) -> dict[str, Any]:
 
 
 def log_cell(
-    samples: Path,
-    status: Path,
-    entry: CellFile | None,
-    experiment: str = "default",
-    project: str = "specens",
-    entity: str | None = None,
-    mode: str = "auto",
-    wandb_dir: Path = Path("results"),
-    init_timeout: float = 15.0,
+    samples: Path, status: Path, entry: CellFile | None, wandb_dir: Path = Path("results"), **settings
 ) -> dict[str, Any]:
     """Log a cell as one W&B run (``job_type`` "cell", the method in its config) and write the outcome to
-    ``status``.
+    ``status``; ``settings``: ``RunSpec``'s experiment, project, entity, mode and init_timeout."""
+    samples = Path(samples)
+    name = entry.dims.id if entry and entry.dims else None
+    run = RunSpec(name or samples.stem, name, "cell", **settings)
+    return _logged(status, run, partial(_log_cell, samples, run_config(entry)), wandb_dir)
+
+
+def log_experiment(
+    results: Path, status: Path, wandb_dir: Path | None = None, experiment: str = "default", **settings
+) -> dict[str, Any]:
+    """Log the experiment's aggregate tables (``results/tables/*.csv``, the summary) as one W&B run of its own
+    (``job_type`` "aggregate", in the experiment's group beside its cells' runs); failures as for log_cell."""
+    results = Path(results)
+    run = RunSpec("experiment", experiment, "aggregate", experiment, **settings)
+    return _logged(status, run, partial(_log_tables, results / "tables"), wandb_dir or results)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Who a W&B run is: its name, function (``job_type``), where it goes and how it is logged."""
+
+    key: str  # what its stable id derives from, with the experiment (``run_id``)
+    name: str | None
+    job_type: str
+    experiment: str = "default"
+    project: str = "specens"
+    entity: str | None = None
+    mode: str = "auto"
+    init_timeout: float = 15.0  # seconds to wait for the server
+
+    @property
+    def id(self) -> str:
+        return run_id(self.experiment, self.key)
+
+
+def _logged(status, run: RunSpec, fill, wandb_dir) -> dict[str, Any]:
+    """Log one run (``fill(wandb_run)`` writes its content) and record the outcome in ``status``.
 
     A failure writes ``<status>.failed.json`` instead (the error and, for an online run, the offline copy
     made in its place for ``wandb sync``) and raises WandbFailed: ``status`` stays absent, so the workflow
     runs the job again next time; a later success removes the offline copy, so nothing is synced twice.
     Waiting for an unreachable server is bounded by ``init_timeout`` seconds.
     """
-    samples = Path(samples)
-    name = entry.dims.id if entry and entry.dims else None
-    run = RunSpec(run_id(experiment, name or samples.stem), name, "cell", experiment, project, entity)
-    return _logged(status, mode, run, partial(_log_cell, samples, run_config(entry)), wandb_dir, init_timeout)
-
-
-def log_experiment(
-    results: Path,
-    status: Path,
-    experiment: str = "default",
-    project: str = "specens",
-    entity: str | None = None,
-    mode: str = "auto",
-    wandb_dir: Path | None = None,
-    init_timeout: float = 15.0,
-) -> dict[str, Any]:
-    """Log the experiment's aggregate tables (``results/tables/*.csv``, the summary) as one W&B run of its own
-    (``job_type`` "aggregate", in the experiment's group beside its cells' runs); failures as for log_cell."""
-    results = Path(results)
-    run = RunSpec(run_id(experiment, "experiment"), experiment, "aggregate", experiment, project, entity)
-    return _logged(status, mode, run, partial(_log_tables, results / "tables"), wandb_dir or results, init_timeout)
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """Who a W&B run is: its stable id, name, function (``job_type``) and where it goes."""
-
-    id: str
-    name: str | None
-    job_type: str
-    experiment: str
-    project: str
-    entity: str | None
-
-
-def _logged(status, mode, run: RunSpec, fill, wandb_dir, init_timeout) -> dict[str, Any]:
-    """Log one run (``fill(wandb_run)`` writes its content) and record the outcome in ``status``; see log_cell."""
     status, wandb_dir = Path(status), Path(wandb_dir)
     failed = status.with_suffix(".failed.json")
-    mode = resolve_mode(mode)
+    mode = resolve_mode(run.mode)
     outcome: dict[str, Any] = {"mode": mode, "cell": run.name} if run.job_type == "cell" else {"mode": mode}
     if mode == "disabled":
         outcome["status"] = "disabled"
         write_atomic(status, json.dumps(outcome, indent=2) + "\n")
         return outcome
-    log = partial(_log_run, run, fill, wandb_dir=wandb_dir, timeout=init_timeout)
+    log = partial(_log_run, run, fill, wandb_dir=wandb_dir)
     try:
         logged_id, run_dir = log(mode)
     except Exception as err:  # W&B must never cost a result: record, keep an offline copy, let the job be retried
@@ -185,7 +164,7 @@ def _forget_fallback(failed: Path) -> None:
                 shutil.rmtree(copy, ignore_errors=True)
 
 
-def _log_run(run_spec: RunSpec, fill, mode, wandb_dir, timeout) -> tuple[str, Path]:
+def _log_run(run_spec: RunSpec, fill, mode, wandb_dir) -> tuple[str, Path]:
     """One W&B run, resumed when its id was logged before; returns its id and directory. Raises whatever W&B
     raises (the stub of this attempt removed)."""
     import wandb
@@ -204,7 +183,9 @@ def _log_run(run_spec: RunSpec, fill, mode, wandb_dir, timeout) -> tuple[str, Pa
             resume="allow",
             dir=str(wandb_dir),
             mode=mode,
-            settings=wandb.Settings(silent=True, x_disable_stats=True, console="off", init_timeout=timeout),
+            settings=wandb.Settings(
+                silent=True, x_disable_stats=True, console="off", init_timeout=run_spec.init_timeout
+            ),
         )
         fill(run)
         run_dir = Path(run.dir).parent

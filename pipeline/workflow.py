@@ -73,8 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("config", type=Path)
     args = ap.parse_args(argv)
     try:
-        config = check_config(load_config_file(args.config))
-        cells = expand_cells(config)
+        config, cells = load_checked(args.config)
         check_local(config, cells)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)

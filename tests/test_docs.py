@@ -240,7 +240,7 @@ def test_the_pipeline_commands_parse_as_written():
         found = program(command)
         if not found or found[0] != "pipeline" or not found[1] or found[1][0] in ("--help", "lm-eval"):
             continue
-        cli.parser().parse_args(found[1])  # argparse exits on an unknown subcommand or option
+        cli.PARSER.parse_args(found[1])  # argparse exits on an unknown subcommand or option
         seen += 1
     assert seen >= 8
 

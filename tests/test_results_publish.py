@@ -9,7 +9,7 @@ import yaml
 
 from pipeline import config_doc
 from pipeline.results_file import load_reported, paper_vs_ours
-from pipeline.speedup_table import overall
+from pipeline.tables import overall
 from tests.tiny_dag import ROOT
 
 
@@ -84,7 +84,7 @@ def test_the_workflow_catalog_file_has_the_catalogs_keys():
 
 
 def test_the_speedup_csv_has_each_datasets_columns_then_the_overall():
-    from pipeline.speedup_table import numbers
+    from pipeline.tables import speedup_numbers as numbers
 
     best = pd.DataFrame(
         {

@@ -496,7 +496,7 @@ def test_rerun_unstable_measures_the_flagged_cells_again_and_nothing_else(tiny_r
 
 def test_without_side_by_side_runs_speedups_come_from_the_standard_cells(tiny_run, tmp_path):
     from pipeline.aggregate import aggregate
-    from pipeline.judge import speed_summary
+    from pipeline.speed import Policy, summarize
 
     work, _, _ = tiny_run
     results = tmp_path / "results"
@@ -506,8 +506,9 @@ def test_without_side_by_side_runs_speedups_come_from_the_standard_cells(tiny_ru
         if path.name.endswith(".scores.jsonl"):
             continue
         rows = [json.loads(line) for line in path.read_text().splitlines()]
-        path.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "baseline"}) + "\n" for r in rows))
-        path.with_suffix(".speed.json").write_text(json.dumps(speed_summary(path)))
+        rows = [{k: v for k, v in r.items() if k != "baseline"} for r in rows]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        path.with_suffix(".speed.json").write_text(json.dumps(summarize(rows, Policy())))
     aggregate(results)
     df = pd.read_csv(results / "tables" / "cells.csv").set_index("id")
     assert df["speedup_side_by_side"].isna().all()
