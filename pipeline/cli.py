@@ -213,7 +213,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 )
 def cmd_speed(args: argparse.Namespace) -> int:
     from .cell import CellFile
-    from .generate_job import write_speed
+    from .judge import write_speed
 
     cell = CellFile.read(args.cell_file, args.timing_file).cell
     if not args.samples.is_file():

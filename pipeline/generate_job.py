@@ -4,9 +4,7 @@ Samples are appended to a journal one by one (``journal.py``), so a job that die
 job warms up before timing and runs the cell's baseline beside each sample (alternating which goes first), so the
 speed-up is a ratio measured side by side; a pair that was interfered with (``timing.py``) is run again, up to
 ``timing.remeasure`` times, every attempt's timing kept (docs/speed.md, "Interference"). Hardware and library
-versions go to ``<out>.meta.json``. The speed judge (``write_speed``) judges the finished samples into
-``<out>.speed.json`` (``speed.summarize``, with the exactness of a greedy cell, ``exactness.py``); the workflow runs
-it as its own rule (``pipeline speed``), so that changing how speed is judged never regenerates a sample.
+versions go to ``<out>.meta.json``, the speed judgement to ``<out>.speed.json`` (``judge.py``).
 """
 
 from __future__ import annotations
@@ -28,10 +26,10 @@ from .decoding.runner import engine_of
 from .decoding.static import compile_ahead
 from .decoding.tree import parse_tree
 from .errors import UserError
-from .files import read_jsonl, writable_dir, write_atomic
+from .files import writable_dir, write_atomic
 from .journal import Journal, journal_lock
+from .judge import interference, write_speed
 from .models import load_members, union_tokenizers
-from .speed import Policy, summarize
 from .timing import Probe, provenance
 
 
@@ -188,44 +186,3 @@ def _run_cell(cell: Cell, out: Path, progress: bool, journal: Path, speed: bool)
     if journal != out:
         journal.unlink()  # last: until here a crash leaves every sample in the journal
     return summary
-
-
-def prompt_ids(cell: Cell) -> dict[str, list[int]]:
-    """Each example's prompt as token ids, as the generation job rendered it."""
-    from transformers import AutoTokenizer
-
-    from .models import resolve
-
-    tokenizer = AutoTokenizer.from_pretrained(resolve(cell.models[0]))
-    task = get_task(cell.task)
-    examples = task.load(cell.size, cell.data_dir, cell.seed)
-    return {ex.id: tokenizer(render(task, ex, tokenizer, cell.chat)[0]).input_ids for ex in examples}
-
-
-def write_speed(
-    cell: Cell, out: Path, rows: list[dict[str, Any]] | None = None, prompts: dict[str, list[int]] | None = None
-) -> dict[str, Any]:
-    """Judge a finished cell's samples (``speed.summarize``, exactness at T=0) into ``<out>.speed.json``."""
-    out = Path(out)
-    rows = read_jsonl(out) if rows is None else rows
-    exact = None
-    if cell.baseline and cell.temperature == 0:
-        from .exactness import check
-
-        mismatched = any(r["token_ids"] != r["baseline"]["token_ids"] for r in rows)
-        prompts = prompts if prompts is not None or not mismatched else prompt_ids(cell)
-        exact = check(rows, prompts or {}, cell.models, cell.baseline, cell.baseline_args, cell.policy.near_tie_nats)
-    summary = summarize(rows, cell.policy, exact)
-    write_atomic(out.with_suffix(".speed.json"), json.dumps(summary, indent=2) + "\n")
-    return summary
-
-
-def interference(attempt: dict[str, Any], policy: Policy) -> float:
-    """How far over its thresholds an attempt's worst run was (0: not at all)."""
-    worst = 0.0
-    for role in ("method", "baseline"):
-        t = attempt.get(role)
-        if t and t["wall_s"] > 0:
-            psi = (t["psi_some_s"] or 0) / t["wall_s"] / policy.psi_share
-            worst = max(worst, psi, t["nivcsw"] / t["wall_s"] / policy.nivcsw_per_s)
-    return worst
