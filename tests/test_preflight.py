@@ -223,6 +223,7 @@ def test_restricted_draft_directories_are_refused_where_a_method_needs_the_full_
 
 def test_profile_gpu_model_sets_the_memory_checked(model_path, tmp_path, capsys):
     from pipeline import cli
+    from pipeline.setup_commands import cmd_preflight
 
     path = tmp_path / "config.yaml"
     config = config_of({"pair": ["llama-2-7b", "llama-68m"]}, {k: {} for k in ("llama-2-7b", "llama-68m")})
@@ -230,10 +231,10 @@ def test_profile_gpu_model_sets_the_memory_checked(model_path, tmp_path, capsys)
     profile = tmp_path / "profile.yaml"
     profile.write_text(yaml.safe_dump({"set-resources": {"generate": {"gpu": 1, "gpu_model": "rtx_4090"}}}))
     args = Namespace(config=path, gpu=None, profile=profile)
-    assert cli.cmd_preflight(args) == 0
+    assert cmd_preflight(args) == 0
     assert "GPU memory against one rtx4090" in capsys.readouterr().out
     profile.write_text(yaml.safe_dump({"set-resources": {"generate": {"gpu_model": "h100", "mem_mb": 12000}}}))
-    assert cli.cmd_preflight(args) == 1  # 13.5 GB of Llama-2-7B's weights pass through 12 GB of host memory
+    assert cmd_preflight(args) == 1  # 13.5 GB of Llama-2-7B's weights pass through 12 GB of host memory
     assert "error: set 'pair': llama-2-7b loads 13.5 GB of weights (bfloat16) through host memory but a " in (
         capsys.readouterr().err
     )
