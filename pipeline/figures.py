@@ -47,8 +47,8 @@ class Collected:
 
 def grid_dims(results: Path) -> list[dict[str, Any]]:
     """The dims of each cell of the grid (``grid.json``, written by the workflow), in the grid's order, read
-    through the one type of a cell's dimensions (``cell.Dims``)."""
-    return [Dims.from_json(d).to_json() for d in json.loads((results / "grid.json").read_text())]
+    through the one type of a cell's dimensions (``cell.Dims``), in grid.json's key order (cells.csv's columns)."""
+    return [{**d, **Dims.from_json(d).to_json()} for d in json.loads((results / "grid.json").read_text())]
 
 
 def cell_figures(cell: str, speed: dict[str, Any], summary: dict[str, Any]) -> list[tuple]:
