@@ -129,9 +129,14 @@ def _check_gac(args: dict[str, Any], n_models: int) -> dict[str, Any]:
 
 @register_ensemble("gac", params={"threshold": 0.5, "weights": None, "lambda": None}, check=_check_gac)
 def gated_ensemble(logits: Sequence[Tensor], sampling: Sampling, threshold: float, weights: Sequence[float]) -> Tensor:
-    """The lead model (the first) alone where it is confident, the weighted ensemble elsewhere: the threshold gate
-    of GaC (Yu et al. 2024, arXiv 2406.12585) on the lead's plain softmax, so a position is gated the same way
-    whatever the sampling settings (``docs/algorithms.md``)."""
+    """The lead model (the first) alone where it is confident, the weighted ensemble elsewhere.
+
+    The threshold gate of GaC (Yu et al. 2024, arXiv 2406.12585): ``r = p_lead``
+    where ``max softmax(l_lead) >= threshold``, ``r = sum_k w_k p_k`` elsewhere.
+
+    The gate reads the lead model's plain softmax (temperature 1, no top-k or
+    top-p), so a position is gated the same way whatever the sampling settings.
+    """
     lead = logits[0]
     confident = torch.softmax(lead, dim=-1).amax(dim=-1, keepdim=True) >= threshold
     if bool(confident.all()):  # the other members' rows are not needed
