@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import tables as layout
-from .figures import RATIOS, Collected, collect, per_cell
+from .figures import DRAFT_FACTS, RATIOS, Collected, collect, per_cell
 from .files import ResultsError, write_atomic
 from .plots import plot_predicted, plot_speedup_vs_gamma
 from .results_file import write_results_file
@@ -59,6 +59,9 @@ TABLES = [  # (name, layout, metrics or cell columns, title, ...), in summary.md
         layout.by_category,
         ("speedup_side_by_side", "tokens_per_s", "tau"),
         "Spec-Bench by category",
+    ),
+    layout.Table(
+        "drafts", layout.distilled, ("kind", *DRAFT_FACTS), "Proposers: the distilled models", index=("model",), floatfmt=".3f"
     ),
     layout.Table(
         "flags",
@@ -126,6 +129,13 @@ CAPTIONS = {  # {conf}: the speed-ups' confidence
     "spec_bench_categories": (
         "Spec-Bench's six categories: speed-up over the standard method [{conf} interval], and τ; Overall: "
         "the cell's figure over all its prompts pooled (Spec-Bench's Overall).\n"
+    ),
+    "drafts": (
+        "The distilled models the grid uses (docs/proposers.md), each trained for a fixed number of steps from a "
+        "seed (the same weights on any machine with the same library versions and threads): its loss (ce: the "
+        "teacher's argmax; kl, tvd: its whole distribution), how often it agrees with its teacher's greedy token "
+        "on held-out HumanEval continuations (T=0: greedy acceptance; a student: equal pieces), its expected "
+        "acceptance at T=1 (the sum of min(p, q)), alone and with prompt lookup first, and the seconds taken.\n"
     ),
     "flags": (
         "Cells whose speed-up should not be trusted as it stands: interval wider than the bound, too many pairs "

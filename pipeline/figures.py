@@ -43,6 +43,7 @@ class Collected:
     scored: pd.DataFrame
     confidence: float
     reported: dict[str, Any] | None
+    drafts: pd.DataFrame  # the distilled models the grid uses: how each was trained, how well it proposes
 
 
 def grid_dims(results: Path) -> list[dict[str, Any]]:
@@ -106,7 +107,28 @@ def collect(results: Path, reported: dict[str, Any] | None = None) -> Collected:
     figures = pd.DataFrame(rows, columns=FIGURE, dtype=object).astype({"low": float, "high": float, "unstable": bool})
     reported = load_reported() if reported is None else reported
     named = reported.get("experiment") in set(cells.get("experiment", []))
-    return Collected(cells, figures, scored(cells, results), policy.confidence, reported if named else None)
+    scores = scored(cells, results)
+    return Collected(cells, figures, scores, policy.confidence, reported if named else None, drafts(results))
+
+
+DRAFT_FACTS = (  # a distilled model's record (``models/<name>.json``, ``distilled``) -> the drafts table's columns
+    "teacher loss steps agreement agreement_with_lookup acceptance_t1 acceptance_t1_with_lookup agreement_prefix "
+    "eval_tokens eval_positions final_loss threads train_seconds total_seconds"
+).split()
+
+
+def drafts(results: Path) -> pd.DataFrame:
+    """One row per distilled model prepared for the grid (``models/*.json`` with a ``distilled`` record)."""
+    rows = []
+    for path in sorted((results / "models").glob("*.json")):
+        try:
+            facts = json.loads(path.read_text()).get("distilled")
+        except (OSError, ValueError, AttributeError):
+            continue  # not a model record: the preparation's own files are checked where they are written
+        if isinstance(facts, dict):
+            facts = {**facts, "loss": (facts.get("recipe") or {}).get("loss", "ce")}
+            rows.append({"model": path.stem, "kind": facts.get("kind", "draft")} | {k: facts.get(k) for k in DRAFT_FACTS})
+    return pd.DataFrame.from_records(rows, columns=["model", "kind", *DRAFT_FACTS])
 
 
 def ratios(cells: pd.DataFrame, rows: list[tuple], samples: dict[str, list], policy: Policy) -> list[tuple]:

@@ -196,16 +196,19 @@ def _gguf(spec: ModelSpec, kind: str, where: Any, info: ModelInfo) -> ModelInfo:
 
 def _draft(spec: ModelSpec, teacher: ModelSpec, info: ModelInfo) -> ModelInfo:
     from .models.cache import cache_dir
-    from .models.distill import Recipe, draft_name
-    from .models.student import recipe_from, student_name
+    from .models.distill import draft_name
+    from .models.resolve import recipe_for
+    from .models.student import student_name
 
     base = inspect(teacher, info.dtype)
     info.problems += base.problems
     student = "tokenizer" in spec.distill  # a tokenizer of its own, trained with the student
-    if student:
-        recipe = recipe_from(spec.distill, spec.name)
-    else:
-        recipe = Recipe(**{k: v for k, v in spec.distill.items() if k != "teacher"})
+    try:
+        recipe = recipe_for(spec.distill, spec.name)
+    except ModelError as err:
+        info.where = f"will be distilled from {teacher.name}"
+        info.problems.append(f"config key models.{spec.name}.distill: {err}")
+        return info
     out = None if base.problems else cache_dir() / "drafts" / (student_name if student else draft_name)(teacher, recipe)
     if out is not None and (out / "config.json").exists():
         info.where = f"distilled {'student' if student else 'draft'} {out}"

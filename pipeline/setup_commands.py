@@ -59,11 +59,7 @@ def cmd_models(args: argparse.Namespace) -> int:
         type=int,
         help="standard-library prompts the teacher continues (default 64 for a draft, 48 for a student)",
     ),
-    arg(
-        "--max-train-seconds",
-        type=float,
-        help="a bound on training time (default 150 s for a draft, 100 s for a student)",
-    ),
+    arg("--loss", choices=("ce", "kl", "tvd"), help="a draft's training loss (default: ce; docs/proposers.md)"),
     arg("--seed", type=int, default=0),
     arg("--vocab", type=int, help="a student with a byte-level BPE tokenizer of its own, of this many tokens"),
     arg("--out", type=Path, help="output directory (default: under $SPECENS_CACHE/drafts)"),
@@ -75,7 +71,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
     from .models.student import recipe_from
 
     given = {
-        k: v for k, v in named_options(args, "layers steps seed prompts max_train_seconds").items() if v is not None
+        k: v for k, v in named_options(args, "layers steps seed prompts loss").items() if v is not None
     }
     student = args.vocab is not None  # a student: its recipe's defaults, the options given on the line
     if student:
@@ -94,9 +90,10 @@ def cmd_distill(args: argparse.Namespace) -> int:
         )
     else:
         print(
-            f"greedy agreement with {meta['teacher']} on held-out HumanEval continuations: "
-            f"{meta['agreement']:.1%} alone, {meta['agreement_with_lookup']:.1%} with prompt lookup "
-            f"({meta['eval_tokens']} tokens); {meta['steps']} steps, {meta['total_seconds']:.0f} s"
+            f"acceptance against {meta['teacher']} on held-out HumanEval continuations ({meta['eval_tokens']} "
+            f"tokens): greedy {meta['agreement']:.1%} alone, {meta['agreement_with_lookup']:.1%} with prompt "
+            f"lookup; at T=1 {meta['acceptance_t1']:.1%} alone, {meta['acceptance_t1_with_lookup']:.1%} with "
+            f"prompt lookup; loss {meta['recipe']['loss']}, {meta['steps']} steps, {meta['total_seconds']:.0f} s"
         )
     return 0
 
@@ -110,7 +107,8 @@ def cmd_distill(args: argparse.Namespace) -> int:
 )
 def cmd_prepare(args: argparse.Namespace) -> int:
     from .files import write_atomic
-    from .models import ModelError, ModelSpec, load_spec, resolve
+    from .models import ModelError, ModelSpec, load_spec, read_meta, resolve
+    from .models.distill import META
 
     data = inline_json(args.spec, "model spec")
     try:
@@ -128,6 +126,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         "vocabulary": len(tokenizer),
         "seconds": round(time.perf_counter() - start, 1),
     }
+    if (path / META).exists():  # a distilled draft or student: how it was trained and how well it proposes
+        record["distilled"] = read_meta(path)
     write_atomic(args.out, json.dumps(record, indent=2) + "\n")
     print(json.dumps(record, indent=2))
     return 0

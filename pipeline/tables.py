@@ -177,6 +177,15 @@ def by_cell(found: Collected, table: Table) -> Shaped:
     return (shown.set_index(list(table.index)),) * 2
 
 
+def distilled(found: Collected, table: Table) -> Shaped:
+    """Rows: the distilled models the grid uses; columns: ``table.columns`` of their training records (none:
+    the table does not apply)."""
+    if found.drafts.empty:
+        return None
+    d = found.drafts.set_index("model")[list(table.columns)].dropna(axis=1, how="all")
+    return d, d
+
+
 def with_intervals(numbers: pd.DataFrame) -> pd.DataFrame:
     """Each figure of a quality table (columns ``X``, ``X_low``, ``X_high``) as ``0.31 [0.27, 0.36]``."""
     text = pd.DataFrame(index=numbers.index)

@@ -37,6 +37,12 @@ def two_cells(root: Path) -> Path:
     for cell, record in ((WE, plain), (SE, speed)):
         (results / "generations" / f"{cell}.jsonl").write_text("")
         (results / "generations" / f"{cell}.speed.json").write_text(json.dumps(record))
+    (results / "models").mkdir()
+    (results / "models" / "a.json").write_text(json.dumps({"name": "a", "parameters": 9}))
+    draft = {"teacher": "a", "recipe": {"loss": "kl", "steps": 400}, "steps": 400, "agreement": 0.204}
+    draft |= {"agreement_with_lookup": 0.69, "acceptance_t1": 0.203, "acceptance_t1_with_lookup": 0.644}
+    draft |= {"eval_tokens": 1536, "threads": 2, "train_seconds": 33.0, "total_seconds": 151.2, "final_loss": 0.79}
+    (results / "models" / "b.json").write_text(json.dumps({"name": "b", "distilled": draft}))
     return results
 
 
@@ -91,3 +97,14 @@ def test_every_declared_table_renders_its_files(tmp_path, name):
     found = collect(two_cells(tmp_path), reported={"experiment": "x", "citation": "c", "figures": []})
     files = render(TABLE[name], found)
     assert files is None and name == "ours_vs_peers" or set(files) == {f"{name}.{k}" for k in TABLE[name].files}
+
+
+def test_the_drafts_table_says_how_each_proposer_was_trained(tmp_path):
+    found = collect(two_cells(tmp_path))
+    md = render(TABLE["drafts"], found)["drafts.md"]
+    header, _, row = md.splitlines()[:3]
+    assert [c.strip() for c in header.strip("|").split("|")][:5] == ["model", "kind", "teacher", "loss", "steps"]
+    assert row.split("|")[1].strip() == "b" and "| kl " in row and "0.20" in row and "1536" in row
+    assert "agreement_prefix" not in header  # a draft's table has no student column
+    (tmp_path / "results" / "models" / "b.json").write_text("{not json")
+    assert render(TABLE["drafts"], collect(tmp_path / "results")) is None  # no distilled model: no table

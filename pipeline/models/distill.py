@@ -1,15 +1,16 @@
-"""Distil a small draft from a teacher, offline, in minutes on a CPU.
+"""Distil a small draft from a teacher, offline, in minutes on a CPU, the same draft on every machine.
 
-The draft is the teacher's first few decoder layers, trained to predict the
-teacher's greedy (argmax) next token. Embeddings and output head stay the
-teacher's, shared and frozen. Optionally the head scores only the teacher's
-most frequently predicted tokens (``head_tokens``), which makes the draft
-several times cheaper while keeping speculative decoding lossless.
+The draft is the teacher's first few decoder layers, trained on the teacher's next-token predictions by one of
+``LOSSES``: cross-entropy to its argmax (``ce``), or its whole distribution (``kl``: forward KL, ``tvd``: total
+variation, the rejection rate of speculative sampling itself). Embeddings and output head stay the teacher's,
+shared and frozen. Optionally the head scores only the teacher's most frequently predicted tokens
+(``head_tokens``), which makes the draft several times cheaper while keeping speculative decoding lossless.
 
-Training text contains no benchmark data: prompts are signatures and
-docstrings of public functions in the Python standard library, continued by
-the teacher itself (on-policy), plus chunks of standard-library source.
-Agreement is measured on held-out HumanEval prompts (``agreement``).
+Training is bounded by steps, never by time, and seeded: the same recipe and teacher make the same weights
+beside any other load (the same library versions and thread count). Training text contains no benchmark data:
+prompts are signatures and docstrings of public functions in the Python standard library, continued by the
+teacher itself (on-policy), plus chunks of standard-library source. Acceptance is measured on held-out
+HumanEval prompts (``acceptance``). docs/proposers.md has the recipe, the losses and the learning curve.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import sysconfig
 import textwrap
 import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -34,10 +36,17 @@ from .cpu_kernels import pack_linears
 from .loading import truncated_copy
 from .restricted import RestrictedHeadLM
 from .sources import locate
-from .spec import ModelSpec
+from .spec import ModelError, ModelSpec
 
 META = "draft.json"
 HEAD_FILE = "head_tokens.json"
+
+
+LOSSES = {  # a draft's training loss -> what it fits
+    "ce": "cross-entropy to the teacher's argmax",
+    "kl": "forward KL to the teacher's distribution over the head's tokens",
+    "tvd": "total variation to the teacher's distribution (1 - sum of min(p, q): the rejection rate at T=1)",
+}
 
 
 @dataclass
@@ -51,10 +60,31 @@ class Recipe:
     steps: int = 400
     lr: float = 3e-3
     warmup: int = 10
-    max_train_seconds: float = 150.0
+    loss: str = "ce"  # one of LOSSES
     batch: int = 16  # teacher generation batch
     eval_prompts: int = 16
     seed: int = 0
+
+    def __post_init__(self):
+        check_recipe(self, "draft")
+
+
+def check_recipe(recipe, what: str) -> None:
+    """One line naming the first value of a draft's or student's recipe that cannot train (``ModelError``)."""
+    loss = getattr(recipe, "loss", "ce")
+    if loss not in LOSSES:
+        raise ModelError(f"distill loss={loss!r} for a {what}: accepted: {', '.join(LOSSES)}")
+    for key in ("layers", "steps", "prompts", "new_tokens", "batch", "eval_prompts"):
+        value = getattr(recipe, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ModelError(f"distill {key}={value!r} for a {what}: expected an integer of 1 or more")
+    for key in ("head_tokens", "source_chunks", "warmup", "seed"):
+        value = getattr(recipe, key, 0)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ModelError(f"distill {key}={value!r} for a {what}: expected an integer of 0 or more")
+    lr = recipe.lr
+    if isinstance(lr, bool) or not isinstance(lr, int | float) or not math.isfinite(lr) or not 0 < lr <= 1:
+        raise ModelError(f"distill lr={lr!r} for a {what}: expected a number in (0, 1]")
 
 
 def stdlib_files(rng: random.Random) -> list[Path]:
@@ -104,7 +134,9 @@ def source_chunks(files: list[Path], tokenizer, count: int, size: int) -> list[l
 
 @torch.inference_mode()
 def teacher_continuations(teacher, tokenizer, prompts: list[str], new_tokens: int, batch: int, desc: str):
-    """Greedy continuations, batched with left padding. Returns (prompt ids, continuation ids) pairs."""
+    """Greedy continuations, batched with left padding. Returns (prompt ids, continuation ids, log-probabilities)
+    triples: the teacher's log-softmax over its whole vocabulary at each continuation position (``[len(cont), V]``,
+    float16: what generation computed anyway; the continuation's tokens are its argmax)."""
     from tqdm import tqdm
 
     tokenizer.padding_side = "left"
@@ -113,23 +145,35 @@ def teacher_continuations(teacher, tokenizer, prompts: list[str], new_tokens: in
     out = []
     for i in tqdm(range(0, len(prompts), batch), desc=desc, unit="batch"):
         enc = tokenizer(prompts[i : i + batch], return_tensors="pt", padding=True)
-        gen = teacher.generate(**enc, max_new_tokens=new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-        for row, mask in zip(gen, enc.attention_mask):
-            width = enc.input_ids.shape[1]
+        gen = teacher.generate(
+            **enc,
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=tokenizer.pad_token_id,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        steps = torch.stack(gen.logits, 1).float().log_softmax(-1).half()  # [batch, steps, V]
+        width = enc.input_ids.shape[1]
+        for row, mask, logp in zip(gen.sequences, enc.attention_mask, steps):
             prompt = row[:width][mask.bool()].tolist()
             cont = row[width:].tolist()
             if tokenizer.eos_token_id in cont:
                 cont = cont[: cont.index(tokenizer.eos_token_id) + 1]
-            out.append((prompt, cont))
+            out.append((prompt, cont, logp[: len(cont)]))
     return out
 
 
 @torch.inference_mode()
-def teacher_labels(teacher, sequences: list[list[int]]) -> list[list[int]]:
-    """The teacher's argmax next token at every position (teacher forcing)."""
+def teacher_labels(teacher, sequences: list[list[int]]) -> list[tuple[list[int], torch.Tensor]]:
+    """The teacher's argmax next token at every position (teacher forcing) and its log-softmax there (float16)."""
     from tqdm import tqdm
 
-    return [teacher(torch.tensor([s])).logits[0].argmax(-1).tolist() for s in tqdm(sequences, desc="label")]
+    out = []
+    for s in tqdm(sequences, desc="label"):
+        logits = teacher(torch.tensor([s])).logits[0].float()
+        out.append((logits.argmax(-1).tolist(), logits.log_softmax(-1).half()))
+    return out
 
 
 def lr_at(step: int, recipe: Recipe, total: int) -> float:
@@ -139,81 +183,179 @@ def lr_at(step: int, recipe: Recipe, total: int) -> float:
     return recipe.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
-def train(draft: RestrictedHeadLM, data: list[tuple[list[int], list[int]]], recipe: Recipe) -> dict:
-    """Cross-entropy to the teacher's argmax over the kept ids; returns training facts."""
-    kept_index = {t: i for i, t in enumerate(draft.kept.tolist())}
+@dataclass
+class Example:
+    """One training sequence: input ids ``[1, n]``; at each labelled row, the teacher's argmax as an index into
+    the head's kept ids (``labels``, -100: not labelled or not kept) and its log-probabilities over the kept
+    ids (``logp``, ``[len(rows), K]``; their sum of probabilities is the teacher's mass on the head, at most 1)."""
+
+    ids: torch.Tensor
+    labels: torch.Tensor
+    rows: torch.Tensor
+    logp: torch.Tensor
+
+
+@dataclass
+class TeacherData:
+    """What a draft is trained and measured on, made once per teacher and recipe data (``teacher_data``)."""
+
+    examples: list[Example]
+    kept: list[int]
+    label_coverage: float  # the share of the teacher's argmax labels that the kept ids cover
+    held: list[tuple[list[int], list[int], torch.Tensor]]  # held-out (prompt, continuation, log-probabilities)
+    seconds: float
+
+
+def teacher_data(teacher, tokenizer, recipe: Recipe) -> TeacherData:
+    """The teacher's continuations of standard-library prompts and its predictions on standard-library source,
+    the head's kept ids, and held-out continuations of HumanEval prompts. ``teacher``: packed or not."""
+    t0 = time.perf_counter()
+    rng = random.Random(recipe.seed)
+    files = stdlib_files(rng)
+    prompts = stdlib_prompts(files, recipe.prompts, rng)
+    triples = teacher_continuations(teacher, tokenizer, prompts, recipe.new_tokens, recipe.batch, "teacher continues")
+    # on-policy: the teacher's greedy tokens are its argmax at each continuation position;
+    # raw source is labelled by a teacher forward
+    raw = []  # (input ids, labels over the whole vocabulary, the labelled rows' log-probabilities)
+    for prompt, cont, logp in triples:
+        if cont:
+            seq = prompt + cont
+            raw.append((seq[:-1], [-100] * (len(prompt) - 1) + cont, logp))
+    chunks = source_chunks(files, tokenizer, recipe.source_chunks, recipe.chunk_tokens)
+    raw += [(chunk, labels, logp) for chunk, (labels, logp) in zip(chunks, teacher_labels(teacher, chunks))]
+    counts = Counter(t for _, labels, _ in raw for t in labels if t >= 0)
+    vocab = teacher.get_output_embeddings().weight.shape[0]
+    if recipe.head_tokens and recipe.head_tokens < vocab:
+        kept = [t for t, _ in counts.most_common(recipe.head_tokens)]
+        extra = [t for t in (tokenizer.eos_token_id,) if t is not None and t not in kept]
+        kept = sorted(kept[: recipe.head_tokens - len(extra)] + extra)
+    else:
+        kept = list(range(vocab))
+    covered = sum(counts[t] for t in kept) / max(sum(counts.values()), 1)
+    index = torch.full((vocab,), -100, dtype=torch.long)
+    index[torch.tensor(kept)] = torch.arange(len(kept))
+    kept_ids = torch.tensor(kept)
     examples = []
-    for ids, labels in data:
-        target = torch.tensor([kept_index.get(t, -100) for t in labels])
-        if (target >= 0).any():
-            examples.append((torch.tensor([ids]), target))
+    while raw:
+        ids, labels, logp = raw.pop(0)  # frees each full-vocabulary block once restricted
+        labels = torch.tensor(labels)
+        rows = (labels >= 0).nonzero()[:, 0]
+        if len(rows):
+            examples.append(Example(torch.tensor([ids]), index[labels.clamp(min=0)].where(labels >= 0, -100),
+                                    rows, logp[-len(rows):].float()[:, kept_ids]))
+    held = teacher_continuations(
+        teacher, tokenizer, heldout_prompts(recipe.eval_prompts), recipe.new_tokens, recipe.batch, "held-out"
+    )
+    return TeacherData(examples, kept, covered, held, round(time.perf_counter() - t0, 1))
+
+
+def draft_loss(name: str, logits: torch.Tensor, example: Example) -> torch.Tensor:
+    """The loss ``name`` (``LOSSES``) of a draft's logits over the kept ids (``[n, K]``) on ``example``.
+
+    The head scores the kept ids only, so the draft's q is zero elsewhere, and the teacher's mass outside the
+    head (``1 - sum p``) is a loss no draft of this head can recover: ``kl`` is sum over kept of p (log p - log q)
+    (minimised by q = p renormalised on the head), ``tvd`` is 1 - sum over kept of min(p, q), exactly the chance
+    that speculative sampling at T=1 rejects the draft's token."""
+    if name == "ce":
+        return torch.nn.functional.cross_entropy(logits, example.labels, ignore_index=-100)
+    p = example.logp.exp()
+    if name == "kl":
+        return (p * (example.logp - logits[example.rows].log_softmax(-1))).sum(-1).mean()
+    return 1 - torch.minimum(p, logits[example.rows].softmax(-1)).sum(-1).mean()
+
+
+def train(draft: RestrictedHeadLM, examples: list[Example], recipe: Recipe, probe=None) -> dict:
+    """The draft's layers trained on ``examples`` by ``recipe.loss``; returns training facts."""
+    if recipe.loss == "ce":
+        examples = [e for e in examples if (e.labels >= 0).any()]
     base = draft.base
     draft.requires_grad_(False)
     trainable = [p for layer in base.model.layers for p in layer.parameters()] + list(base.model.norm.parameters())
 
-    def logits(ids: torch.Tensor) -> torch.Tensor:
-        return draft.head_logits(base.model(input_ids=ids, use_cache=False).last_hidden_state[0])
+    def loss(example: Example) -> torch.Tensor:
+        hidden = base.model(input_ids=example.ids, use_cache=False).last_hidden_state[0]
+        return draft_loss(recipe.loss, draft.head_logits(hidden), example)
 
-    return fit(base, trainable, examples, recipe, logits, "train draft")
+    return fit(base, trainable, examples, recipe, loss, "train draft", probe)
 
 
-def fit(model, params: list, examples: list, recipe, logits, desc: str) -> dict:
-    """Train ``params`` of ``model`` (the rest frozen): AdamW at ``lr_at``'s rate on ``examples`` (input ids,
-    targets) drawn at random, cross-entropy of ``logits(ids)`` to the targets, until ``recipe.steps`` or
-    ``recipe.max_train_seconds``; returns training facts. Shared by drafts and students (``student.py``)."""
+def fit(model, params: list, examples: list, recipe, loss, desc: str, probe=None) -> dict:
+    """Train ``params`` of ``model`` (the rest frozen): AdamW at ``lr_at``'s rate for exactly ``recipe.steps``
+    steps, each on one of ``examples`` drawn by a generator seeded with ``recipe.seed``, minimising
+    ``loss(example)``; returns training facts. Never bounded by time: the same recipe makes the same weights
+    however busy the machine. ``probe(step)``, if given, is called every 50 steps and at the end (a learning
+    curve); its results are returned under ``curve``. Shared by drafts and students (``student.py``)."""
     from tqdm import tqdm
 
+    if not examples:
+        raise ModelError("distillation found no training example (no labelled token the head can score)")
     for p in params:
         p.requires_grad_(True)
+    torch.manual_seed(recipe.seed)
     opt = torch.optim.AdamW(params, lr=recipe.lr, betas=(0.9, 0.98), weight_decay=0.0)
     rng = random.Random(recipe.seed)
-    start, losses, step = time.perf_counter(), [], 0
+    start, losses, curve = time.perf_counter(), [], []
     model.train()
     bar = tqdm(range(recipe.steps), desc=desc, unit="step")
     for step in bar:
-        if time.perf_counter() - start > recipe.max_train_seconds:
-            break
-        ids, target = examples[rng.randrange(len(examples))]
+        if probe is not None and step and step % 50 == 0:
+            curve.append({"step": step, **probe(step)})
+        example = examples[rng.randrange(len(examples))]
         for group in opt.param_groups:
             group["lr"] = lr_at(step, recipe, recipe.steps)
-        loss = torch.nn.functional.cross_entropy(logits(ids), target, ignore_index=-100)
+        value = loss(example)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        value.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        losses.append(loss.item())
+        losses.append(value.item())
         if step % 20 == 0:
             bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
-    else:
-        step += 1
     model.eval()
     for p in params:
         p.requires_grad_(False)
-    return {
-        "steps": step,
+    facts = {
+        "steps": recipe.steps,
         "train_seconds": round(time.perf_counter() - start, 1),
         "final_loss": round(sum(losses[-50:]) / max(len(losses[-50:]), 1), 4),
+        "threads": torch.get_num_threads(),
     }
+    if probe is not None:
+        facts["curve"] = [*curve, {"step": recipe.steps, **probe(recipe.steps)}]
+    return facts
 
 
 @torch.inference_mode()
-def agreement(draft, held_out: list[tuple[list[int], list[int]]]) -> dict:
-    """Greedy agreement with the teacher's own continuations, alone and with lookup first."""
+def acceptance(draft, held: list[tuple[list[int], list[int], torch.Tensor]]) -> dict:
+    """How the draft's proposals fare on the teacher's held-out greedy continuations (teacher forcing):
+    ``agreement``, the greedy acceptance (its argmax is the teacher's), alone and with prompt lookup first;
+    ``acceptance_t1``, the expected acceptance at T=1 (sum over the vocabulary of min(p, q): the chance that
+    speculative sampling keeps a token the draft sampled), alone and with lookup first (a lookup token t is
+    kept with probability p(t))."""
     lookup = PromptLookup()
-    alone = with_lookup = total = 0
-    for prompt, cont in held_out:
+    alone = with_lookup = soft = soft_lookup = total = 0.0
+    for prompt, cont, logp in held:
         seq = prompt + cont
-        guesses = draft(torch.tensor([seq])).logits[0].argmax(-1).tolist()
+        logits = draft(torch.tensor([seq])).logits[0].float()
+        guesses = logits.argmax(-1).tolist()
+        q = logits[len(prompt) - 1 : len(seq) - 1].softmax(-1)
+        p = logp.float().exp()
+        kept = torch.minimum(p, q).sum(-1).tolist()
         for j, token in enumerate(cont):
             pos = len(prompt) + j - 1  # the row that predicts cont[j]
             proposal = lookup.propose(seq[: pos + 1])
             alone += guesses[pos] == token
             with_lookup += (proposal if proposal is not None else guesses[pos]) == token
+            soft += kept[j]
+            soft_lookup += float(p[j, proposal]) if proposal is not None else kept[j]
             total += 1
+    total = max(total, 1)
     return {
         "agreement": round(alone / total, 4),
         "agreement_with_lookup": round(with_lookup / total, 4),
-        "eval_tokens": total,
+        "acceptance_t1": round(soft / total, 4),
+        "acceptance_t1_with_lookup": round(soft_lookup / total, 4),
+        "eval_tokens": int(total),
     }
 
 
@@ -224,52 +366,65 @@ def heldout_prompts(n: int) -> list[str]:
     return [problems[i]["prompt"] for i in range(len(problems) - n, len(problems))]
 
 
+TRAIN_THREADS = 2  # a draft's weights depend on the thread count: every draft is made with this many
+
+
+@contextmanager
+def fixed_threads():
+    """Run a distillation with ``TRAIN_THREADS`` threads whatever the job has, so the same recipe makes the same
+    weights on any machine (with the same library versions)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(TRAIN_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def distill(teacher, tokenizer, out_dir: Path, recipe: Recipe, teacher_name: str = "teacher") -> Path:
     """Build, train, measure and save a draft; returns its directory.
 
     ``teacher`` must have plain ``nn.Linear`` layers (``load(..., pack=False)``); on a CPU
     it is packed in place once the draft's layers are copied.
     """
+    with fixed_threads():
+        return _distill(teacher, tokenizer, out_dir, recipe, teacher_name)
+
+
+def _distill(teacher, tokenizer, out_dir: Path, recipe: Recipe, teacher_name: str) -> Path:
     t0 = time.perf_counter()
     torch.manual_seed(recipe.seed)
     base = truncated_copy(teacher, recipe.layers)  # before packing: the draft's layers must stay trainable
     if teacher.dtype == torch.float32 and teacher.device.type == "cpu":
         pack_linears(teacher)  # the teacher only runs inference here: generation and labels 2x faster
-    rng = random.Random(recipe.seed)
-    files = stdlib_files(rng)
-    prompts = stdlib_prompts(files, recipe.prompts, rng)
-    pairs = teacher_continuations(teacher, tokenizer, prompts, recipe.new_tokens, recipe.batch, "teacher continues")
-    # on-policy labels: the teacher's greedy tokens are its argmax at each continuation position;
-    # raw source is labelled by a teacher forward
-    data = []
-    for prompt, cont in pairs:
-        if cont:
-            seq = prompt + cont
-            data.append((seq[:-1], [-100] * (len(prompt) - 1) + cont))
-    chunks = source_chunks(files, tokenizer, recipe.source_chunks, recipe.chunk_tokens)
-    data += list(zip(chunks, teacher_labels(teacher, chunks)))
-    counts = Counter(t for _, labels in data for t in labels if t >= 0)
-    vocab = teacher.get_output_embeddings().weight.shape[0]
-    if recipe.head_tokens and recipe.head_tokens < vocab:
-        kept = [t for t, _ in counts.most_common(recipe.head_tokens)]
-        extra = [t for t in (tokenizer.eos_token_id,) if t is not None and t not in kept]
-        kept = kept[: recipe.head_tokens - len(extra)] + extra
-    else:
-        kept = list(range(vocab))
-    covered = sum(counts[t] for t in kept) / max(sum(counts.values()), 1)
-    draft = RestrictedHeadLM(base, kept)
-    facts = train(draft, data, recipe)
-    heldout = heldout_prompts(recipe.eval_prompts)
-    held = teacher_continuations(teacher, tokenizer, heldout, recipe.new_tokens, recipe.batch, "held-out continuations")
-    facts.update(agreement(draft, held))
-    facts.update(label_coverage=round(covered, 4), train_sequences=len(data))
+    data = teacher_data(teacher, tokenizer, recipe)
+    draft, facts = train_draft(base, data, recipe)
     facts["total_seconds"] = round(time.perf_counter() - t0, 1)
     meta = {"teacher": teacher_name, "recipe": asdict(recipe), **facts}
     files = {META: json.dumps(meta, indent=2)}
-    if len(kept) < vocab:
-        files[HEAD_FILE] = json.dumps(kept)
+    if len(data.kept) < draft.vocab_size:
+        files[HEAD_FILE] = json.dumps(data.kept)
     save_dir(draft.base, tokenizer, out_dir, files)
     return out_dir
+
+
+def train_draft(base, data: TeacherData, recipe: Recipe, curve: bool = False) -> tuple[RestrictedHeadLM, dict]:
+    """``base`` (the teacher's first layers, ``truncated_copy``; trained in place) with the head's kept ids,
+    trained and measured: the draft and its facts (``curve``: also its held-out acceptance every 50 steps)."""
+    draft = RestrictedHeadLM(base, data.kept)
+    probe = (lambda step: acceptance(draft, data.held)) if curve else None
+    facts = train(draft, data.examples, recipe, probe)
+    facts.update(acceptance(draft, data.held))
+    facts.update(label_coverage=round(data.label_coverage, 4), train_sequences=len(data.examples))
+    facts.update(teacher_seconds=data.seconds, versions=versions())
+    return draft, facts
+
+
+def versions() -> dict:
+    """The library versions a draft's weights depend on (with the thread count, recorded by ``fit``)."""
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__}
 
 
 def draft_name(teacher: ModelSpec, recipe: Recipe) -> str:

@@ -16,15 +16,8 @@ from .student import StudentRecipe, distill_student, recipe_from, student_name
 def resolve(spec: ModelSpec, cache: Path | None = None) -> Path:
     """A local model directory for ``spec`` (converted, fetched or distilled on first use)."""
     kind, where = locate(spec)
-    if kind == "distill" and "tokenizer" in spec.distill:  # a student with a tokenizer of its own
-        return ensure_draft(where, recipe_from(spec.distill, spec.name))
     if kind == "distill":
-        args = {k: v for k, v in spec.distill.items() if k != "teacher"}
-        try:
-            recipe = Recipe(**args)
-        except TypeError as err:
-            raise ModelError(f"distill settings for {spec.name!r}: {err}") from None
-        return ensure_draft(where, recipe)
+        return ensure_draft(where, recipe_for(spec.distill, spec.name))
     if kind == "bundled":
         return bundled_dir(cache)
     if kind == "gguf":
@@ -32,6 +25,19 @@ def resolve(spec: ModelSpec, cache: Path | None = None) -> Path:
     if kind == "hub":
         return hub_dir(where)
     return where
+
+
+def recipe_for(settings: dict, name: str) -> Recipe | StudentRecipe:
+    """The recipe of a model's ``distill`` entry: a student's when it names a tokenizer of its own, else a
+    draft's; one line (``ModelError``) naming a key or value that cannot train."""
+    if "tokenizer" in settings:
+        return recipe_from(settings, name)
+    args = {k: v for k, v in settings.items() if k != "teacher"}
+    accepted = [f.name for f in dataclasses.fields(Recipe)]
+    unknown = sorted(set(args) - set(accepted), key=str)
+    if unknown:
+        raise ModelError(f"distill settings for {name!r}: unknown key {unknown[0]!r}; accepted: {', '.join(accepted)}")
+    return Recipe(**args)
 
 
 def load_spec(spec: ModelSpec):

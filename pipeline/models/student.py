@@ -26,7 +26,18 @@ import torch
 
 from .cache import save_dir
 from .cpu_kernels import pack_linears
-from .distill import META, digest, fit, heldout_prompts, stdlib_files, stdlib_prompts, teacher_continuations
+from .distill import (
+    META,
+    check_recipe,
+    digest,
+    fit,
+    fixed_threads,
+    heldout_prompts,
+    stdlib_files,
+    stdlib_prompts,
+    teacher_continuations,
+    versions,
+)
 from .loading import truncated_copy
 from .spec import ModelError, ModelSpec
 
@@ -44,10 +55,12 @@ class StudentRecipe:
     steps: int = 300
     lr: float = 2e-3
     warmup: int = 10
-    max_train_seconds: float = 100.0
     batch: int = 16  # teacher generation batch
     eval_prompts: int = 8
     seed: int = 0
+
+    def __post_init__(self):
+        check_recipe(self, "student")
 
 
 def recipe_from(settings: dict, name: str) -> StudentRecipe:
@@ -56,13 +69,19 @@ def recipe_from(settings: dict, name: str) -> StudentRecipe:
     tokenizer = settings.get("tokenizer") or {}
     if not isinstance(tokenizer, dict) or set(tokenizer) - {"vocab"}:
         raise ModelError(f"distill.tokenizer of {name!r}: {tokenizer!r}; accepted: {{vocab: <number of tokens>}}")
+    vocab = tokenizer.get("vocab")
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 300:
+        raise ModelError(f"distill.tokenizer.vocab={vocab!r} for {name!r}: expected an integer of 300 or more")
+    if args.get("loss", "ce") != "ce":
+        raise ModelError(
+            f"distill loss={args['loss']!r} for {name!r}: a student with a tokenizer of its own trains on its "
+            "teacher's text (accepted: ce); the distribution losses need the teacher's vocabulary"
+        )
+    args.pop("loss", None)
     try:
-        recipe = StudentRecipe(**args, **tokenizer)
+        return StudentRecipe(**args, **tokenizer)
     except TypeError as err:
         raise ModelError(f"distill settings for {name!r}: {err}") from None
-    if not isinstance(recipe.vocab, int) or recipe.vocab < 300:
-        raise ModelError(f"distill.tokenizer.vocab={recipe.vocab!r} for {name!r}: expected an integer of 300 or more")
-    return recipe
 
 
 def train_tokenizer(texts: list[str], vocab: int, teacher_tokenizer):
@@ -169,7 +188,7 @@ def string_agreement(student, tokenizer, teacher_tokenizer, held: list[tuple[lis
     """How often the student's argmax piece is the teacher's next token (equal, or prefix-consistent), at the
     continuation's positions where both tokenizations have a boundary."""
     equal = prefix = total = 0
-    for prompt_ids, cont_ids in held:
+    for prompt_ids, cont_ids, _ in held:
         prompt = teacher_tokenizer.decode(prompt_ids)
         teacher_next = boundaries(teacher_tokenizer, cont_ids, len(prompt))
         enc = tokenizer(prompt + teacher_tokenizer.decode(cont_ids), return_offsets_mapping=True)
@@ -194,6 +213,11 @@ def distill_student(teacher, teacher_tokenizer, out_dir: Path, recipe: StudentRe
 
     ``teacher`` must have plain ``nn.Linear`` layers (``load(..., pack=False)``).
     """
+    with fixed_threads():
+        return _distill_student(teacher, teacher_tokenizer, out_dir, recipe, teacher_name)
+
+
+def _distill_student(teacher, teacher_tokenizer, out_dir: Path, recipe: StudentRecipe, teacher_name: str) -> Path:
     t0 = time.perf_counter()
     torch.manual_seed(recipe.seed)
     base = truncated_copy(teacher, recipe.layers)  # before packing: the student's layers must stay trainable
@@ -212,7 +236,7 @@ def distill_student(teacher, teacher_tokenizer, out_dir: Path, recipe: StudentRe
         teacher, teacher_tokenizer, prompts, recipe.new_tokens, recipe.batch, "teacher continues"
     )
     decode = teacher_tokenizer.decode
-    generated = [(decode(p), decode(c, skip_special_tokens=True)) for p, c in pairs if c]  # (prompt, continuation)
+    generated = [(decode(p), decode(c, skip_special_tokens=True)) for p, c, _ in pairs if c]  # (prompt, continuation)
     sources = []
     for path in files[-recipe.source_files :] if recipe.source_files else []:
         try:
@@ -227,13 +251,16 @@ def distill_student(teacher, teacher_tokenizer, out_dir: Path, recipe: StudentRe
     examples = encode_pairs(tokenizer, generated) + source_examples(tokenizer, sources, recipe.source_chunks)
     if not examples:
         raise ModelError(f"the teacher {teacher_name!r} continued no prompt: nothing to train a student on")
-    logits = lambda ids: student(input_ids=ids, use_cache=False).logits[0]  # noqa: E731
-    facts.update(fit(student, list(student.parameters()), examples, recipe, logits, "train student"))
+    def loss(example):
+        ids, target = example
+        return torch.nn.functional.cross_entropy(student(input_ids=ids, use_cache=False).logits[0], target)
+
+    facts.update(fit(student, list(student.parameters()), examples, recipe, loss, "train student"))
     held = teacher_continuations(
         teacher, teacher_tokenizer, heldout_prompts(recipe.eval_prompts), recipe.new_tokens, recipe.batch, "held-out"
     )
     facts.update(string_agreement(student, tokenizer, teacher_tokenizer, held))
-    facts.update(train_sequences=len(examples), total_seconds=round(time.perf_counter() - t0, 1))
+    facts.update(train_sequences=len(examples), versions=versions(), total_seconds=round(time.perf_counter() - t0, 1))
     meta = {"teacher": teacher_name, "kind": "student", "recipe": asdict(recipe), **facts}
     save_dir(student, tokenizer, out_dir, {META: json.dumps(meta, indent=2)})
     return out_dir

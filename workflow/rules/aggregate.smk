@@ -17,6 +17,7 @@ rule aggregate:
         speed=[f"{GEN}/{c}.speed.json" for c in CELLS],
         summary=[f"{GEN}/{c}.summary.json" for c in CELLS],
         likelihood=[f"{RESULTS}/likelihood/{t}.json" for t in LIKELIHOOD],
+        models=[f"{RESULTS}/models/{m}.json" for m in MODELS],  # the drafts table: how each was trained
     output:
         summary=f"{RESULTS}/tables/summary.md",
         cells=f"{RESULTS}/tables/cells.csv",

@@ -27,7 +27,7 @@ rule prepare_model:
         f"{RESULTS}/logs/prepare/{{model}}.log",
     conda:
         env("decode")
-    threads: max(_checked["threads"], 2)  # distillation is time-capped: it gets at least two threads
+    threads: max(_checked["threads"], 2)  # a distillation trains with two threads (the same weights everywhere)
     resources:
         mem_mb=16000,
         runtime=60,

@@ -1,0 +1,160 @@
+"""Draft training: bounded by steps and seeded (the same weights beside a busy process), the distribution losses
+(``kl``, ``tvd``) tied to the acceptance rule they stand for, and the recipe refused in one line."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from pipeline.decoding.verify import verify_sampled
+from pipeline.models import ModelError, Recipe, distill, load
+from pipeline.models.distill import Example, acceptance, draft_loss, fit, teacher_data, train_draft
+from pipeline.models.loading import truncated_copy
+from pipeline.models.resolve import recipe_for
+from pipeline.models.restricted import RestrictedHeadLM
+
+distill_module = importlib.import_module("pipeline.models.distill")  # the package exports its function
+TINY = dict(layers=1, head_tokens=64, prompts=4, new_tokens=8, source_chunks=2, chunk_tokens=64, eval_prompts=2)
+
+
+def test_training_runs_its_steps_however_slow_the_clock(monkeypatch):
+    """Every step of the recipe is taken even when each one seems to take an hour: no time bound."""
+    clock = iter(range(0, 10**9, 3600))
+    monkeypatch.setattr(distill_module.time, "perf_counter", lambda: float(next(clock)))
+    layer = torch.nn.Linear(3, 2)
+    examples = [(torch.randn(4, 3), torch.tensor([0, 1, 1, 0]))]
+    calls = []
+
+    def loss(example):
+        calls.append(1)
+        return torch.nn.functional.cross_entropy(layer(example[0]), example[1])
+
+    facts = fit(layer, list(layer.parameters()), examples, Recipe(steps=37, warmup=2), loss, "test")
+    assert facts["steps"] == 37 and len(calls) == 37 and facts["threads"] == torch.get_num_threads()
+
+
+def busy(n: int) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def test_the_same_recipe_makes_the_same_weights_beside_a_busy_process(tiny_dir, tmp_path):
+    recipe = Recipe(**TINY, steps=12, loss="kl")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # the job's own thread count does not matter: a distillation fixes its own
+    quiet = distill(load(tiny_dir, pack=False)[0], load(tiny_dir)[1], tmp_path / "quiet", recipe, "tiny")
+    torch.set_num_threads(before)
+    competitors = busy(2)
+    try:
+        loaded = distill(load(tiny_dir, pack=False)[0], load(tiny_dir)[1], tmp_path / "loaded", recipe, "tiny")
+        assert all(p.poll() is None for p in competitors)  # they competed for the whole run
+    finally:
+        for p in competitors:
+            p.kill()
+            p.wait()
+    for name in ("model.safetensors", "head_tokens.json"):
+        assert (quiet / name).read_bytes() == (loaded / name).read_bytes(), name
+    facts = [json.loads((d / "draft.json").read_text()) for d in (quiet, loaded)]
+    for f in facts:
+        assert f["steps"] == 12 and f["threads"] == distill_module.TRAIN_THREADS and f["versions"]["torch"]
+    timeless = [{k: v for k, v in f.items() if "seconds" not in k} for f in facts]
+    assert timeless[0] == timeless[1]  # loss, acceptance, everything but the clock
+
+
+def rows(vocab: int, kept: int, positions: int, seed: int = 0):
+    """Teacher probabilities over ``vocab`` ids (some mass outside the first ``kept``) and draft logits."""
+    g = torch.Generator().manual_seed(seed)
+    p = (3 * torch.randn(positions, vocab, generator=g, dtype=torch.float64)).softmax(-1)
+    z = (2 * torch.randn(positions, kept, generator=g, dtype=torch.float64)).requires_grad_(True)
+    labels = p[:, :kept].argmax(-1)
+    example = Example(torch.zeros(1, positions, dtype=torch.long), labels, torch.arange(positions), p[:, :kept].log())
+    return p, z, example
+
+
+def test_tvd_loss_is_the_rejection_rate_of_speculative_sampling():
+    """1 - tvd is how often the decoder's own acceptance rule keeps a token the draft sampled, the teacher's
+    mass outside the head included (the draft can never propose there)."""
+    p, z, example = rows(vocab=40, kept=15, positions=3)
+    loss = draft_loss("tvd", z, example)
+    q = torch.zeros_like(p)
+    q[:, :15] = z.detach().softmax(-1)
+    expected = 1 - torch.minimum(p, q).sum(-1).mean()
+    assert abs(loss.item() - float(expected)) < 1e-12
+    g = torch.Generator().manual_seed(1)
+    trials, kept = 6000, 0
+    for row in range(3):
+        for _ in range(trials):
+            token = torch.multinomial(q[row], 1, generator=g)
+            n, _ = verify_sampled(p[row : row + 1], token, [q[row]], g)
+            kept += n
+    rejected, loss = 1 - kept / (3 * trials), loss.item()
+    assert abs(rejected - loss) < 5 * (loss * (1 - loss) / (3 * trials)) ** 0.5 + 1e-9
+
+
+def test_kl_loss_is_least_at_the_teacher_renormalised_on_the_head():
+    p, z, example = rows(vocab=40, kept=15, positions=4)
+    at_teacher = example.logp.clone().requires_grad_(True)  # logits = log p: softmax gives p / p(head)
+    best = draft_loss("kl", at_teacher, example)
+    best.backward()
+    assert at_teacher.grad.abs().max() < 1e-12
+    assert draft_loss("kl", z, example).item() > best.item() + 1e-3
+    head_mass = p[:, :15].sum(-1)
+    assert abs(best.item() - float((head_mass * head_mass.log()).mean())) < 1e-12  # the head's unavoidable part
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tiny_dir):
+    teacher, tokenizer = load(tiny_dir, pack=False)
+    with torch.no_grad():
+        teacher.model.norm.weight *= 20  # a random tiny model is near uniform: this one is sure of itself
+    recipe = Recipe(**{**TINY, "head_tokens": 0})
+    base = truncated_copy(teacher, 1)
+    return base, teacher_data(teacher, tokenizer, recipe)
+
+
+def test_teacher_data_restricts_the_distribution_to_the_head(tiny_data):
+    _, data = tiny_data
+    assert data.kept == sorted(data.kept) and data.examples and data.held
+    for e in data.examples:
+        assert e.logp.shape == (len(e.rows), len(data.kept))
+        assert (e.logp.exp().sum(-1) <= 1 + 1e-3).all()
+        labelled, best = e.labels[e.rows], e.logp.max(-1).values
+        at_label = e.logp.gather(-1, labelled.clamp(min=0).unsqueeze(-1))[:, 0]
+        assert ((at_label >= best - 2e-2) | (labelled < 0)).all()  # the argmax label, up to float16 storage
+
+
+@pytest.mark.parametrize("loss", ["kl", "tvd"])
+def test_distribution_losses_raise_acceptance_at_t1(tiny_data, loss):
+    base, data = tiny_data
+    before = acceptance(RestrictedHeadLM(copy.deepcopy(base), data.kept), data.held)["acceptance_t1"]
+    draft, facts = train_draft(copy.deepcopy(base), data, Recipe(**{**TINY, "head_tokens": 0}, steps=40, loss=loss))
+    assert facts["acceptance_t1"] > before + 0.01 and facts["final_loss"] >= 0
+    assert 0 <= facts["agreement"] <= facts["agreement_with_lookup"] <= 1
+
+
+def test_a_learning_curve_is_measured_every_50_steps(tiny_data):
+    base, data = tiny_data
+    _, facts = train_draft(copy.deepcopy(base), data, Recipe(**TINY, steps=60, loss="ce"), curve=True)
+    assert [c["step"] for c in facts["curve"]] == [50, 60]
+    assert facts["curve"][-1]["acceptance_t1"] == facts["acceptance_t1"]
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"loss": "mse"}, "distill loss='mse' for a draft: accepted: ce, kl, tvd"),
+        ({"steps": 0}, "distill steps=0 for a draft: expected an integer of 1 or more"),
+        ({"lr": float("nan")}, r"distill lr=nan for a draft: expected a number in \(0, 1\]"),
+        ({"max_train_seconds": 60}, "distill settings for 'd': unknown key 'max_train_seconds'; accepted: layers, "),
+        ({"loss": "kl", "tokenizer": {"vocab": 512}}, "distill loss='kl' for 'd': a student with a tokenizer"),
+    ],
+)
+def test_a_recipe_that_cannot_train_is_refused_in_one_line(settings, message):
+    with pytest.raises(ModelError, match=message) as err:
+        recipe_for({"teacher": "t", **settings}, "d")
+    assert "\n" not in str(err.value)
