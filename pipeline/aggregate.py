@@ -61,7 +61,12 @@ TABLES = [  # (name, layout, metrics or cell columns, title, ...), in summary.md
         "Spec-Bench by category",
     ),
     layout.Table(
-        "drafts", layout.distilled, ("kind", *DRAFT_FACTS), "Proposers: the distilled models", index=("model",), floatfmt=".3f"
+        "drafts",
+        layout.distilled,
+        ("kind", *DRAFT_FACTS),
+        "Proposers: the distilled models",
+        index=("model",),
+        floatfmt=".3f",
     ),
     layout.Table(
         "flags",

@@ -127,7 +127,9 @@ def drafts(results: Path) -> pd.DataFrame:
             continue  # not a model record: the preparation's own files are checked where they are written
         if isinstance(facts, dict):
             facts = {**facts, "loss": (facts.get("recipe") or {}).get("loss", "ce")}
-            rows.append({"model": path.stem, "kind": facts.get("kind", "draft")} | {k: facts.get(k) for k in DRAFT_FACTS})
+            rows.append(
+                {"model": path.stem, "kind": facts.get("kind", "draft")} | {k: facts.get(k) for k in DRAFT_FACTS}
+            )
     return pd.DataFrame.from_records(rows, columns=["model", "kind", *DRAFT_FACTS])
 
 

@@ -70,9 +70,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
     from .models import BUNDLED, Recipe, ensure_draft, read_meta
     from .models.student import recipe_from
 
-    given = {
-        k: v for k, v in named_options(args, "layers steps seed prompts loss").items() if v is not None
-    }
+    given = {k: v for k, v in named_options(args, "layers steps seed prompts loss").items() if v is not None}
     student = args.vocab is not None  # a student: its recipe's defaults, the options given on the line
     if student:
         recipe = recipe_from({**given, "tokenizer": {"vocab": args.vocab}}, "student")

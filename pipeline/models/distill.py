@@ -241,8 +241,14 @@ def teacher_data(teacher, tokenizer, recipe: Recipe) -> TeacherData:
         labels = torch.tensor(labels)
         rows = (labels >= 0).nonzero()[:, 0]
         if len(rows):
-            examples.append(Example(torch.tensor([ids]), index[labels.clamp(min=0)].where(labels >= 0, -100),
-                                    rows, logp[-len(rows):].float()[:, kept_ids]))
+            examples.append(
+                Example(
+                    torch.tensor([ids]),
+                    index[labels.clamp(min=0)].where(labels >= 0, -100),
+                    rows,
+                    logp[-len(rows) :].float()[:, kept_ids],
+                )
+            )
     held = teacher_continuations(
         teacher, tokenizer, heldout_prompts(recipe.eval_prompts), recipe.new_tokens, recipe.batch, "held-out"
     )

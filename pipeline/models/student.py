@@ -251,6 +251,7 @@ def _distill_student(teacher, teacher_tokenizer, out_dir: Path, recipe: StudentR
     examples = encode_pairs(tokenizer, generated) + source_examples(tokenizer, sources, recipe.source_chunks)
     if not examples:
         raise ModelError(f"the teacher {teacher_name!r} continued no prompt: nothing to train a student on")
+
     def loss(example):
         ids, target = example
         return torch.nn.functional.cross_entropy(student(input_ids=ids, use_cache=False).logits[0], target)
