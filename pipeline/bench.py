@@ -32,7 +32,7 @@ from pipeline.bench_table import best_against_best, measure, render_table, table
 from pipeline.bench_variants import Variant, select, variants
 from pipeline.decoding import generate
 from pipeline.decoding.runner import ENGINES, set_engine
-from pipeline.decoding.spec import PEERS
+from pipeline.decoding.spec import PEERS, proposer_kinds
 from pipeline.files import ResultsError
 from pipeline.models import BUNDLED, ModelError, Recipe, cpu_kernels, ensure_draft, load, load_bundled, truncated_copy
 from pipeline.speed import fmt as speed_fmt
@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="load a distilled draft with its teacher's full head: transformers' own methods (hf_*) then run too",
     )
-    ap.add_argument("--proposer", default="lookup+draft", choices=["draft", "lookup", "lookup+draft"])
+    ap.add_argument("--proposer", default="lookup+draft", choices=proposer_kinds())
+    ap.add_argument("--feature-head", type=Path, help="a feature head for the target (proposer eagle)")
     ap.add_argument(
         "--dynamic",
         type=int,
@@ -177,6 +178,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             draft = load(args.draft, device=args.device, full_head=args.full_head, pack=False)[0]
             draft_desc = args.draft + (" (full head)" if args.full_head else "")
+        if args.feature_head is not None:
+            from .models.feature_head import load_head
+
+            load_head(args.feature_head, target)
+            draft_desc += f"; feature head {args.feature_head}"
     except ModelError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -185,6 +185,15 @@ def check_config(config: dict[str, Any], schema: dict[str, Any] | None = None) -
     usable = sorted({k for g in config["grids"] for m in g["methods"] for k in accepted_args(m)})
     for key in config["method_args"]:  # the defaults of every grid: some method somewhere must take them
         _known(key, usable, f"config key method_args.{key}: no method of any grid takes it")
+    for i, grid in enumerate(config["grids"]):  # the eagle proposer drafts from the large model's feature head
+        if "eagle" in grid.get("proposer", config["proposer"]).split("+"):
+            for name, members in grid["model_sets"].items():
+                if models[members[0]].get("eagle") is None:
+                    raise ConfigError(
+                        f"config key grids[{i}].proposer: eagle drafts from a feature head of the set's large model, "
+                        f"and models.{members[0]} (of set {name!r}) has none; give it eagle: {{}} (trained here) "
+                        "or eagle: <a head's directory>"
+                    )
     names = [g["name"] for g in config["grids"]]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)

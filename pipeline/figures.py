@@ -118,18 +118,21 @@ DRAFT_FACTS = (  # a distilled model's record (``models/<name>.json``, ``distill
 
 
 def drafts(results: Path) -> pd.DataFrame:
-    """One row per distilled model prepared for the grid (``models/*.json`` with a ``distilled`` record)."""
+    """One row per distilled model or feature head prepared for the grid (``models/*.json``: ``distilled``,
+    ``feature_head``)."""
     rows = []
     for path in sorted((results / "models").glob("*.json")):
         try:
-            facts = json.loads(path.read_text()).get("distilled")
+            record = json.loads(path.read_text())
+            made = [(path.stem, record.get("distilled")), (f"{path.stem} (eagle)", record.get("feature_head"))]
         except (OSError, ValueError, AttributeError):
             continue  # not a model record: the preparation's own files are checked where they are written
-        if isinstance(facts, dict):
-            facts = {**facts, "loss": (facts.get("recipe") or {}).get("loss", "ce")}
-            rows.append(
-                {"model": path.stem, "kind": facts.get("kind", "draft")} | {k: facts.get(k) for k in DRAFT_FACTS}
-            )
+        for name, facts in made:
+            if isinstance(facts, dict):
+                facts = {**facts, "loss": (facts.get("recipe") or {}).get("loss", "ce")}
+                rows.append(
+                    {"model": name, "kind": facts.get("kind", "draft")} | {k: facts.get(k) for k in DRAFT_FACTS}
+                )
     return pd.DataFrame.from_records(rows, columns=["model", "kind", *DRAFT_FACTS])
 
 

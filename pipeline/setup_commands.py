@@ -107,6 +107,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     from .files import write_atomic
     from .models import ModelError, ModelSpec, load_spec, read_meta, resolve
     from .models.distill import META
+    from .models.resolve import ensure_head
 
     data = inline_json(args.spec, "model spec")
     try:
@@ -126,6 +127,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     }
     if (path / META).exists():  # a distilled draft or student: how it was trained and how well it proposes
         record["distilled"] = read_meta(path)
+    if spec.eagle is not None:  # its feature head, likewise
+        record["feature_head"] = {"path": str(ensure_head(spec)), **read_meta(ensure_head(spec))}
     write_atomic(args.out, json.dumps(record, indent=2) + "\n")
     print(json.dumps(record, indent=2))
     return 0

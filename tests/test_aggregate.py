@@ -38,7 +38,8 @@ def two_cells(root: Path) -> Path:
         (results / "generations" / f"{cell}.jsonl").write_text("")
         (results / "generations" / f"{cell}.speed.json").write_text(json.dumps(record))
     (results / "models").mkdir()
-    (results / "models" / "a.json").write_text(json.dumps({"name": "a", "parameters": 9}))
+    head = {"kind": "feature_head", "teacher": "a", "recipe": {"loss": "kl"}, "steps": 800, "agreement": 0.41}
+    (results / "models" / "a.json").write_text(json.dumps({"name": "a", "parameters": 9, "feature_head": head}))
     draft = {"teacher": "a", "recipe": {"loss": "kl", "steps": 400}, "steps": 400, "agreement": 0.204}
     draft |= {"agreement_with_lookup": 0.69, "acceptance_t1": 0.203, "acceptance_t1_with_lookup": 0.644}
     draft |= {"eval_tokens": 1536, "threads": 2, "train_seconds": 33.0, "total_seconds": 151.2, "final_loss": 0.79}
@@ -102,9 +103,12 @@ def test_every_declared_table_renders_its_files(tmp_path, name):
 def test_the_drafts_table_says_how_each_proposer_was_trained(tmp_path):
     found = collect(two_cells(tmp_path))
     md = render(TABLE["drafts"], found)["drafts.md"]
-    header, _, row = md.splitlines()[:3]
+    header = md.splitlines()[0]
     assert [c.strip() for c in header.strip("|").split("|")][:5] == ["model", "kind", "teacher", "loss", "steps"]
+    eagle, row = md.splitlines()[2:4]
+    assert eagle.split("|")[1].strip() == "a (eagle)" and "feature_head" in eagle and "0.410" in eagle
     assert row.split("|")[1].strip() == "b" and "| kl " in row and "0.20" in row and "1536" in row
     assert "agreement_prefix" not in header  # a draft's table has no student column
-    (tmp_path / "results" / "models" / "b.json").write_text("{not json")
+    for name in ("a", "b"):
+        (tmp_path / "results" / "models" / f"{name}.json").write_text("{not json")
     assert render(TABLE["drafts"], collect(tmp_path / "results")) is None  # no distilled model: no table

@@ -12,9 +12,11 @@ import pytest
 
 from pipeline.decoding import generate
 from pipeline.decoding.audit import Audit, AuditError
+from pipeline.decoding.feature import attach
 from pipeline.decoding.member import Member
 from pipeline.decoding.runner import HFRunner
 from pipeline.decoding.spec import method_names, parse_method
+from pipeline.models.feature_head import FeatureHead
 
 from .conftest import perturbed, tiny_llama
 
@@ -46,6 +48,7 @@ CASES = [
 @pytest.fixture(scope="module")
 def trio():
     target = tiny_llama(80, layers=2, hidden=32)
+    attach(target, FeatureHead(target, None))  # the eagle proposer's head (random: it proposes, often wrongly)
     return [target, perturbed(target, 0.1, seed=81), tiny_llama(82)]
 
 
@@ -70,8 +73,9 @@ def test_every_distribution_matches_a_recompute_from_scratch(trio, method, propo
     out, audit = audited(trio, method, proposer, setting)
     assert len(out.token_ids) == N
     assert audit.checked >= N  # every emitted token was drawn from or verified against an audited target
-    if proposer is not None and "lookup" in proposer:
-        assert out.stats.proposers["lookup"].proposed > 0
+    for named in ("lookup", "eagle"):
+        if proposer is not None and named in proposer:
+            assert out.stats.proposers[named].proposed > 0
 
 
 def test_every_built_in_method_is_audited():

@@ -67,8 +67,11 @@ class Audit:
         for pos, p in enumerate(pending, start):
             if p.token != tokens[pos]:
                 raise AuditError(f"the proposal verified at position {pos} is {p.token}; the context has {tokens[pos]}")
-            if p.q is not None:  # drawn from a model's own distribution (proposers.ModelProposer)
-                fresh = self._rows(p.by.index, tokens, pos, pos + 1)[:, : p.q.shape[-1]]
+            if p.q is not None:  # drawn from a model's own distribution (proposers.ModelProposer) or a head's
+                if hasattr(p.by, "recompute"):  # a proposer with a network of its own (feature.py) recomputes it
+                    fresh = p.by.recompute(tokens, pos).double()[None][:, : p.q.shape[-1]]
+                else:
+                    fresh = self._rows(p.by.index, tokens, pos, pos + 1)[:, : p.q.shape[-1]]
                 self._compare(p.q.double()[None], single_model([fresh], sampling), f"the proposal at position {pos}")
 
     def _rows(self, index: int, tokens: list[int], start: int, stop: int) -> Tensor:

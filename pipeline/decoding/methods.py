@@ -135,9 +135,20 @@ def _proposers(
     generator: torch.Generator | None,
     stats: GenerationStats,
     audit: Audit | None,
+    tree: bool = False,
 ) -> list[tuple[Proposer, int]]:
-    """The schedule's proposers: one instance of each named proposer, its stats recorded by name."""
-    named = {s: NAMED_PROPOSERS[s]() for turn, _ in schedule for s in turn if isinstance(s, str)}
+    """The schedule's proposers: one instance of each named proposer, its stats recorded by name (built by its
+    ``for_decoder(members, sampling, generator)`` where it has one, else without arguments). A token tree takes
+    only proposers that can draft several candidates (``drafts_trees``): another is refused in one line."""
+    kinds = {s: NAMED_PROPOSERS[s] for turn, _ in schedule for s in turn if isinstance(s, str)}
+    for name, cls in kinds.items():
+        if tree and not getattr(cls, "drafts_trees", False):
+            raise ArgumentError(
+                f"proposer {name!r} drafts one candidate per position and cannot draft a token tree: "
+                "use it without tree, or a tree with the models or lookup"
+            )
+    build = {s: getattr(c, "for_decoder", None) for s, c in kinds.items()}
+    named = {s: build[s](members, sampling, generator) if build[s] else c() for s, c in kinds.items()}
     stats.proposers.update({name: p.stats for name, p in named.items()})
 
     def one(s: str | int) -> Proposer:
@@ -280,15 +291,22 @@ def generate(
         mixture=None if plan.mixture is None else torch.tensor([plan.mixture], dtype=torch.float64, device=device),
         tree=shape,
     )
-    schedule = plan.schedule and _proposers(plan.schedule, members, sampling, generator, stats, audit)
+    schedule = plan.schedule and _proposers(
+        plan.schedule, members, sampling, generator, stats, audit, shape is not None
+    )
     events = None
     if device.type == "cuda":  # device time too: CUDA events around the whole decode
         torch.cuda.synchronize(device)
         events = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
         events[0].record()
     start = time.perf_counter()
-    with torch.inference_mode(), _concurrent(decoder, plan):
-        tokens = decoder.run(prompt, schedule)
+    try:
+        with torch.inference_mode(), _concurrent(decoder, plan):
+            tokens = decoder.run(prompt, schedule)
+    finally:  # a proposer that reads a model's forwards (eagle) stops reading them
+        for proposer, _ in schedule or []:
+            for p in proposer.proposers if isinstance(proposer, Chain) else [proposer]:
+                getattr(p, "close", lambda: None)()
     if events is not None:
         events[1].record()
         torch.cuda.synchronize(device)  # the clock is read only once the device is done

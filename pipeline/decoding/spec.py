@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ArgumentError
-from . import lookup  # noqa: F401  (registers the built-in "lookup" proposer)
+from . import feature, lookup  # noqa: F401  (register the built-in "eagle" and "lookup" proposers)
 from .ensemble import ENSEMBLES, Ensemble
 from .proposers import DRAFT, NAMED_PROPOSERS
 

@@ -62,7 +62,8 @@ class GenerationStats:
 
     @property
     def forward_time_s(self) -> float:
-        return sum(m.forward_time_s for m in self.models)
+        """The models' forwards and those of proposers that run a network of their own (a feature head)."""
+        return sum(m.forward_time_s for m in self.models) + sum(p.forward_time_s for p in self.proposers.values())
 
     @property
     def overhead(self) -> float | None:

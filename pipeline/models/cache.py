@@ -28,11 +28,21 @@ def cache_lock(target: Path):
 
 def save_dir(model, tokenizer, out_dir: Path, files: dict[str, str] | None = None) -> None:
     """A model directory written whole or not at all: the model, its tokenizer and ``files`` (name -> text)."""
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+
+    write_dir(out_dir, write, files)
+
+
+def write_dir(out_dir: Path, write, files: dict[str, str] | None = None) -> None:
+    """A directory written whole or not at all: ``write(tmp)`` fills a temporary directory beside it, plus
+    ``files`` (name -> text), then it takes ``out_dir``'s place."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        write(tmp)
         for name, text in (files or {}).items():
             (tmp / name).write_text(text)
         if out_dir.exists():

@@ -6,7 +6,8 @@ import dataclasses
 from pathlib import Path
 
 from .cache import cache_dir, cache_lock
-from .distill import META, Recipe, distill, draft_name
+from .distill import META, Recipe, digest, distill, draft_name
+from .feature_head import HeadRecipe, distill_head
 from .loading import check_tokenizers, first_different, load
 from .sources import bundled_dir, gguf_dir, hub_dir, locate
 from .spec import ModelError, ModelSpec
@@ -41,7 +42,48 @@ def recipe_for(settings: dict, name: str) -> Recipe | StudentRecipe:
 
 
 def load_spec(spec: ModelSpec):
-    return load(resolve(spec), spec.resolved_dtype(), spec.resolved_device(), spec.full_head, spec.pack, spec.engine)
+    """The model and its tokenizer, with its feature head attached when the spec names one (``eagle``)."""
+    model, tokenizer = load(
+        resolve(spec), spec.resolved_dtype(), spec.resolved_device(), spec.full_head, spec.pack, spec.engine
+    )
+    if spec.eagle is not None:
+        from .feature_head import load_head
+
+        load_head(ensure_head(spec), model)
+    return model, tokenizer
+
+
+def head_recipe(spec: ModelSpec) -> HeadRecipe:
+    """The recipe of a model's ``eagle`` entry when it is one (a dict); one line naming a key it cannot take."""
+    settings = spec.eagle if isinstance(spec.eagle, dict) else {}
+    accepted = [f.name for f in dataclasses.fields(HeadRecipe)]
+    unknown = sorted(set(settings) - set(accepted), key=str)
+    if unknown:
+        raise ModelError(
+            f"eagle settings for {spec.name!r}: unknown key {unknown[0]!r}; accepted: {', '.join(accepted)}"
+        )
+    return HeadRecipe(**settings)
+
+
+def ensure_head(spec: ModelSpec) -> Path:
+    """The directory of a model's feature head: the one its ``eagle`` names, or one trained from the model on
+    first use (its recipe hashed into the cache name, as a draft's) and cached after."""
+    if isinstance(spec.eagle, str):
+        path = Path(spec.eagle).expanduser()
+        if not path.is_dir():
+            raise ModelError(f"eagle={spec.eagle!r} for model {spec.name!r}: no such directory")
+        return path
+    recipe = head_recipe(spec)
+    plain = dataclasses.replace(spec, eagle=None)
+    out = cache_dir() / "heads" / f"{spec.name}-eagle-L{recipe.layers}-s{recipe.seed}-{digest(plain, recipe)}"
+    if (out / META).exists():
+        return out
+    with cache_lock(out):
+        if not (out / META).exists():
+            teacher, tokenizer = load_spec(dataclasses.replace(plain, pack=False))
+            print(f"training the feature head {out.name} of {spec.name} (once; a few minutes on a CPU)", flush=True)
+            distill_head(teacher, tokenizer, out, recipe, spec.name)
+    return out
 
 
 def load_set(specs: list[ModelSpec]):

@@ -31,6 +31,7 @@ class ModelSpec:
     full_head: bool = False  # a distilled draft with its teacher's full output head (e.g. a CD amateur)
     pack: bool | None = None  # oneDNN-prepacked linear layers (default: on for float32 on the CPU, eager engine)
     engine: str = "eager"  # eager (a dynamic cache), compiled (a static cache, compiled forwards), compiled+autotune
+    eagle: str | dict[str, Any] | None = None  # a feature head: a directory, or a recipe trained here ({} = defaults)
 
     def resolved_device(self) -> str:
         device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")

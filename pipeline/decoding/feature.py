@@ -1,0 +1,160 @@
+"""The feature-level proposer ``eagle`` (the EAGLE family): it drafts through a feature head attached to a model
+of the set, from that model's own last hidden states, which its verification forwards compute anyway.
+
+The head (``pipeline/models/feature_head.py``, attached by ``attach``) maps (f_t, x_{t+1}) to f_{t+1}: the target's
+feature before its final norm at position t and the next token, to the next feature, whose logits give the
+token after. Where the target has computed f_t (positions it has run, read by a hook on its final norm) the head
+takes the true feature; beyond, its own prediction. Its inputs are kept between rounds in its own KV cache and
+recomputed from the first that changed, or that used a prediction where the true feature has since come. It is
+a proposer like any other: its token is drawn from its own distribution q (argmax when greedy) and the shared
+acceptance rule keeps every method exact (docs/algorithms.md).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import Tensor
+
+from ..errors import ArgumentError
+from .proposers import Proposal, register_proposer
+from .runner import HFRunner
+from .sampling import Sampling, probs, sample
+from .stats import ModelStats
+
+FEATURE_HEAD = "_specens_feature_head"  # where a model keeps its attached head (its __dict__)
+
+
+def attach(model: torch.nn.Module, head: torch.nn.Module) -> torch.nn.Module:
+    """Make ``head`` (a ``models.feature_head.FeatureHead`` for ``model``) the head the ``eagle`` proposer uses."""
+    model.__dict__[FEATURE_HEAD] = head
+    return model
+
+
+def attached(model: torch.nn.Module | None) -> torch.nn.Module | None:
+    return None if model is None else model.__dict__.get(FEATURE_HEAD)
+
+
+@register_proposer("eagle")
+class FeatureProposer:
+    drafts_trees = False  # one candidate per position: a token tree refuses it (methods._proposers)
+
+    def __init__(self, runner: HFRunner, head, sampling: Sampling, generator: torch.Generator | None):
+        self.runner, self.head, self.sampling, self.generator = runner, head, sampling, generator
+        self.stats = ModelStats()
+        self.features: Tensor | None = None  # [capacity, d]: the target's features, by position
+        self.cache = head.new_cache()
+        self.inputs: list[tuple[int, bool]] = []  # per head input t: (the token x_{t+1}, whether f_t was true)
+        self.outputs: list[Tensor] = []  # per head input t: its predicted f_{t+1}
+        self.true_at: dict[int, int] = {}  # per drafted position: how many true features it was drafted from
+        self._reading = True
+        self._hook = runner.model.model.norm.register_forward_pre_hook(self._capture)
+
+    @classmethod
+    def for_decoder(cls, members, sampling: Sampling, generator: torch.Generator | None) -> FeatureProposer:
+        """The proposer of the first member with an attached head; one line when none has one or it cannot run."""
+        for member in members:
+            head = attached(getattr(member.runner, "model", None))
+            if head is None:
+                continue
+            if type(member.runner) is not HFRunner:
+                raise ArgumentError(
+                    "proposer 'eagle' reads its model's features from the eager engine's forwards: load the model "
+                    "with engine eager (one tokenizer for the set)"
+                )
+            return cls(member.runner, head, sampling, generator)
+        raise ArgumentError(
+            "proposer 'eagle' needs a feature head attached to a model of the set "
+            "(pipeline.models.feature_head.load_head, or a model's eagle entry in a config)"
+        )
+
+    def close(self) -> None:
+        """Stop reading the model's features (the generation is over)."""
+        self._hook.remove()
+
+    def _capture(self, _module, args) -> None:
+        if not self._reading:
+            return
+        hidden = args[0][0]
+        start, k = self.runner.length, hidden.shape[0]  # the runner counts these tokens once its forward returns
+        if self.features is None or self.features.shape[0] < start + k:
+            grown = hidden.new_empty((max(2 * (start + k), 256), hidden.shape[1]))
+            if self.features is not None:
+                grown[: self.features.shape[0]] = self.features
+            self.features = grown
+        self.features[start : start + k] = hidden
+
+    def feed(self, tokens: list[int], committed: int) -> None:
+        """Nothing to feed: the head catches up when it drafts."""
+
+    def draft(self, tokens: list[int], committed: int) -> Proposal | None:
+        pos = len(tokens)
+        start = time.perf_counter()
+        feature = self._advance(tokens, pos - 2) if pos >= 2 else None
+        if feature is None:  # no feature yet (the target has not run): nothing to draft from
+            return None
+        self.true_at[pos] = min(self.runner.length, pos - 1)
+        row = self.head.logits(feature).to(self.runner.out_device)[None]
+        self.stats.forward_time_s += time.perf_counter() - start
+        if self.sampling.greedy:
+            return Proposal(int(row[0].argmax()), None, self)
+        q = probs(row, self.sampling)
+        return Proposal(int(sample(q, self.generator)[0]), q[0], self)
+
+    def _advance(self, tokens: list[int], last: int) -> Tensor | None:
+        """The head's predicted f_{last+1} after its inputs 0..``last`` agree with ``tokens`` (None: no feature)."""
+        true = self.runner.length  # positions whose true feature the target has computed
+        keep = 0
+        for t, (token, was_true) in enumerate(self.inputs[: last + 1]):
+            if tokens[t + 1] != token or (not was_true and t < true):
+                break
+            keep = t + 1
+        if keep < len(self.inputs):
+            if keep:
+                self.cache.crop(keep - len(self.inputs))  # a negative count removes that many inputs
+            else:
+                self.cache = self.head.new_cache()
+            del self.inputs[keep:], self.outputs[keep:]
+        t = keep
+        if t < min(last + 1, true):  # inputs with true features: one forward
+            stop = min(last + 1, true)
+            out = self._step(self.features[t:stop], tokens[t + 1 : stop + 1], t)
+            self.inputs += [(x, True) for x in tokens[t + 1 : stop + 1]]
+            self.outputs += list(out)
+            t = stop
+        while t <= last:  # beyond: one input at a time, each from the prediction before it
+            if t == 0:
+                return None
+            out = self._step(self.outputs[t - 1][None], tokens[t + 1 : t + 2], t)
+            self.inputs.append((tokens[t + 1], False))
+            self.outputs.append(out[0])
+            t += 1
+        return self.outputs[last]
+
+    def recompute(self, tokens: list[int], pos: int) -> Tensor:
+        """The logits row its proposal at ``pos`` was drawn from, recomputed from scratch (the audit,
+        ``audit.py``): the target's features from one forward without a cache, the head without its cache."""
+        true = self.true_at[pos]
+        self._reading = False
+        try:
+            found: list[Tensor] = []
+            hook = self.runner.model.model.norm.register_forward_pre_hook(lambda _m, a: found.append(a[0][0]))
+            try:
+                self.runner.model(input_ids=torch.tensor([tokens[:true]], device=self.runner.device), use_cache=False)
+            finally:
+                hook.remove()
+        finally:
+            self._reading = True
+        features = list(found[0])
+        for t in range(pos - 1):  # inputs 0..pos-2, each on the whole sequence so far, no cache
+            if t >= true:
+                features.append(self.head.step(torch.stack(features[:t]), torch.tensor(tokens[1 : t + 1]), None, 0)[-1])
+        out = self.head.step(torch.stack(features[: pos - 1]), torch.tensor(tokens[1:pos]), None, 0)[-1]
+        return self.head.logits(out)
+
+    def _step(self, features: Tensor, tokens: list[int], start: int) -> Tensor:
+        ids = torch.tensor(tokens, dtype=torch.long)
+        self.stats.forward_calls += 1
+        self.stats.forwarded_tokens += len(tokens)
+        return self.head.step(features, ids, self.cache, start)

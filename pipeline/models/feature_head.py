@@ -1,0 +1,283 @@
+"""A feature-level draft head (the EAGLE family): it drafts from the target model's own last hidden states.
+
+EAGLE (Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty") drafts at the
+level of features: at position t the head takes the target's last hidden state before its final norm, f_t, and
+the embedding of the next token x_{t+1}, fuses them (``fc``: 2d -> d), runs them through one decoder layer of
+the target's own kind, and so predicts f_{t+1}; the target's final norm and output head (here restricted to the
+kept ids, as a distilled draft's) turn that into the distribution of x_{t+2}. Drafting goes on from predicted
+features; the verification forward of the target computes the true ones for free (``decoding/feature.py``
+reads them). Embeddings, final norm and head are the target's, shared and frozen: the head's own weights are
+``fc`` and its decoder layer.
+
+Trained here (``distill_head``) on the same teacher data as a draft (``distill.teacher_data``: the teacher's own
+continuations of standard-library prompts and teacher-forced standard-library source), by EAGLE's loss: a
+smooth-L1 regression of the next feature plus ``cls_weight`` times the forward KL of the next token's
+distribution (the teacher's whole distribution over the kept ids), with uniform noise on the input features
+(EAGLE's augmentation), for a fixed number of steps from a seed. A published EAGLE checkpoint (``config.json``
+plus ``pytorch_model.bin`` or ``model.safetensors`` with ``fc.*`` and ``layers.0.*``; the embedding and head
+taken from the target) loads as the same head (``load_head``). docs/proposers.md.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..decoding.feature import attach
+from .cache import write_dir
+from .cpu_kernels import pack_linears
+from .distill import (
+    META,
+    Example,
+    Recipe,
+    TeacherData,
+    fit,
+    fixed_threads,
+    teacher_data,
+    versions,
+)
+from .spec import ModelError
+
+WEIGHTS = "feature_head.safetensors"
+HEAD_CONFIG = "feature_head.json"
+EAGLE_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # a published EAGLE checkpoint's weight files
+
+
+@dataclass
+class HeadRecipe(Recipe):
+    layers: int = 1  # the head's decoder layers
+    steps: int = 800
+    lr: float = 1e-3
+    loss: str = "kl"  # the next token's part of the loss: its weight is cls_weight
+    cls_weight: float = 0.1
+    noise: float = 0.1  # half-width of the uniform noise on the input features while training, in their RMS
+
+    def __post_init__(self):
+        super().__post_init__()
+        for key in ("cls_weight", "noise"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise ModelError(f"feature head {key}={value!r}: expected a finite number of 0 or more")
+
+
+class FeatureHead(nn.Module):
+    """``fc`` and a decoder of ``layers`` layers of the target's kind; the target's embedding, final norm and
+    (kept rows of its) output head are borrowed, not owned. The decoder's KV cache is the caller's
+    (``new_cache``), so one head serves any number of generations."""
+
+    def __init__(self, target: nn.Module, kept: list[int] | None, layers: int = 1, bias: bool = True):
+        super().__init__()
+        from transformers import AutoModel
+
+        if not isinstance(getattr(getattr(target, "model", None), "norm", None), nn.Module):
+            raise ModelError(
+                f"a feature head needs a target with a final norm at .model.norm ({type(target).__name__})"
+            )
+        config = copy.deepcopy(target.config)
+        config.num_hidden_layers = layers
+        if getattr(config, "layer_types", None):
+            config.layer_types = config.layer_types[:layers]
+        config.vocab_size, config.pad_token_id = 1, None  # its tokens come in as embeddings, fused with features
+        d = config.hidden_size
+        self.fc = nn.Linear(2 * d, d, bias=bias, dtype=target.dtype)
+        self.decoder = AutoModel.from_config(config, dtype=target.dtype)
+        self.decoder.norm = nn.Identity()  # it predicts the feature before the target's final norm
+        self.borrowed = (target.get_input_embeddings(), target.model.norm)  # a tuple: not submodules, not saved
+        full = target.get_output_embeddings().weight
+        self.vocab_size = int(full.shape[0])
+        ids = torch.tensor(sorted(kept) if kept else range(self.vocab_size), dtype=torch.long)
+        self.register_buffer("kept", ids, persistent=False)
+        self.register_buffer("head_rows", full.detach()[ids].clone(), persistent=False)  # [K, d]: never trained
+        self.eval()
+
+    def new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache()
+
+    def step(self, features: torch.Tensor, tokens: torch.Tensor, cache, start: int) -> torch.Tensor:
+        """Inputs ``start, start + 1, ...``: (feature f_t ``[k, d]``, next token x_{t+1} ``[k]``) -> the
+        predicted features f_{t+1} ``[k, d]``, appended to ``cache`` (None: no cache, the whole sequence)."""
+        embed = self.borrowed[0](tokens.to(self.head_rows.device))
+        x = self.fc(torch.cat([embed, features.to(embed.dtype)], -1))[None]
+        positions = torch.arange(start, start + x.shape[1], device=x.device)[None]
+        out = self.decoder(inputs_embeds=x, position_ids=positions, past_key_values=cache, use_cache=cache is not None)
+        return out.last_hidden_state[0]
+
+    def kept_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Logits over the kept ids ``[..., K]`` of the token after each predicted feature."""
+        return self.borrowed[1](features) @ self.head_rows.T
+
+    def logits(self, feature: torch.Tensor) -> torch.Tensor:
+        """A full-vocabulary logits row for one predicted feature: -inf outside the kept ids (probability 0)."""
+        small = self.kept_logits(feature[None])[0]
+        small = small if small.dtype in (torch.float32, torch.float64) else small.float()  # as the decoder's rows
+        return small.new_full((self.vocab_size,), float("-inf")).index_copy_(0, self.kept, small)
+
+    def own_state(self) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in self.state_dict().items() if not k.startswith("decoder.embed_tokens")}
+
+
+@torch.no_grad()  # not inference mode: the features are a training target, saved for backward
+def target_features(teacher, sequences: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The teacher's last hidden state before its final norm at every position of each ``[1, n]`` sequence."""
+    found: list[torch.Tensor] = []
+    hook = teacher.model.norm.register_forward_pre_hook(lambda _m, args: found.append(args[0][0].float().clone()))
+    try:
+        for ids in sequences:
+            teacher.model(input_ids=ids, use_cache=False)
+    finally:
+        hook.remove()
+    return found
+
+
+def head_loss(
+    head: FeatureHead, example: Example, features: torch.Tensor, recipe: HeadRecipe, noise, scale: float
+) -> torch.Tensor:
+    """EAGLE's loss on one sequence: inputs (f_t, x_{t+1}) for t < n - 1, targets f_{t+1} (smooth L1, in units of
+    ``scale``, the features' root mean square: a model's last hidden states may be large) and, where row t + 1 is
+    labelled, the teacher's distribution of the token after it (forward KL over the kept ids). The input noise's
+    half-width is ``recipe.noise`` times ``scale``."""
+    ids = example.ids[0]
+    inputs = features[:-1]
+    if recipe.noise:
+        inputs = inputs + (torch.rand(inputs.shape, generator=noise) * 2 - 1) * (recipe.noise * scale)
+    predicted = head.step(inputs, ids[1:], None, 0)
+    loss = nn.functional.smooth_l1_loss(predicted / scale, features[1:] / scale)
+    rows = example.rows[example.rows >= 1]
+    if len(rows) and recipe.cls_weight:
+        logq = head.kept_logits(predicted[rows - 1]).log_softmax(-1)
+        logp = example.logp[example.rows >= 1]
+        loss = loss + recipe.cls_weight * (logp.exp() * (logp - logq)).sum(-1).mean()
+    return loss
+
+
+@torch.inference_mode()
+def head_acceptance(head: FeatureHead, teacher, held) -> dict:
+    """The head's first proposal after each held-out position, from the teacher's true features (teacher
+    forcing): greedy agreement with the teacher's own continuation and expected acceptance at T=1."""
+    agree = soft = total = 0.0
+    for prompt, cont, logp in held:
+        seq = torch.tensor([prompt + cont])
+        features = target_features(teacher, [seq])[0]
+        predicted = head.step(features[:-1], seq[0, 1:], None, 0)  # output t: the token at t + 2
+        first = len(prompt) - 2  # the output that predicts cont[0]
+        if first < 0:
+            continue
+        rows = torch.stack([head.logits(f) for f in predicted[first : first + len(cont)]])
+        n = rows.shape[0]
+        agree += (rows.argmax(-1) == torch.tensor(cont[:n])).sum().item()
+        soft += torch.minimum(logp[:n].float().exp(), rows.softmax(-1)).sum().item()
+        total += n
+    total = max(total, 1)
+    return {"agreement": round(agree / total, 4), "acceptance_t1": round(soft / total, 4), "eval_tokens": int(total)}
+
+
+def train_head(teacher, data: TeacherData, recipe: HeadRecipe, curve: bool = False) -> tuple[FeatureHead, dict]:
+    """A head for ``teacher`` trained on ``data`` by ``recipe``: the head and its facts."""
+    teacher.requires_grad_(False)  # its embedding and norm are borrowed by the head: they stay frozen
+    torch.manual_seed(recipe.seed)
+    head = FeatureHead(teacher, data.kept if len(data.kept) < teacher.config.vocab_size else None, recipe.layers)
+    features = target_features(teacher, [e.ids for e in data.examples])
+    scale = float(torch.cat(features).pow(2).mean().sqrt())
+    by_id = {id(e): f for e, f in zip(data.examples, features)}
+    noise = torch.Generator().manual_seed(recipe.seed)
+    params = [p for p in head.parameters() if p.requires_grad]
+    probe = (lambda step: head_acceptance(head, teacher, data.held)) if curve else None
+    facts = fit(
+        head,
+        params,
+        data.examples,
+        recipe,
+        lambda e: head_loss(head, e, by_id[id(e)], recipe, noise, scale),
+        "train head",
+        probe,
+    )
+    facts.update(head_acceptance(head, teacher, data.held))
+    facts.update(
+        feature_scale=round(scale, 4), label_coverage=round(data.label_coverage, 4), train_sequences=len(data.examples)
+    )
+    facts.update(teacher_seconds=data.seconds, versions=versions())
+    return head, facts
+
+
+def distill_head(teacher, tokenizer, out_dir: Path, recipe: HeadRecipe, teacher_name: str = "teacher") -> Path:
+    """Train, measure and save a feature head for ``teacher``; returns its directory."""
+    with fixed_threads():
+        t0 = time.perf_counter()
+        if teacher.dtype == torch.float32 and teacher.device.type == "cpu":
+            pack_linears(teacher)  # the teacher only runs inference here: generation and features 2x faster
+        data = teacher_data(teacher, tokenizer, recipe)
+        head, facts = train_head(teacher, data, recipe)
+        facts["total_seconds"] = round(time.perf_counter() - t0, 1)
+    save_head(head, out_dir, {"teacher": teacher_name, "kind": "feature_head", "recipe": asdict(recipe), **facts})
+    return out_dir
+
+
+def save_head(head: FeatureHead, out_dir: Path, meta: dict) -> None:
+    """The head's own weights, its kept ids and its layer count, with its facts, written whole or not at all."""
+    from safetensors.torch import save_file
+
+    config = {"layers": len(head.decoder.layers), "bias": head.fc.bias is not None}
+    config["kept"] = head.kept.tolist() if len(head.kept) < head.vocab_size else None
+    files = {HEAD_CONFIG: json.dumps(config), META: json.dumps(meta, indent=2)}
+    write_dir(
+        out_dir, lambda tmp: save_file({k: v.contiguous() for k, v in head.own_state().items()}, tmp / WEIGHTS), files
+    )
+
+
+def load_head(path: str | Path, target: nn.Module) -> FeatureHead:
+    """A feature head for ``target`` from ``path``: one this project trained (``feature_head.json`` and
+    ``feature_head.safetensors``), or a published EAGLE checkpoint (``config.json`` and ``model.safetensors``
+    or ``pytorch_model.bin`` holding ``fc.*`` and ``layers.N.*``). Attached to ``target`` (``attach``)."""
+    path = Path(path)
+    if (path / HEAD_CONFIG).exists():
+        config = json.loads((path / HEAD_CONFIG).read_text())
+        state = _read(path / WEIGHTS)
+        head = FeatureHead(target, config.get("kept"), int(config["layers"]), bool(config.get("bias", True)))
+    else:
+        weights = next((path / f for f in EAGLE_WEIGHTS if (path / f).exists()), None)
+        if weights is None or not (path / "config.json").exists():
+            raise ModelError(
+                f"feature head {path}: neither this project's feature_head.json nor an EAGLE checkpoint "
+                f"(config.json and {' or '.join(EAGLE_WEIGHTS)})"
+            )
+        raw = _read(weights)
+        layers = 1 + max((int(k.split(".")[1]) for k in raw if k.startswith("layers.")), default=-1)
+        if "fc.weight" not in raw or layers < 1:
+            raise ModelError(f"EAGLE checkpoint {weights}: no fc.weight or layers.0.* (first keys: {sorted(raw)[:4]})")
+        state = {
+            k if k.startswith("fc.") else f"decoder.{k}": v
+            for k, v in raw.items()
+            if k.split(".")[0] in ("fc", "layers")
+        }
+        head = FeatureHead(target, None, layers, "fc.bias" in raw)
+    d = target.config.hidden_size
+    if state.get("fc.weight") is None or tuple(state["fc.weight"].shape) != (d, 2 * d):
+        shape = None if state.get("fc.weight") is None else tuple(state["fc.weight"].shape)
+        raise ModelError(f"feature head {path}: fc.weight of shape {shape}, the target needs ({d}, {2 * d})")
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.startswith("decoder.embed_tokens")]
+    if missing or unexpected:
+        raise ModelError(
+            f"feature head {path}: {len(missing)} weights missing, {len(unexpected)} not its own "
+            f"(first: {(missing + unexpected)[0]})"
+        )
+    head.to(device=target.get_output_embeddings().weight.device, dtype=target.dtype)
+    attach(target, head)
+    return head
+
+
+def _read(file: Path) -> dict[str, torch.Tensor]:
+    if file.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(file)
+    return torch.load(file, map_location="cpu", weights_only=True)

@@ -1,0 +1,249 @@
+"""The feature-level proposer ``eagle``: exact for every speculative method (greedy identity here, the first two
+tokens' distribution by chi-square, every distribution over long outputs in ``test_audit.py``), its head's cache
+bookkeeping equal to a recompute from scratch, refused in one line where it cannot run, and a published EAGLE
+checkpoint's layout loaded as the same head."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+
+import pytest
+import torch
+
+from pipeline.decoding import generate
+from pipeline.decoding.feature import FEATURE_HEAD, FeatureProposer, attach
+from pipeline.decoding.runner import HFRunner
+from pipeline.decoding.sampling import Sampling
+from pipeline.errors import ArgumentError
+from pipeline.models import ModelError
+from pipeline.models.feature_head import FeatureHead, load_head, save_head
+
+from .conftest import perturbed, tiny_llama
+from .test_sampling_lossless import SETTINGS, TWO, check_case, make_models
+
+PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 3, 1, 4, 1]
+
+
+def with_head(model, kept=None, seed=0):
+    """A copy of ``model`` with a random feature head attached (it proposes, sometimes rightly)."""
+    model = copy.deepcopy(model)
+    torch.manual_seed(seed)
+    head = FeatureHead(model, kept)
+    with torch.no_grad():
+        head.fc.weight.mul_(4)  # a peaked head: its proposals differ from token to token
+    attach(model, head)
+    return model
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_llama(40, vocab=64, hidden=32, layers=2)
+    return [with_head(target), perturbed(target, 0.2, seed=41)]
+
+
+SPECULATIVE = [
+    ("sd", {}, 3),
+    ("we_sd", {"lambda": 0.5}, 3),
+    ("we_se", {"lambda": 0.5}, [2, 3]),
+    ("cd_sd", {"alpha": 0.3}, 2),
+    ("cd_se", {"alpha": 0.3}, [2, 1]),
+    ("gac_sd", {"lambda": 0.5, "threshold": 0.4}, 3),
+    ("gac_se", {"lambda": 0.5, "threshold": 0.4}, [1, 2]),
+]
+
+
+@pytest.mark.parametrize("proposer", ["eagle", "eagle+draft"])
+@pytest.mark.parametrize("method,args,gamma", SPECULATIVE, ids=[m for m, _, _ in SPECULATIVE])
+def test_greedy_outputs_equal_the_standard_method(pair, method, args, gamma, proposer):
+    standard = {"sd": "large_model"}.get(method, method.rsplit("_", 1)[0])
+    base = generate(pair, PROMPT, standard, max_new_tokens=40, method_args=args).token_ids
+    out = generate(pair, PROMPT, method, gamma, 40, method_args={**args, "proposer": proposer})
+    assert out.token_ids == base
+    assert out.stats.proposers["eagle"].proposed > 0  # it drafted, and was counted
+    assert not pair[0].model.norm._forward_pre_hooks  # it stopped reading the target's features
+
+
+def test_a_head_with_a_restricted_vocabulary_proposes_only_its_ids(pair):
+    kept = [0, 3, 5, 7, 11, 13, 17, 19]
+    models = [with_head(pair[0], kept), pair[1]]
+    head = models[0].__dict__[FEATURE_HEAD]
+    row = head.logits(torch.randn(32, dtype=torch.float64))
+    assert torch.isfinite(row).nonzero()[:, 0].tolist() == kept  # probability exactly 0 elsewhere
+    base = generate(models, PROMPT, "large_model", max_new_tokens=30).token_ids
+    assert generate(models, PROMPT, "sd", 2, 30, method_args={"proposer": "eagle"}).token_ids == base
+    out = generate(models, PROMPT, "sd", 2, 30, method_args={"proposer": "eagle"}, temperature=1.0, seed=3)
+    assert out.stats.proposers["eagle"].proposed > 0 and len(out.token_ids) == 30
+
+
+EAGLE_CASES = [
+    ("sd", [0], "single", {}, {"gamma": 2, "method_args": {"proposer": "eagle"}}),
+    ("we_sd", [0, 1], "we", {"weights": [0.5, 0.5]}, {"method_args": {**TWO["we"], "proposer": "eagle"}, "gamma": 2}),
+    (
+        "we_se",
+        [0, 1],
+        "we",
+        {"weights": [0.5, 0.5]},
+        {"method_args": {**TWO["we"], "proposer": "eagle+draft"}, "gamma": [1, 2]},
+    ),
+    ("cd_sd", [0, 1], "cd", {"alpha": 0.3}, {"method_args": {**TWO["cd"], "proposer": "eagle"}, "gamma": 2}),
+]
+
+
+@pytest.fixture(scope="module")
+def sampling_models():
+    models = make_models()
+    return [with_head(models[0], kept=[0, 1, 2, 4, 5], seed=7), *models[1:]]
+
+
+@pytest.mark.parametrize("case", EAGLE_CASES, ids=[c[0] + "-" + c[4]["method_args"]["proposer"] for c in EAGLE_CASES])
+def test_first_two_tokens_follow_the_target(sampling_models, case):
+    check_case(sampling_models, case, SETTINGS[0] if case[0] != "we_sd" else SETTINGS[1])
+
+
+def reference(head, features, tokens, true):
+    """The head's predicted feature after inputs 0..len(tokens)-2, from scratch: true features below ``true``."""
+    last = len(tokens) - 2
+    out = head.step(features[: min(true, last + 1)], torch.tensor(tokens[1 : min(true, last + 1) + 1]), None, 0)
+    predicted = list(out)
+    for t in range(min(true, last + 1), last + 1):
+        seq = torch.stack([*features[:true], *predicted[true - 1 : t]])
+        predicted.append(head.step(seq, torch.tensor(tokens[1 : t + 2]), None, 0)[-1])
+    return predicted[last]
+
+
+def test_the_head_cache_gives_what_a_recompute_from_scratch_gives(pair):
+    target = pair[0]
+    head = target.__dict__[FEATURE_HEAD]
+    runner = HFRunner(target, 64)
+    proposer = FeatureProposer(runner, head, Sampling(), None)
+    try:
+        tokens = list(PROMPT)
+        runner.extend(tokens, 1)  # the target runs the prompt: its features are read
+        features = proposer.features[: len(tokens)].clone()
+        for extra in ([7], [7, 8], [7, 8, 9]):  # drafting on from its own predictions
+            got = proposer._advance(tokens + extra, len(tokens + extra) - 2)
+            want = reference(head, features, tokens + extra, len(tokens))
+            assert torch.allclose(got, want, atol=1e-9)
+        runner.extend([7, 8], 1)  # verified: the true features of 7 and 8 replace the predictions
+        runner.crop(len(tokens) + 1)  # 8 rejected: 7 stays
+        features = proposer.features[: len(tokens) + 1].clone()
+        for extra in ([7, 2], [7, 2, 5]):
+            got = proposer._advance(tokens + extra, len(tokens + extra) - 2)
+            want = reference(head, features, tokens + extra, len(tokens) + 1)
+            assert torch.allclose(got, want, atol=1e-9)
+    finally:
+        proposer.close()
+
+
+def test_a_token_tree_refuses_a_proposer_that_drafts_one_candidate(pair):
+    with pytest.raises(ArgumentError, match="proposer 'eagle' drafts one candidate per position and cannot draft"):
+        generate(pair, PROMPT, "sd", 2, 10, method_args={"proposer": "eagle"}, tree="2x1")
+    assert not pair[0].model.norm._forward_pre_hooks
+
+
+def test_eagle_without_a_head_is_refused_in_one_line():
+    models = [tiny_llama(50, vocab=64), tiny_llama(51, vocab=64)]
+    with pytest.raises(ArgumentError, match="proposer 'eagle' needs a feature head attached") as err:
+        generate(models, PROMPT, "sd", 2, 10, method_args={"proposer": "eagle"})
+    assert "\n" not in str(err.value)
+
+
+def eagle_checkpoint(path, target, layers=1, bias=True, fc_shape=None):
+    """A checkpoint in EAGLE's published layout: config.json plus pytorch_model.bin holding fc.* and layers.N.*
+    (the decoder layer's own names), as the EAGLE repository saves them; its weights random."""
+    torch.manual_seed(5)
+    source = FeatureHead(target, None, layers, bias)
+    state = {k.removeprefix("decoder."): v for k, v in source.own_state().items()}
+    if fc_shape is not None:
+        state["fc.weight"] = torch.zeros(fc_shape, dtype=state["fc.weight"].dtype)
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({**target.config.to_dict(), "num_hidden_layers": layers}))
+    torch.save(state, path / "pytorch_model.bin")
+    return source
+
+
+@pytest.mark.parametrize("layers,bias", [(1, True), (2, False)])
+def test_a_published_eagle_checkpoint_loads_as_the_head(pair, tmp_path, layers, bias):
+    target = copy.deepcopy(pair[1])
+    source = eagle_checkpoint(tmp_path / "eagle", target, layers, bias)
+    head = load_head(tmp_path / "eagle", target)
+    assert target.__dict__[FEATURE_HEAD] is head and len(head.decoder.layers) == layers
+    for key, value in source.own_state().items():
+        assert torch.equal(head.own_state()[key], value), key
+    base = generate([target], PROMPT, "large_model", max_new_tokens=20).token_ids
+    assert generate([target], PROMPT, "sd", 3, 20, method_args={"proposer": "eagle"}).token_ids == base
+
+
+def test_a_saved_head_loads_back_the_same(pair, tmp_path):
+    target = copy.deepcopy(pair[1])
+    source = FeatureHead(target, [1, 2, 3, 60])
+    save_head(source, tmp_path / "head", {"teacher": "t"})
+    head = load_head(tmp_path / "head", target)
+    assert head.kept.tolist() == [1, 2, 3, 60]
+    assert all(torch.equal(head.own_state()[k], v) for k, v in source.own_state().items())
+
+
+def test_a_checkpoint_of_another_model_is_refused_in_one_line(pair, tmp_path):
+    target = copy.deepcopy(pair[1])
+    eagle_checkpoint(tmp_path / "wrong", target, fc_shape=(8, 16))
+    with pytest.raises(ModelError, match=r"fc.weight of shape \(8, 16\), the target needs \(32, 64\)"):
+        load_head(tmp_path / "wrong", target)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelError, match="neither this project's feature_head.json nor an EAGLE checkpoint"):
+        load_head(tmp_path / "empty", target)
+
+
+TINY_HEAD = {"prompts": 2, "new_tokens": 4, "source_chunks": 1, "chunk_tokens": 32, "eval_prompts": 1, "steps": 3}
+
+
+def test_a_model_spec_trains_its_head_once_and_loads_it_attached(tiny_dir, tmp_path, monkeypatch):
+    from pipeline.models import ModelSpec, load_spec
+
+    resolve_module = importlib.import_module("pipeline.models.resolve")  # the package exports a function of that name
+
+    monkeypatch.setenv("SPECENS_CACHE", str(tmp_path / "cache"))
+    spec = ModelSpec("tiny", str(tiny_dir), eagle=TINY_HEAD)
+    model, _ = load_spec(spec)
+    head = model.__dict__[FEATURE_HEAD]
+    made = resolve_module.ensure_head(spec)
+    meta = json.loads((made / "draft.json").read_text())
+    assert made.parent == tmp_path / "cache" / "heads" and meta["kind"] == "feature_head" and meta["steps"] == 3
+    other = resolve_module.ensure_head(ModelSpec("tiny", str(tiny_dir), eagle={**TINY_HEAD, "steps": 4}))
+    assert other != made  # another recipe, another cache entry
+    monkeypatch.setattr(resolve_module, "distill_head", lambda *a: pytest.fail("trained twice"))
+    again, _ = load_spec(spec)  # cached: loaded, not trained
+    assert all(torch.equal(again.__dict__[FEATURE_HEAD].own_state()[k], v) for k, v in head.own_state().items())
+    by_dir, _ = load_spec(ModelSpec("tiny", str(tiny_dir), eagle=str(made)))
+    assert FEATURE_HEAD in by_dir.__dict__
+
+
+@pytest.mark.parametrize(
+    "eagle, message",
+    [
+        ({"stepz": 3}, "eagle settings for 'tiny': unknown key 'stepz'; accepted: layers, head_tokens"),
+        ({"cls_weight": -1}, r"feature head cls_weight=-1: expected a finite number of 0 or more"),
+        ("/nonexistent/head", "eagle='/nonexistent/head' for model 'tiny': no such directory"),
+    ],
+)
+def test_a_bad_eagle_entry_is_refused_in_one_line(tiny_dir, eagle, message):
+    from pipeline.models import ModelSpec
+    from pipeline.models.resolve import ensure_head
+
+    with pytest.raises(ModelError, match=message):
+        ensure_head(ModelSpec("tiny", str(tiny_dir), eagle=eagle))
+
+
+def test_the_config_check_refuses_eagle_without_a_head():
+    import yaml
+
+    from pipeline.config import ConfigError, check_config
+    from pipeline.models.spec import DEFAULT_CONFIG
+
+    config = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    config["grids"][1]["proposer"] = "eagle"
+    with pytest.raises(ConfigError, match=r"grids\[1\].proposer: eagle drafts from a feature head of the set's large"):
+        check_config(config)
+    config["models"]["smollm2-135m-instruct"]["eagle"] = {"steps": 400}
+    assert check_config(config)["grids"][1]["proposer"] == "eagle"
