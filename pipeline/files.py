@@ -128,6 +128,28 @@ def read_jsonl(path: Path, what: str = "JSONL file") -> list[dict[str, Any]]:
     return rows
 
 
+def open_own(path: Path, mode: str, what: str):
+    """Open ``path`` for ``mode`` (``"a"``: append, ``"a+"``: read and append, both creating it) only where it is
+    a plain file or absent: never through a symbolic link (``O_NOFOLLOW``), never a directory, a device or a
+    pipe (opened without blocking, then checked), so nothing the project did not make is written. Anything else
+    is a one-line ``ResultsError`` naming the path; the file it points to is left as it was."""
+    flags = os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    flags |= os.O_RDWR if mode == "a+" else os.O_WRONLY
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as err:
+        kind = {40: "a symbolic link", 21: "a directory", 6: "a pipe with no reader"}.get(err.errno)
+        reason = f"it is {kind}" if kind else err.strerror or type(err).__name__
+        raise ResultsError(f"cannot write {what} {path}: {reason}; remove it (only plain files are written)") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ResultsError(
+            f"cannot write {what} {path}: it is not a plain file; remove it (only plain files are written)"
+        )
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, mode, encoding="utf-8")
+
+
 class LockHeld(UserError):
     """Another living process holds the lock (one line naming it)."""
 
@@ -141,7 +163,7 @@ def exclusive(path: Path, what: str):
     path = Path(path)
     writable_dir(path.parent)
     while True:
-        handle = open(path, "a+")  # noqa: SIM115 (closed below)
+        handle = open_own(path, "a+", f"the lock of {what}")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from .files import ResultsError, exclusive, writable_dir, write_atomic
+from .files import ResultsError, exclusive, open_own, writable_dir, write_atomic
 
 Check = Callable[[dict[str, Any]], str | None]  # a sample's problem in words, or None when it is valid
 
@@ -86,7 +86,7 @@ class Journal:
             for n, raw, reason in rejects
         ]
         try:
-            with open(self.rejected, "a", encoding="utf-8") as f:
+            with open_own(self.rejected, "a", "the journal's set-aside records") as f:
                 f.write("".join(json.dumps(r) + "\n" for r in records))
                 f.flush()
                 os.fsync(f.fileno())
@@ -98,10 +98,7 @@ class Journal:
     @contextlib.contextmanager
     def writer(self):
         """A function that appends one sample to the journal and syncs it to disk."""
-        try:
-            f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed below, after the yield)
-        except OSError as err:
-            raise ResultsError(f"cannot write {self.path}: {err.strerror}; choose a writable location") from None
+        f = open_own(self.path, "a", "the journal")  # never through a link: one line instead
 
         def add(row: dict[str, Any]) -> None:
             f.write(json.dumps(row) + "\n")

@@ -122,6 +122,9 @@ def test_the_head_cache_gives_what_a_recompute_from_scratch_gives(pair):
         tokens = list(PROMPT)
         runner.extend(tokens, 1)  # the target runs the prompt: its features are read
         features = proposer.features[: len(tokens)].clone()
+        before = proposer.features.clone()
+        assert proposer.draft(tokens + [7], len(tokens)) is not None
+        assert torch.equal(proposer.features, before)  # the head's own use of the target's norm is not a feature
         for extra in ([7], [7, 8], [7, 8, 9]):  # drafting on from its own predictions
             got = proposer._advance(tokens + extra, len(tokens + extra) - 2)
             want = reference(head, features, tokens + extra, len(tokens))

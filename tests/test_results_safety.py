@@ -387,3 +387,37 @@ def test_datasets_only_on_the_hub_are_checked_when_the_job_runs_unless_offline(t
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
     with pytest.raises(ConfigError, match=r"datasets.gsm8k: no data for task 'gsm8k'.*gsm8k/test.jsonl not found"):
         check_local(config, cells)
+
+
+@pytest.mark.parametrize("kind", ["link", "directory", "fifo"])
+def test_the_lock_and_the_journal_never_write_through_what_they_did_not_make(tmp_path, kind):
+    """A symbolic link, a directory or a pipe where the journal or its lock goes is refused in one line, and
+    what a link points to is left as it was (it was truncated and overwritten with a pid line)."""
+    from pipeline.files import ResultsError
+    from pipeline.journal import Journal, journal_lock
+
+    victim = tmp_path / "precious.txt"
+    victim.write_text("keep me\n")
+    journal = tmp_path / "cell.jsonl"
+    for target in (Path(f"{journal}.lock"), journal):
+        if kind == "link":
+            target.symlink_to(victim)
+        elif kind == "directory":
+            target.mkdir()
+        else:
+            os.mkfifo(target)
+        with pytest.raises(
+            ResultsError, match=r"cannot write the (lock of the cell journal|journal) .*: it is "
+        ) as err:
+            if target == journal:
+                with Journal(journal, ["a"], lambda row: None).writer() as add:
+                    add({"id": "a"})
+            else:
+                with journal_lock(journal):
+                    pass
+        assert "\n" not in str(err.value) and "remove it" in str(err.value)
+        assert victim.read_text() == "keep me\n"
+        if kind == "directory":
+            target.rmdir()
+        else:
+            target.unlink()

@@ -53,7 +53,8 @@ EAGLE_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # a published EAGLE 
 @dataclass
 class HeadRecipe(Recipe):
     layers: int = 1  # the head's decoder layers
-    steps: int = 800
+    source_chunks: int = 96  # teacher-forced standard-library source: a head learns from more than a draft needs
+    steps: int = 1600
     lr: float = 1e-3
     loss: str = "kl"  # the next token's part of the loss: its weight is cls_weight
     cls_weight: float = 0.1
@@ -113,7 +114,7 @@ class FeatureHead(nn.Module):
 
     def kept_logits(self, features: torch.Tensor) -> torch.Tensor:
         """Logits over the kept ids ``[..., K]`` of the token after each predicted feature."""
-        return self.borrowed[1](features) @ self.head_rows.T
+        return self.borrowed[1].forward(features) @ self.head_rows.T  # forward: not the target's norm hooks
 
     def logits(self, feature: torch.Tensor) -> torch.Tensor:
         """A full-vocabulary logits row for one predicted feature: -inf outside the kept ids (probability 0)."""
