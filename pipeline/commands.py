@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -46,6 +47,37 @@ def inline_json(text: str, what: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as err:
         raise UserError(f"{what} {text[:80]!r}: not JSON ({err})") from None
+
+
+def number(low: float, high: float = math.inf, low_open: bool = False, high_open: bool = False):
+    """An argparse type: a finite number in the given range (an open end excluded); anything else is argparse's
+    one-line usage error naming the flag and what it accepts."""
+    ends = (
+        ("(" if low_open else "[")
+        + f"{low:g}, "
+        + (f"{high:g}" if math.isfinite(high) else "inf")
+        + (")" if high_open or not math.isfinite(high) else "]")
+    )
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        inside = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+        if not math.isfinite(value) or not inside:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r}: expected a finite number in {ends}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def name_text(text: str) -> str:
+    """An argparse type: a non-empty name of printable characters."""
+    if not text.strip() or not text.isprintable() or len(text) > 100:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: expected a name (printable, 1 to 100 characters)")
+    return text
 
 
 THREADS = arg("--threads", type=int, help="CPU threads for torch")

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from .commands import THREADS, arg, command, inline_json, named_options
+from .commands import THREADS, arg, command, inline_json, name_text, named_options, number
 from .errors import UserError
 
 
@@ -180,11 +180,24 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     "estimate",
     "forecast a config's jobs per rule and GPU-hours before it is submitted",
     arg("config", type=Path),
-    arg("--gpu", default="a100-80gb", help="a GPU of the table (an unknown one: the closest and --bandwidth)"),
-    arg("--bandwidth", type=float, help="memory bandwidth in GB/s, for a GPU not in the table"),
-    arg("--acceptance", type=float, help="assumed acceptance of a proposed token (default: printed)"),
-    arg("--efficiency", type=float, help="fraction of the bandwidth bound forwards reach (default: printed)"),
-    arg("--floor-ms", type=float, help="least time of a forward (default: 2.4 ms on a GPU, 0 on the cpu)"),
+    arg(
+        "--gpu",
+        default="a100-80gb",
+        type=name_text,
+        help="a GPU of the table (an unknown one: the closest and --bandwidth)",
+    ),
+    arg("--bandwidth", type=number(0, low_open=True), help="memory bandwidth in GB/s, for a GPU not in the table"),
+    arg(
+        "--acceptance",
+        type=number(0, 1, high_open=True),
+        help="assumed acceptance of a proposed token (default: printed)",
+    ),
+    arg(
+        "--efficiency",
+        type=number(0, 1, low_open=True),
+        help="fraction of the bandwidth bound forwards reach (default: printed)",
+    ),
+    arg("--floor-ms", type=number(0), help="least time of a forward (default: 2.4 ms on a GPU, 0 on the cpu)"),
     arg("--json", action="store_true", help="machine-readable output"),
 )
 def cmd_estimate(args: argparse.Namespace) -> int:
@@ -196,8 +209,6 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     name, gpu, floor = settings(args)
     acceptance = ACCEPTANCE if args.acceptance is None else args.acceptance
     efficiency = EFFICIENCY.get(name, GPU_EFFICIENCY) if args.efficiency is None else args.efficiency
-    if not 0 <= acceptance < 1 or not 0 < efficiency <= 1:
-        raise UserError(f"--acceptance {acceptance} / --efficiency {efficiency}: expected 0 <= a < 1, 0 < e <= 1")
     config, cells = load_checked(args.config)
     dtype = "float32" if name.startswith("cpu") else "bfloat16"
     infos = inspect_config(config, models_to_prepare(config, cells), dtype)

@@ -56,12 +56,19 @@ def cell_ids(results: Path) -> list[str]:
 
 
 def flags(speed: Path) -> list[str]:
-    """The speed judge's flags of a cell (empty when it has none or is not judged yet)."""
-    try:
-        record = json.loads(speed.read_text())
-    except (OSError, json.JSONDecodeError):
+    """The speed judge's flags of a cell (empty when it has none or is not judged yet). A ``.speed.json`` that
+    is there but is no speed record (damaged, not JSON, not an object) is a flag of its own: its cell cannot be
+    trusted until judged again (``rerun --unstable`` sets it aside)."""
+    if not speed.exists():
         return []
-    return list(record.get("flags") or [])
+    try:
+        record = json.loads(speed.read_bytes())
+    except (OSError, ValueError) as err:  # ValueError: not JSON, or not UTF-8
+        return [f"{speed.name} cannot be read ({type(err).__name__}); judge the cell again"]
+    found = record.get("flags") if isinstance(record, dict) else None
+    if not isinstance(record, dict) or not isinstance(found or [], list):
+        return [f"{speed.name} is not a speed record (a JSON {type(record).__name__}); judge the cell again"]
+    return [str(f) for f in found or []]
 
 
 def model_failures(results: Path) -> dict[str, str]:

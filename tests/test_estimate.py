@@ -4,10 +4,13 @@ job counts per rule, the paper's grid on an A100 and the default run against its
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline import estimate
 from pipeline.config import check_config, load_config_file
@@ -167,3 +170,49 @@ def test_a_gpu_not_in_the_table_by_its_bandwidth(llama_pair, tmp_path, capsys):
     a100 = json.loads(capsys.readouterr().out)  # the same bandwidth: the same decoding, plus its prefill
     assert mi300x["tflops"] == 0 and a100["tflops"] == 312 and a100["gpu"] == "a100-80gb at 5300 GB/s"
     assert 1 < a100["generate_hours"] / mi300x["generate_hours"] < 1.1
+
+
+FLAGS = {  # estimate's numeric flags and the range each accepts
+    "--bandwidth": (0, math.inf, True, True),
+    "--floor-ms": (0, math.inf, False, True),
+    "--efficiency": (0, 1, True, False),
+    "--acceptance": (0, 1, False, True),
+}
+
+
+def flag_type(flag: str):
+    """The function that parses ``flag`` of ``pipeline estimate`` (what argparse calls on its text)."""
+    from pipeline import cli  # noqa: F401 (registers every subcommand)
+    from pipeline.commands import SUBCOMMANDS
+
+    parser = SUBCOMMANDS.choices["estimate"]
+    return next(a.type for a in parser._actions if flag in a.option_strings)
+
+
+@settings(max_examples=200, deadline=None)
+@given(flag=st.sampled_from(sorted(FLAGS)), value=st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=8))
+def test_every_numeric_flag_of_estimate_is_a_finite_number_in_its_range_or_one_line(flag, value):
+    import argparse
+
+    low, high, low_open, high_open = FLAGS[flag]
+    text = str(value)
+    try:
+        parsed = flag_type(flag)(text)
+    except argparse.ArgumentTypeError as err:
+        assert "expected a finite number in" in str(err) and "\n" not in str(err)
+        return
+    assert math.isfinite(parsed)
+    assert (parsed > low if low_open else parsed >= low) and (parsed < high if high_open else parsed <= high)
+
+
+@pytest.mark.parametrize(
+    "flag,value", [("--bandwidth", "nan"), ("--floor-ms", "-1"), ("--gpu", ""), ("--efficiency", "inf")]
+)
+def test_a_bad_flag_of_estimate_is_one_line_before_any_work(flag, value, capsys):
+    from pipeline.cli import main
+
+    with pytest.raises(SystemExit) as code:
+        main(["estimate", "config/default.yaml", flag, value])
+    assert code.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"pipeline estimate: error: argument {flag}: {value!r}: expected")

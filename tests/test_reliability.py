@@ -54,6 +54,13 @@ def _int_ensemble(logits, sampling):
     return torch.ones(logits[0].shape, dtype=torch.long)
 
 
+@register_ensemble("rel_negative")
+def _negative_ensemble(logits, sampling):  # a positive sum, one negative entry: no distribution
+    row = torch.softmax(logits[0], dim=-1)
+    row[:, 0] = -0.01
+    return row
+
+
 @pytest.mark.parametrize(
     ("name", "said"),
     [
@@ -61,6 +68,7 @@ def _int_ensemble(logits, sampling):
         ("rel_neginf", "no finite entry"),
         ("rel_narrow", rf"shape \((\d+), 5\), expected \(\1, {VOCAB}\)"),
         ("rel_int", "dtype torch.int64"),
+        ("rel_negative", r"negative entries \(expected probabilities >= 0\)"),
     ],
 )
 @pytest.mark.parametrize(("suffix", "temperature"), [("", 0.0), ("", 1.0), ("_se", 0.0), ("_se", 1.0)])

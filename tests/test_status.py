@@ -83,3 +83,14 @@ def test_status_of_a_directory_that_is_no_results_is_one_line(tmp_path, capsys):
     assert main(["status", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "grid.json" in err and str(tmp_path) in err
+
+
+@pytest.mark.parametrize("damage", [b"{not json", b"\xff\xfe", b"[1, 2]", b'{"flags": "x"}'])
+def test_a_speed_record_that_cannot_be_read_is_flagged_not_done_and_set_aside(results, damage, capsys):
+    (results / "generations" / f"{CELLS[0]}.speed.json").write_bytes(damage)
+    s = status(results)
+    assert CELLS[0] in s.unstable and "judge the cell again" in s.unstable[CELLS[0]]
+    assert main(["status", str(results)]) == 0
+    assert any(line.startswith(f"unstable {CELLS[0]}: ") for line in capsys.readouterr().out.splitlines())
+    assert sorted(rerun_unstable(results)) == sorted(CELLS[:2])
+    assert not (results / "generations" / f"{CELLS[0]}.speed.json").exists()  # set aside: judged again

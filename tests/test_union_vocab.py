@@ -159,6 +159,15 @@ def test_a_missing_tokenizer_is_refused(toks, hetero):
     assert one_line(err).startswith("small has no tokenizer")
 
 
+def test_tokenizers_in_another_order_than_the_models_are_refused(toks, hetero):
+    a, b, _ = toks
+    sizes = [int(m.get_output_embeddings().weight.shape[0]) for m in hetero[:2]]
+    assert len(a) <= sizes[0] and len(b) <= sizes[1] and (len(a) > sizes[1] or len(b) > sizes[0])  # distinguishable
+    with pytest.raises(ArgumentError) as err:
+        generate(hetero[:2], b.encode("ab"), "we", tokenizers=[b, a], max_new_tokens=4)
+    assert "must be its own model's, in the models' order" in one_line(err)
+
+
 def test_unencodable_bytes_are_refused(toks):
     a, _, _ = toks
     lacking = sentencepiece(["a", "b", "c", "▁"], [], byte_fallback=False)  # no newline at all

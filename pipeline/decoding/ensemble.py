@@ -156,9 +156,10 @@ def target_name(fn: Callable) -> str:
 
 
 def check_output(out: Any, fn: Callable, step: int, rows: int, vocab: int, logits: bool = False) -> Tensor:
-    """``out`` if it is a ``[rows, vocab]`` floating tensor whose every row has a finite positive mass and no
-    NaN; else a one-line ``EnsembleOutputError`` naming the ensemble and the step. One reduction (the row
-    sums: NaN if any entry is NaN, -inf or 0 when no entry has mass), one host sync. ``logits``: ``out``
+    """``out`` if it is a ``[rows, vocab]`` floating tensor whose every row has a finite positive mass, no
+    negative entry and no NaN; else a one-line ``EnsembleOutputError`` naming the ensemble and the step. Two
+    reductions (the row sums: NaN if any entry is NaN, -inf or 0 when no entry has mass; the row minima), one
+    host sync. ``logits``: ``out``
     holds logits (a row needs a finite maximum and no NaN: the row maxima, NaN where a row has one)."""
     said = f"ensemble {target_name(fn)!r} at step {step} returned"
     if not isinstance(out, Tensor):
@@ -172,8 +173,10 @@ def check_output(out: Any, fn: Callable, step: int, rows: int, vocab: int, logit
         raise EnsembleOutputError(f"{said} dtype {out.dtype}, expected a floating tensor")
     if logits:  # a finite maximum per row (NaN where a row holds one)
         ok = all(-math.inf < top < math.inf for top in out.amax(dim=-1).tolist())
-    else:  # a finite positive mass per row (NaN where a row holds one, -inf or 0 where no entry has mass)
-        ok = all(0 < total < math.inf for total in out.sum(dim=-1).tolist())
+    else:  # a finite positive mass per row (NaN where a row holds one, -inf or 0 where no entry has mass) and
+        # no negative entry (a row with one is no distribution, whatever its sum): one host sync for both
+        totals, lows = torch.stack([out.sum(dim=-1), out.amin(dim=-1)]).tolist()
+        ok = all(0 < total < math.inf and low >= 0 for total, low in zip(totals, lows))
     if not ok:
         raise EnsembleOutputError(f"{said} {_fault(out, logits)}")
     return out

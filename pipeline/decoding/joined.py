@@ -41,6 +41,13 @@ def join(models: Sequence[torch.nn.Module], tokenizers: Any, spec: MethodSpec, n
         count = len(tokenizers) if isinstance(tokenizers, (list, tuple)) else type(tokenizers).__name__
         raise ArgumentError(f"tokenizers: expected a list of {len(models)} tokenizers, one per model; got {count}")
     check_present(tokenizers, names)
+    for i, (model, tokenizer) in enumerate(zip(models, tokenizers)):  # each tokenizer belongs to its model
+        rows = int(model.get_output_embeddings().weight.shape[0])
+        if len(tokenizer) > rows:
+            raise ArgumentError(
+                f"tokenizers[{i}] has {len(tokenizer)} tokens but model {names[i]} scores {rows}: each tokenizer "
+                "must be its own model's, in the models' order"
+            )
     if same_vocabulary(tokenizers):
         return None
     union = check_joinable(tokenizers, names)
