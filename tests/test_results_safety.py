@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import stat
 import subprocess
@@ -421,3 +422,44 @@ def test_the_lock_and_the_journal_never_write_through_what_they_did_not_make(tmp
             target.rmdir()
         else:
             target.unlink()
+
+
+def alias_bomb(levels: int = 9) -> str:
+    """A YAML alias bomb: a few hundred bytes that expand to 9**levels values."""
+    lines = ["a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    return "\n".join(lines) + f"\ngrids: [{{name: g, model_sets: {{s: [m]}}, methods: [sd], gamma: *a{levels - 1}}}]\n"
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (alias_bomb(), "926,177,128 values once its aliases are expanded; a config holds at most 100,000 values"),
+        ("x: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deep to read; a config nests at most 64 deep"),
+        ("x: " + "[" * 70 + "]" * 70 + "\n", "nested 71 deep; a config holds at most"),
+        ("seed: " + "9" * 5000 + "\n", "an integer of thousands of digits"),
+        ("max_new_tokens: " + "9" * 30 + "\n", "the integer at max_new_tokens is too large"),
+        ("a: &a [*a]\n", "an alias refers to a value that contains it"),
+    ],
+    ids=["alias bomb", "5000 deep", "71 deep", "5000 digits", "30 digits", "itself"],
+)
+def test_a_config_too_large_deep_or_odd_to_read_is_one_line_at_once(tmp_path, text, message):
+    from pipeline.config import ConfigError, load_config_file
+
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match=re.escape(message)) as err:
+        load_config_file(path)
+    assert time.perf_counter() - start < 5 and "\n" not in str(err.value)
+
+
+def test_yaml_merge_keys_are_read_and_a_key_of_the_mapping_overrides_them(tmp_path):
+    from pipeline.config import ConfigError, load_config_file
+
+    path = tmp_path / "c.yaml"
+    path.write_text("base: &b {size: 3, chat: false}\ndatasets:\n  humaneval:\n    <<: *b\n    chat: true\n")
+    assert load_config_file(path)["datasets"] == {"humaneval": {"size": 3, "chat": True}}
+    path.write_text("datasets:\n  humaneval: {size: 3, size: 4}\n")
+    with pytest.raises(ConfigError, match="config key 'size' is given twice"):
+        load_config_file(path)
