@@ -6,9 +6,22 @@ lost. Anything else that goes wrong is a bug and keeps its traceback. All are
 ``ValueError`` subclasses, so the decoder's documented ``ValueError`` holds.
 """
 
+MAX_MESSAGE = 500  # characters of a one-line error: a longer one (a value echoed whole) is cut, its size said
+
 
 class UserError(ValueError):
-    """A bad value from the user (config, cell, command line, arguments)."""
+    """A bad value from the user (config, cell, command line, arguments). Its text is one readable line: past
+    ``MAX_MESSAGE`` characters it is cut and says how long it was (a 200 MB value is not echoed back)."""
+
+    def __str__(self) -> str:
+        return "\n".join(map(readable, super().__str__().split("\n")))  # a list of problems: each line cut
+
+
+def readable(line: str) -> str:
+    """``line`` itself, or past ``MAX_MESSAGE`` characters its start and how long it was."""
+    if len(line) <= MAX_MESSAGE:
+        return line
+    return f"{line[: MAX_MESSAGE - 60]} ... (cut: the message is {len(line):,} characters long)"
 
 
 class ArgumentError(UserError):

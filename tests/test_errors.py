@@ -140,3 +140,29 @@ def test_damaged_model_files_get_one_line(tiny_dir, tmp_path, capsys):
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and f"model directory {damaged} could not be loaded: SafetensorError" in lines[0], lines
     assert not (tmp_path / "damaged.json").exists()
+
+
+def test_an_error_that_echoes_a_huge_value_is_cut_to_one_readable_line(tmp_path, capsys):
+    from pipeline.cli import main
+    from pipeline.errors import MAX_MESSAGE
+
+    assert main(["grid", str(tmp_path / ("x" * 40_000))]) == 2  # a config path echoed whole before
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and len(err) <= MAX_MESSAGE + len("error: ")
+    assert err.endswith("characters long)") and "cut" in err
+
+
+@pytest.mark.parametrize(
+    "spec, said",
+    [
+        ('{"name": "a", "source": 1}', "model 'a': source=1 is not accepted; expected str or null"),
+        ('{"name": "a", "full_head": 1}', "model 'a': full_head=1 is not accepted; expected bool"),
+        ('{"name": "a", "distill": [1]}', "model 'a': distill=[1] is not accepted; expected a mapping or null"),
+        ('{"name": "a", "eagle": 3}', "model 'a': eagle=3 is not accepted; expected str or a mapping or null"),
+    ],
+)
+def test_a_model_spec_of_the_wrong_types_is_one_line(tmp_path, capsys, spec, said):
+    from pipeline.cli import main
+
+    assert main(["prepare", spec, str(tmp_path / "m.json")]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {said}"

@@ -33,6 +33,17 @@ class ModelSpec:
     engine: str = "eager"  # eager (a dynamic cache), compiled (a static cache, compiled forwards), compiled+autotune
     eagle: str | dict[str, Any] | None = None  # a feature head: a directory, or a recipe trained here ({} = defaults)
 
+    def __post_init__(self):
+        for key, kinds in SPEC_TYPES.items():
+            value = getattr(self, key)
+            if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+                accepted = " or ".join(
+                    "null" if k is type(None) else {dict: "a mapping"}.get(k, k.__name__) for k in kinds
+                )
+                shown = repr(value)
+                shown = shown if len(shown) <= 60 else shown[:57] + "..."
+                raise ModelError(f"model {str(self.name)[:60]!r}: {key}={shown} is not accepted; expected {accepted}")
+
     def resolved_device(self) -> str:
         device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
         kind, _, index = device.partition(":")
@@ -51,6 +62,19 @@ class ModelSpec:
         if self.dtype not in DTYPES:
             raise ModelError(f"dtype={self.dtype!r} for model {self.name!r}: expected one of {', '.join(DTYPES)}")
         return DTYPES[self.dtype]
+
+
+SPEC_TYPES = {  # what each field of a spec may hold
+    "name": (str,),
+    "source": (str, type(None)),
+    "dtype": (str, type(None)),
+    "device": (str, type(None)),
+    "distill": (dict, type(None)),
+    "full_head": (bool,),
+    "pack": (bool, type(None)),
+    "engine": (str,),
+    "eagle": (str, dict, type(None)),
+}
 
 
 def teacher_spec(spec: ModelSpec) -> ModelSpec:
