@@ -86,14 +86,58 @@ def count_parameters(config: dict[str, Any]) -> tuple[int, int]:
     return sum(p.numel() for p in model.parameters()), 0 if embedding is head else embedding.numel()
 
 
+POSITIVE = {"type": "integer", "minimum": 1}
+CONFIG_JSON = {  # what the preflight reads of a model's config.json, checked before anything is built from it
+    "type": "object",
+    "required": ["model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"],
+    "properties": {
+        "model_type": {"type": "string", "minLength": 1},
+        "vocab_size": {**POSITIVE, "maximum": 10_000_000},
+        "hidden_size": {**POSITIVE, "maximum": 1_000_000},
+        "num_hidden_layers": {**POSITIVE, "maximum": 1_000},
+        "num_attention_heads": {**POSITIVE, "maximum": 10_000},
+        "num_key_value_heads": {"anyOf": [{**POSITIVE, "maximum": 10_000}, {"type": "null"}]},
+        "intermediate_size": {"anyOf": [{**POSITIVE, "maximum": 10_000_000}, {"type": "null"}]},
+        "head_dim": {"anyOf": [{**POSITIVE, "maximum": 100_000}, {"type": "null"}]},
+        "max_position_embeddings": {"anyOf": [{**POSITIVE, "maximum": 100_000_000}, {"type": "null"}]},
+        "tie_word_embeddings": {"type": "boolean"},
+    },
+}
+
+
+def config_json_problems(config: Any, where: str) -> list[str]:
+    """One line per value of a config.json the preflight cannot use (``CONFIG_JSON``: type, sign, range),
+    naming the file, the key and what is accepted."""
+    import jsonschema
+
+    checker = jsonschema.Draft7Validator.TYPE_CHECKER.redefine(
+        "integer", lambda _, x: isinstance(x, int) and not isinstance(x, bool)
+    )
+    validator = jsonschema.validators.extend(jsonschema.Draft7Validator, type_checker=checker)(CONFIG_JSON)
+    lines = []
+    for error in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path))):
+        key = ".".join(map(str, error.absolute_path)) or "(top level)"
+        value = json.dumps(error.instance, default=str)
+        value = value if len(value) <= 40 else value[:37] + "..."
+        if error.validator == "required":
+            lines.append(f"{where}: {error.message}")
+        else:
+            lines.append(f"{where}: {key}={value} is not accepted ({error.message.split(' is ')[-1][:80]})")
+    return lines
+
+
 def read_dir(info: ModelInfo, path: Path) -> ModelInfo:
     """Read a model directory's config.json and tokenizer files into ``info``."""
     info.path = path
     try:
-        info.config = json.loads((path / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        info.problems.append(f"config key models.{info.name}: {path}/config.json cannot be read ({err})")
+        config = json.loads((path / "config.json").read_bytes())
+    except (OSError, ValueError) as err:  # ValueError: not JSON, or not UTF-8
+        info.problems.append(f"config key models.{info.name}: {path}/config.json cannot be read ({one_line(err)})")
         return info
+    if problems := config_json_problems(config, f"config key models.{info.name}: {path}/config.json"):
+        info.problems += problems  # nothing is built from a config.json that cannot describe a model
+        return info
+    info.config = config
     head_file = path / "head_tokens.json"
     if head_file.exists():
         info.restricted_head = True
@@ -112,8 +156,14 @@ def read_dir(info: ModelInfo, path: Path) -> ModelInfo:
         info.problems.append(f"config key models.{info.name}: its tokenizer in {path} cannot be read: {one_line(err)}")
         return info
     tok_config = path / "tokenizer_config.json"
-    with contextlib.suppress(OSError, json.JSONDecodeError):
-        info.chat_template = bool(json.loads(tok_config.read_text()).get("chat_template"))
+    with contextlib.suppress(OSError, ValueError):  # absent or unreadable: the tokenizer's own reader says so
+        found = json.loads(tok_config.read_bytes())
+        if not isinstance(found, dict):
+            info.problems.append(
+                f"config key models.{info.name}: {tok_config} is a JSON {type(found).__name__}, expected an object"
+            )
+            return info
+        info.chat_template = bool(found.get("chat_template"))
     info.chat_template |= any((path / f).exists() for f in ("chat_template.jinja", "chat_template.json"))
     if info.vocab_size and len(info.vocab) > info.vocab_size:
         info.problems.append(

@@ -7,11 +7,14 @@ built here: no weights anywhere, so nothing could be loaded even by mistake.
 from __future__ import annotations
 
 import json
+import time
 from argparse import Namespace
 from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pipeline import model_files, preflight
 from pipeline.config import check_config
@@ -266,3 +269,74 @@ def test_snakemake_stops_before_any_job_with_every_problem(model_path, tmp_path)
     assert run.returncode != 0 and lines[0] == "error: 2 problems before any job:", lines
     assert "has no tokenizer" in lines[1] and "vocabulary of 32000 and 'qwen2.5-0.5b' of 151936" in lines[2]
     assert len(lines) == 3 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        ({"vocab_size": "49152"}, 'vocab_size="49152" is not accepted'),
+        ({"hidden_size": True}, "hidden_size=true is not accepted"),
+        ({"num_attention_heads": 0}, "num_attention_heads=0 is not accepted"),
+        ({"num_hidden_layers": 1_000_000}, "num_hidden_layers=1000000 is not accepted"),
+        ({"num_hidden_layers": -2}, "num_hidden_layers=-2 is not accepted"),
+        ({"intermediate_size": 16.5}, "intermediate_size=16.5 is not accepted"),
+        ({"vocab_size": None}, "'vocab_size' is a required property"),
+        ({"model_type": None}, "'model_type' is a required property"),
+    ],
+)
+def test_a_config_json_that_cannot_describe_a_model_is_one_line_and_builds_nothing(tmp_path, change, said):
+    config = {**PUBLIC_CONFIGS["meta-llama/Llama-2-7b-hf"], **change}
+    config = {k: v for k, v in config.items() if v is not None}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    start = time.perf_counter()
+    info = model_files.read_dir(model_files.ModelInfo("m", ""), tmp_path)
+    assert info.config is None and info.parameters is None and time.perf_counter() - start < 5
+    assert any(said in p for p in info.problems), info.problems
+    assert all("\n" not in p and f"{tmp_path}/config.json" in p for p in info.problems)
+
+
+@pytest.mark.parametrize("text", [b"\xff\xfe\x00", b"[1, 2]", b"null", b'"a"'])
+def test_a_config_json_that_is_not_an_object_is_one_line(tmp_path, text):
+    (tmp_path / "config.json").write_bytes(text)
+    info = model_files.read_dir(model_files.ModelInfo("m", ""), tmp_path)
+    assert info.config is None and len(info.problems) >= 1 and all("\n" not in p for p in info.problems)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=6,
+)
+SHAPE_KEYS = [
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "head_dim",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    changes=st.dictionaries(st.sampled_from(SHAPE_KEYS), JSON_VALUES, max_size=4),
+    drop=st.sets(st.sampled_from(SHAPE_KEYS), max_size=2),
+)
+def test_any_config_json_is_read_or_refused_in_lines_never_a_traceback(tmp_path_factory, changes, drop):
+    """Generated config.json dictionaries: each is accepted with shapes the preflight can count, or refused
+    with one line per problem; never a traceback, a hang or a silent pass of a value outside its range."""
+    path = tmp_path_factory.mktemp("m")
+    config = {k: v for k, v in {**PUBLIC_CONFIGS["meta-llama/Llama-2-7b-hf"], **changes}.items() if k not in drop}
+    (path / "config.json").write_text(json.dumps(config, default=str))
+    info = model_files.read_dir(model_files.ModelInfo("m", ""), path)
+    if info.config is None:
+        assert info.problems and all("\n" not in p for p in info.problems)
+    else:
+        assert all(
+            isinstance(info.config[k], int) and not isinstance(info.config[k], bool) and info.config[k] >= 1
+            for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+        )
