@@ -188,7 +188,7 @@ def string_agreement(student, tokenizer, teacher_tokenizer, held: list[tuple[lis
     """How often the student's argmax piece is the teacher's next token (equal, or prefix-consistent), at the
     continuation's positions where both tokenizations have a boundary."""
     equal = prefix = total = 0
-    for prompt_ids, cont_ids, _ in held:
+    for prompt_ids, cont_ids, *_ in held:  # (prompt, continuation[, the teacher's log-probabilities])
         prompt = teacher_tokenizer.decode(prompt_ids)
         teacher_next = boundaries(teacher_tokenizer, cont_ids, len(prompt))
         enc = tokenizer(prompt + teacher_tokenizer.decode(cont_ids), return_offsets_mapping=True)
