@@ -127,7 +127,12 @@ def load_config_file(path: Path) -> dict[str, Any]:
         ) from None
     if (where := _big_int(data)) is not None:
         key = ".".join(map(str, where)) or "(top level)"
-        raise ConfigError(f"config file {path}: the integer at {key} is too large (at most {MAX_INT - 1:,} in size)")
+        value = data
+        for k in where:
+            value = value[k]
+        raise ConfigError(
+            f"config key {key}: {value} is not accepted; expected an integer of at most {MAX_INT - 1:,} in size"
+        )
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -79,7 +79,7 @@ class FeatureProposer:
         hidden = args[0][0]
         start, k = self.runner.length, hidden.shape[0]  # the runner counts these tokens once its forward returns
         if self.features is None or self.features.shape[0] < start + k:
-            grown = hidden.new_empty((max(2 * (start + k), 256), hidden.shape[1]))
+            grown = hidden.new_zeros((max(2 * (start + k), 256), hidden.shape[1]))
             if self.features is not None:
                 grown[: self.features.shape[0]] = self.features
             self.features = grown
