@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--losses", nargs="+", choices=tuple(LOSSES), default=list(LOSSES))
     parser.add_argument("--steps", nargs="+", type=int, default=[200, 400, 800], help="step budgets")
     parser.add_argument("--prompts", type=int, default=Recipe.prompts, help="on-policy prompts (training data)")
+    parser.add_argument("--chat-every", type=int, default=0, help="every Nth on-policy prompt as a chat turn")
     parser.add_argument("--json", type=Path, help="write every figure here")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     teacher, tokenizer = load_spec(ModelSpec(BUNDLED, pack=False))
-    recipe = Recipe(layers=args.layers, head_tokens=args.head_tokens, prompts=args.prompts)
+    recipe = Recipe(layers=args.layers, head_tokens=args.head_tokens, prompts=args.prompts, chat_every=args.chat_every)
     base = truncated_copy(teacher, args.layers)
     pack_linears(teacher)
     data = teacher_data(teacher, tokenizer, recipe)

@@ -158,3 +158,13 @@ def test_a_recipe_that_cannot_train_is_refused_in_one_line(settings, message):
     with pytest.raises(ModelError, match=message) as err:
         recipe_for({"teacher": "t", **settings}, "d")
     assert "\n" not in str(err.value)
+
+
+def test_every_nth_on_policy_prompt_can_be_a_chat_turn(smol_tokenizer):
+    from pipeline.models.distill import as_chat_turns
+
+    prompts = [f"def f{i}():\n" for i in range(5)]
+    turned = as_chat_turns(prompts, smol_tokenizer, 2)
+    assert [t == p for t, p in zip(turned, prompts)] == [True, False, True, False, True]
+    assert "def f1():" in turned[1] and turned[1].startswith("<|im_start|>") and turned[1] != prompts[1]
+    assert as_chat_turns(prompts, smol_tokenizer, 0) == prompts

@@ -340,3 +340,14 @@ def test_any_config_json_is_read_or_refused_in_lines_never_a_traceback(tmp_path_
             isinstance(info.config[k], int) and not isinstance(info.config[k], bool) and info.config[k] >= 1
             for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
         )
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '"chat"', "3"])
+def test_a_tokenizer_config_that_is_not_an_object_is_one_line(tmp_path, text):
+    path = model_dir(tmp_path, "m", "meta-llama/Llama-2-7b-hf", LLAMA_WORDS)
+    (path / "tokenizer_config.json").write_text(text)
+    info = model_files.read_dir(model_files.ModelInfo("m", ""), path)
+    assert info.problems == [
+        f"config key models.m: {path}/tokenizer_config.json is a JSON "
+        f"{type(json.loads(text)).__name__}, expected an object"
+    ]

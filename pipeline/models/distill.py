@@ -61,6 +61,7 @@ class Recipe:
     lr: float = 3e-3
     warmup: int = 10
     loss: str = "ce"  # one of LOSSES
+    chat_every: int = 0  # every Nth on-policy prompt (from the second) as a chat turn: the instruct model's use
     batch: int = 16  # teacher generation batch
     eval_prompts: int = 16
     seed: int = 0
@@ -78,7 +79,7 @@ def check_recipe(recipe, what: str) -> None:
         value = getattr(recipe, key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ModelError(f"distill {key}={value!r} for a {what}: expected an integer of 1 or more")
-    for key in ("head_tokens", "source_chunks", "warmup", "seed"):
+    for key in ("head_tokens", "source_chunks", "warmup", "seed", "chat_every"):
         value = getattr(recipe, key, 0)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ModelError(f"distill {key}={value!r} for a {what}: expected an integer of 0 or more")
@@ -117,6 +118,22 @@ def stdlib_prompts(files: list[Path], limit: int, rng: random.Random) -> list[st
             break
     rng.shuffle(found)
     return found[:limit]
+
+
+CHAT_ASK = "Complete this Python function.\n```python\n{}```"  # a prompt as a chat turn
+
+
+def as_chat_turns(prompts: list[str], tokenizer, every: int) -> list[str]:
+    """``prompts`` with every ``every``-th one from the second (0: none) asking, as a chat turn through the
+    tokenizer's chat template, for the function to be completed: what an instruct model is prompted with. Without
+    a chat template, the prompts as they are."""
+    if not every or not getattr(tokenizer, "chat_template", None):
+        return prompts
+    out = list(prompts)
+    for i in range(1, len(out), every):
+        turn = [{"role": "user", "content": CHAT_ASK.format(out[i])}]
+        out[i] = tokenizer.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
+    return out
 
 
 def source_chunks(files: list[Path], tokenizer, count: int, size: int) -> list[list[int]]:
@@ -212,7 +229,7 @@ def teacher_data(teacher, tokenizer, recipe: Recipe) -> TeacherData:
     t0 = time.perf_counter()
     rng = random.Random(recipe.seed)
     files = stdlib_files(rng)
-    prompts = stdlib_prompts(files, recipe.prompts, rng)
+    prompts = as_chat_turns(stdlib_prompts(files, recipe.prompts, rng), tokenizer, recipe.chat_every)
     triples = teacher_continuations(teacher, tokenizer, prompts, recipe.new_tokens, recipe.batch, "teacher continues")
     # on-policy: the teacher's greedy tokens are its argmax at each continuation position;
     # raw source is labelled by a teacher forward

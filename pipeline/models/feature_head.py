@@ -260,6 +260,8 @@ def load_head(path: str | Path, target: nn.Module) -> FeatureHead:
             if k.split(".")[0] in ("fc", "layers")
         }
         head = FeatureHead(target, None, layers, "fc.bias" in raw)
+        if "layers.0.input_layernorm.weight" not in raw:  # EAGLE's first layer has no input norm: the fused
+            head.decoder.layers[0].input_layernorm = nn.Identity()  # features enter its attention as they are
     d = target.config.hidden_size
     if state.get("fc.weight") is None or tuple(state["fc.weight"].shape) != (d, 2 * d):
         shape = None if state.get("fc.weight") is None else tuple(state["fc.weight"].shape)

@@ -28,6 +28,7 @@ from .cache import save_dir
 from .cpu_kernels import pack_linears
 from .distill import (
     META,
+    as_chat_turns,
     check_recipe,
     digest,
     fit,
@@ -40,8 +41,6 @@ from .distill import (
 )
 from .loading import truncated_copy
 from .spec import ModelError, ModelSpec
-
-CHAT_ASK = "Complete this Python function.\n```python\n{}```"  # half the prompts, as a chat turn
 
 
 @dataclass
@@ -227,11 +226,7 @@ def _distill_student(teacher, teacher_tokenizer, out_dir: Path, recipe: StudentR
     files = stdlib_files(rng)
     prompts = sorted(stdlib_prompts(files, 2 * recipe.prompts, rng), key=len)[: recipe.prompts]  # the shorter half:
     # batches of like lengths, little padding (the teacher's generation is most of the recipe's time)
-    if getattr(teacher_tokenizer, "chat_template", None):  # half as chat turns: the instruct model's use
-        chat = [{"role": "user", "content": CHAT_ASK.format(p)} for p in prompts[1::2]]
-        prompts[1::2] = [
-            teacher_tokenizer.apply_chat_template([m], tokenize=False, add_generation_prompt=True) for m in chat
-        ]
+    prompts = as_chat_turns(prompts, teacher_tokenizer, 2)  # half as chat turns: the instruct model's use
     pairs = teacher_continuations(
         teacher, teacher_tokenizer, prompts, recipe.new_tokens, recipe.batch, "teacher continues"
     )
