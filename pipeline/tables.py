@@ -183,7 +183,8 @@ def distilled(found: Collected, table: Table) -> Shaped:
     if found.drafts.empty:
         return None
     d = found.drafts.set_index("model")[list(table.columns)].dropna(axis=1, how="all")
-    return d, d
+    whole = lambda v: int(v) if isinstance(v, float) and v.is_integer() else v  # noqa: E731 (counts stay counts)
+    return d, d.astype(object).where(d.notna(), "-").map(whole)  # a student has no T=1 figure: "-"
 
 
 def with_intervals(numbers: pd.DataFrame) -> pd.DataFrame:
