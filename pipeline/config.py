@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from .errors import UserError
-from .files import read_user_text
+from .files import read_user_text, schema_validator
 from .preflight import own_tokenizer
 
 SCHEMA = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "config.schema.yaml"
@@ -75,16 +75,14 @@ def _expanded(root) -> tuple[int, int]:
             return math.inf, math.inf
         open_nodes.add(id(node))
         stack.append((node, True))
-        stack += [(c, False) for c in children if id(c) not in size]
-        if any(id(c) in open_nodes for c in children):
-            return math.inf, math.inf
+        stack += [(c, False) for c in children if id(c) not in size]  # an open one among them: a cycle, found above
     return size[id(root)], depth[id(root)]
 
 
-def _big_int(value: Any, path: tuple = ()) -> tuple | None:
-    """The path of the first integer of ``value`` too large for a config (|n| >= MAX_INT), or None."""
+def _big_int(value: Any, path: tuple = ()) -> tuple[tuple, int] | None:
+    """The path and value of the first integer of ``value`` too large for a config (|n| >= MAX_INT), or None."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= MAX_INT:
-        return path
+        return path, value
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     return next((found for k, v in items if (found := _big_int(v, (*path, k))) is not None), None)
 
@@ -125,13 +123,10 @@ def load_config_file(path: Path) -> dict[str, Any]:
         raise ConfigError(
             f"config file {path}: an integer of thousands of digits; a config's are below {MAX_INT:,}"
         ) from None
-    if (where := _big_int(data)) is not None:
-        key = ".".join(map(str, where)) or "(top level)"
-        value = data
-        for k in where:
-            value = value[k]
+    if (found := _big_int(data)) is not None:
+        key = ".".join(map(str, found[0])) or "(top level)"
         raise ConfigError(
-            f"config key {key}: {value} is not accepted; expected an integer of at most {MAX_INT - 1:,} in size"
+            f"config key {key}: {found[1]} is not accepted; expected an integer of at most {MAX_INT - 1:,} in size"
         )
     if data is None:
         return {}
@@ -142,15 +137,6 @@ def load_config_file(path: Path) -> dict[str, Any]:
 
 def load_schema(path: Path = SCHEMA) -> dict[str, Any]:
     return yaml.safe_load(Path(path).read_text())
-
-
-def _validator(schema: dict[str, Any]):
-    """The schema's validator, with "integer" meaning a real int (JSON Schema alone accepts 4.0 and True)."""
-    import jsonschema
-
-    cls = jsonschema.validators.validator_for(schema)
-    checker = cls.TYPE_CHECKER.redefine("integer", lambda _, x: isinstance(x, int) and not isinstance(x, bool))
-    return jsonschema.validators.extend(cls, type_checker=checker)(schema)
 
 
 def non_finite(value: Any, path: tuple = ()) -> tuple[tuple, float] | None:
@@ -216,7 +202,7 @@ def schema_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
     lines = []
     if bad := non_finite(config):
         lines.append(f"config key {_key(bad[0])}: {bad[1]} is not accepted; expected a finite number")
-    for error in sorted(_validator(schema).iter_errors(config), key=lambda e: list(map(str, e.absolute_path))):
+    for error in sorted(schema_validator(schema).iter_errors(config), key=lambda e: list(map(str, e.absolute_path))):
         where = _key(error.absolute_path)
         if error.validator == "additionalProperties":
             allowed = sorted(error.schema.get("properties", {}))

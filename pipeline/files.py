@@ -150,6 +150,16 @@ def open_own(path: Path, mode: str, what: str):
     return os.fdopen(fd, mode, encoding="utf-8")
 
 
+def schema_validator(schema: dict[str, Any]):
+    """A JSON Schema's validator for what a user gives, with "integer" meaning a real int (JSON Schema alone
+    accepts 4.0 and True): the config's schema and a model's config.json (``model_files.CONFIG_JSON``)."""
+    import jsonschema
+
+    cls = jsonschema.validators.validator_for(schema)
+    checker = cls.TYPE_CHECKER.redefine("integer", lambda _, x: isinstance(x, int) and not isinstance(x, bool))
+    return jsonschema.validators.extend(cls, type_checker=checker)(schema)
+
+
 class LockHeld(UserError):
     """Another living process holds the lock (one line naming it)."""
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import one_line
+from .files import schema_validator
 from .models.spec import BUNDLED, DTYPES, ModelError, ModelSpec, config_entry, teacher_spec
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -108,14 +109,10 @@ CONFIG_JSON = {  # what the preflight reads of a model's config.json, checked be
 def config_json_problems(config: Any, where: str) -> list[str]:
     """One line per value of a config.json the preflight cannot use (``CONFIG_JSON``: type, sign, range),
     naming the file, the key and what is accepted."""
-    import jsonschema
-
-    checker = jsonschema.Draft7Validator.TYPE_CHECKER.redefine(
-        "integer", lambda _, x: isinstance(x, int) and not isinstance(x, bool)
-    )
-    validator = jsonschema.validators.extend(jsonschema.Draft7Validator, type_checker=checker)(CONFIG_JSON)
     lines = []
-    for error in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path))):
+    for error in sorted(
+        schema_validator(CONFIG_JSON).iter_errors(config), key=lambda e: list(map(str, e.absolute_path))
+    ):
         key = ".".join(map(str, error.absolute_path)) or "(top level)"
         value = json.dumps(error.instance, default=str)
         value = value if len(value) <= 40 else value[:37] + "..."

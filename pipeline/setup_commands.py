@@ -128,7 +128,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     if (path / META).exists():  # a distilled draft or student: how it was trained and how well it proposes
         record["distilled"] = read_meta(path)
     if spec.eagle is not None:  # its feature head, likewise
-        record["feature_head"] = {"path": str(ensure_head(spec)), **read_meta(ensure_head(spec))}
+        head = ensure_head(spec)
+        record["feature_head"] = {"path": str(head), **read_meta(head)}
     write_atomic(args.out, json.dumps(record, indent=2) + "\n")
     print(json.dumps(record, indent=2))
     return 0

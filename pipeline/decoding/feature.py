@@ -147,9 +147,8 @@ class FeatureProposer:
         finally:
             self._reading = True
         features = list(found[0])
-        for t in range(pos - 1):  # inputs 0..pos-2, each on the whole sequence so far, no cache
-            if t >= true:
-                features.append(self.head.step(torch.stack(features[:t]), torch.tensor(tokens[1 : t + 1]), None, 0)[-1])
+        for t in range(true, pos - 1):  # the predicted features, each from the whole sequence before it, no cache
+            features.append(self.head.step(torch.stack(features[:t]), torch.tensor(tokens[1 : t + 1]), None, 0)[-1])
         out = self.head.step(torch.stack(features[: pos - 1]), torch.tensor(tokens[1:pos]), None, 0)[-1]
         return self.head.logits(out)
 

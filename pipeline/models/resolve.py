@@ -33,12 +33,16 @@ def recipe_for(settings: dict, name: str) -> Recipe | StudentRecipe:
     draft's; one line (``ModelError``) naming a key or value that cannot train."""
     if "tokenizer" in settings:
         return recipe_from(settings, name)
-    args = {k: v for k, v in settings.items() if k != "teacher"}
-    accepted = [f.name for f in dataclasses.fields(Recipe)]
-    unknown = sorted(set(args) - set(accepted), key=str)
+    return recipe_of(Recipe, {k: v for k, v in settings.items() if k != "teacher"}, f"distill settings for {name!r}")
+
+
+def recipe_of(cls: type, settings: dict, what: str):
+    """``cls(**settings)`` (a recipe dataclass), or one line naming the first key it does not take."""
+    accepted = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(settings) - set(accepted), key=str)
     if unknown:
-        raise ModelError(f"distill settings for {name!r}: unknown key {unknown[0]!r}; accepted: {', '.join(accepted)}")
-    return Recipe(**args)
+        raise ModelError(f"{what}: unknown key {unknown[0]!r}; accepted: {', '.join(accepted)}")
+    return cls(**settings)
 
 
 def load_spec(spec: ModelSpec):
@@ -56,13 +60,7 @@ def load_spec(spec: ModelSpec):
 def head_recipe(spec: ModelSpec) -> HeadRecipe:
     """The recipe of a model's ``eagle`` entry when it is one (a dict); one line naming a key it cannot take."""
     settings = spec.eagle if isinstance(spec.eagle, dict) else {}
-    accepted = [f.name for f in dataclasses.fields(HeadRecipe)]
-    unknown = sorted(set(settings) - set(accepted), key=str)
-    if unknown:
-        raise ModelError(
-            f"eagle settings for {spec.name!r}: unknown key {unknown[0]!r}; accepted: {', '.join(accepted)}"
-        )
-    return HeadRecipe(**settings)
+    return recipe_of(HeadRecipe, settings, f"eagle settings for {spec.name!r}")
 
 
 def ensure_head(spec: ModelSpec) -> Path:
