@@ -88,7 +88,20 @@ EAGLE_CASES = [
         {"method_args": {**TWO["we"], "proposer": "eagle+draft"}, "gamma": [1, 2]},
     ),
     ("cd_sd", [0, 1], "cd", {"alpha": 0.3}, {"method_args": {**TWO["cd"], "proposer": "eagle"}, "gamma": 2}),
+    # token trees drafted from the head's distribution: children drawn without replacement, static and dynamic
+    ("sd", [0], "single", {}, {"gamma": 2, "method_args": {"proposer": "eagle"}, "tree": "3x2w"}),
+    (
+        "we_sd",
+        [0, 1],
+        "we",
+        {"weights": [0.5, 0.5]},
+        {"method_args": {**TWO["we"], "proposer": "eagle+draft"}, "gamma": 2, "tree": "d4"},
+    ),
 ]
+
+
+def case_id(case) -> str:
+    return "-".join([case[0], case[4]["method_args"]["proposer"], case[4].get("tree", "chain")])
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +110,7 @@ def sampling_models():
     return [with_head(models[0], kept=[0, 1, 2, 4, 5], seed=7), *models[1:]]
 
 
-@pytest.mark.parametrize("case", EAGLE_CASES, ids=[c[0] + "-" + c[4]["method_args"]["proposer"] for c in EAGLE_CASES])
+@pytest.mark.parametrize("case", EAGLE_CASES, ids=[case_id(c) for c in EAGLE_CASES])
 def test_first_two_tokens_follow_the_target(sampling_models, case):
     check_case(sampling_models, case, SETTINGS[0] if case[0] != "we_sd" else SETTINGS[1])
 
@@ -140,10 +153,52 @@ def test_the_head_cache_gives_what_a_recompute_from_scratch_gives(pair):
         proposer.close()
 
 
-def test_a_token_tree_refuses_a_proposer_that_drafts_one_candidate(pair):
-    with pytest.raises(ArgumentError, match="proposer 'eagle' drafts one candidate per position and cannot draft"):
-        generate(pair, PROMPT, "sd", 2, 10, method_args={"proposer": "eagle"}, tree="2x1")
+TREES = [("sd", {}, "2x2x1"), ("sd", {}, "d8"), ("we_sd", {"lambda": 0.5}, "3x1"), ("cd_se", {"alpha": 0.3}, "d6")]
+
+
+@pytest.mark.parametrize("proposer", ["eagle", "eagle+draft"])
+@pytest.mark.parametrize("method,args,tree", TREES, ids=[f"{m}-{t}" for m, _, t in TREES])
+def test_greedy_trees_drafted_by_the_head_equal_the_standard_method(pair, method, args, tree, proposer):
+    standard = {"sd": "large_model"}.get(method, method.rsplit("_", 1)[0])
+    gamma = [2, 1] if method.endswith("_se") else 3
+    base = generate(pair, PROMPT, standard, max_new_tokens=40, method_args=args).token_ids
+    out = generate(pair, PROMPT, method, gamma, 40, method_args={**args, "proposer": proposer}, tree=tree)
+    assert out.token_ids == base
+    assert out.stats.proposers["eagle"].proposed > out.stats.rounds  # several candidates a round: a tree
+    assert out.stats.proposers["eagle"].accepted > 0
     assert not pair[0].model.norm._forward_pre_hooks
+
+
+def test_a_tree_keeps_the_features_of_its_accepted_path_in_order(pair, monkeypatch):
+    """After a round the head drafts from the true features of the accepted path: those a plain forward of the
+    committed tokens gives (a tree forward writes them at the slots of its nodes, compacted after the round)."""
+    seen = []
+    original = FeatureProposer.logits
+
+    def logits(self, context):
+        row = original(self, context)
+        if row is not None:  # none before the target's first forward
+            true = min(self.runner.length, len(context) - 1)
+            seen.append((list(context[:true]), self.features[:true].clone()))
+        return row
+
+    monkeypatch.setattr(FeatureProposer, "logits", logits)
+    generate(pair, PROMPT, "sd", 3, 30, method_args={"proposer": "eagle"}, tree="d8")
+    target = pair[0]
+    assert len(seen) > 10
+    for context, features in seen[:: max(1, len(seen) // 8)]:
+        assert torch.allclose(features, true_features(target, context), atol=1e-9)
+
+
+def true_features(target, context: list[int]) -> torch.Tensor:
+    """The target's features before its final norm over ``context``, from one forward without a cache."""
+    found = []
+    hook = target.model.norm.register_forward_pre_hook(lambda _m, a: found.append(a[0][0]))
+    try:
+        target(input_ids=torch.tensor([context]), use_cache=False)
+    finally:
+        hook.remove()
+    return found[0]
 
 
 def test_eagle_without_a_head_is_refused_in_one_line():

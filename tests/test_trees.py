@@ -23,6 +23,7 @@ from pipeline.decoding.tree import Tree, parse_tree
 from pipeline.errors import ArgumentError
 
 from .conftest import perturbed, tiny_llama
+from .test_cell import Repeat
 from .test_sampling_lossless import ALPHA, VOCAB, chi_square_pvalue, exact_joint, make_models
 
 ARGS = {"we": {"lambda": 0.4}, "cd": {"alpha": 0.3}, "gac": {"lambda": 0.4, "threshold": 0.3}}
@@ -184,7 +185,11 @@ def test_the_tree_check_rejects_without_replacement_judged_as_with(small, monkey
 
 @pytest.fixture(scope="module")
 def audit_trio():
+    from pipeline.decoding.feature import attach
+    from pipeline.models.feature_head import FeatureHead
+
     target = tiny_llama(80, layers=2, hidden=32)
+    attach(target, FeatureHead(target, None))  # the eagle proposer's head (random: it proposes, often wrongly)
     return [target, perturbed(target, 0.1, seed=81), tiny_llama(82)]
 
 
@@ -194,6 +199,8 @@ AUDITED = [
     ("we_sd", "draft", "d8"),
     ("we_se", "lookup+draft", "3x2x1w"),
     ("cd_se", "draft", "d8w"),
+    ("sd", "eagle", "d8w"),  # the feature head's distributions at every node, recomputed from scratch
+    ("we_se", "eagle+draft", "3x2x1"),
 ]
 AUDIT_PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 3, 1, 4, 1]
 
@@ -224,6 +231,9 @@ def test_every_tree_distribution_matches_a_recompute(audit_trio, method, propose
     out, audit = audited(audit_trio, method, proposer, tree, gamma_schedule="dynamic")
     assert len(out.token_ids) == 110 and audit.checked > 110
     assert out.stats.tree_nodes > 0
+    for named in ("lookup", "eagle"):
+        if named in proposer:
+            assert out.stats.proposers[named].proposed > 0
 
 
 def compact_without_gather(runner, start, keep):
@@ -317,3 +327,60 @@ def test_the_cost_model_prices_nodes_at_the_fitted_per_token_cost():
     ]
     assert tree_cost.best_budget(rows, free, (0.001, 0.0))["best"]["label"] == "tree"
     assert tree_cost.best_budget(rows, (0.010, 0.004), (0.001, 0.0))["best"]["label"] == "chain"
+
+
+# ---- proposers registered by users take part in trees through the protocol, or are refused ----------------------
+
+
+class Single(Repeat):
+    """A proposer with neither optional method: it drafts chains only."""
+
+
+class Echo(Single):
+    """One-hot candidates (``continuations``): the context's last distinct tokens, latest first."""
+
+    def continuations(self, context, limit):
+        return list(dict.fromkeys(reversed(context)))[:limit]
+
+
+class Unigram(Single):
+    """A distribution of its own (``logits``): fixed scores, the same after every context."""
+
+    def logits(self, context):
+        return torch.linspace(2.0, -2.0, VOCAB, dtype=torch.float64)
+
+
+@pytest.fixture
+def registered():
+    from pipeline.decoding.proposers import NAMED_PROPOSERS, register_proposer
+
+    for name, cls in (("echo", Echo), ("unigram", Unigram), ("single", Single)):
+        register_proposer(name)(cls)
+    yield
+    for name in ("echo", "unigram", "single"):
+        NAMED_PROPOSERS.pop(name)
+
+
+@pytest.mark.parametrize("proposer", ["echo", "echo+draft", "unigram", "unigram+draft"])
+@pytest.mark.parametrize("tree", ["3x2", "d6"])
+def test_a_registered_proposer_drafts_trees_through_the_protocol(small, registered, proposer, tree):
+    """Alone it fills the tree (not an empty tree with the target's token alone); with a draft, its candidates
+    come first (``continuations``) or its distribution replaces the draft's (``logits``); greedy stays exact."""
+    name = proposer.split("+")[0]
+    for prompt in ([1, 4, 2, 1, 4, 3, 1, 4], [5, 0, 5, 0, 2]):
+        base = generate(small[:2], prompt, "large_model", max_new_tokens=24).token_ids
+        out = generate(small[:2], prompt, "sd", 3, 24, method_args={"proposer": proposer}, tree=tree)
+        assert out.token_ids == base
+        ours = out.stats.proposers[name]
+        assert ours.proposed > out.stats.rounds  # several candidates per round: it drafted the tree
+        if name == "unigram":  # its distribution, not the draft's: the draft model never drafts
+            assert out.stats.models[1].forward_calls == 0
+    joint = tree_joint(small[:1], "sd", tree, seeds=300, method_args={"proposer": "unigram"})
+    assert chi_square_pvalue(joint, exact_joint("single", small[:1], SETTING, {})) > ALPHA
+
+
+def test_a_registered_proposer_without_candidates_is_refused_in_a_tree(small, registered):
+    with pytest.raises(ArgumentError, match="proposer 'single' drafts one candidate per position and cannot draft"):
+        generate(small[:2], [1, 4, 2], "sd", 3, 8, method_args={"proposer": "single+draft"}, tree="3x2")
+    chain = generate(small[:2], [1, 4, 2], "sd", 3, 8, method_args={"proposer": "single+draft"})
+    assert chain.token_ids == generate(small[:2], [1, 4, 2], "large_model", max_new_tokens=8).token_ids

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -68,11 +69,22 @@ class Audit:
             if p.token != tokens[pos]:
                 raise AuditError(f"the proposal verified at position {pos} is {p.token}; the context has {tokens[pos]}")
             if p.q is not None:  # drawn from a model's own distribution (proposers.ModelProposer) or a head's
-                if hasattr(p.by, "recompute"):  # a proposer with a network of its own (feature.py) recomputes it
-                    fresh = p.by.recompute(tokens, pos).double()[None][:, : p.q.shape[-1]]
-                else:
-                    fresh = self._rows(p.by.index, tokens, pos, pos + 1)[:, : p.q.shape[-1]]
+                fresh = self._proposer_row(p.by, tokens, pos)[:, : p.q.shape[-1]]
                 self._compare(p.q.double()[None], single_model([fresh], sampling), f"the proposal at position {pos}")
+
+    def check_proposer_row(self, by: Any, context: list[int], row: Tensor, sampling: Sampling) -> None:
+        """A token tree's node: the logits ``row`` proposer ``by`` drew its children from after ``context``."""
+        sampling = Sampling.identity() if sampling.greedy else sampling
+        fresh = self._proposer_row(by, context, len(context))[:, : row.shape[-1]]
+        got = single_model([row.double()[None]], sampling)
+        self._compare(got, single_model([fresh], sampling), f"the tree's draft distribution at {len(context)}")
+
+    def _proposer_row(self, by: Any, tokens: list[int], pos: int) -> Tensor:
+        """Float64 logits of proposer ``by`` for position ``pos`` of ``tokens``, from scratch: a proposer with a
+        network of its own (feature.py) recomputes it; a model of the set is run without a cache."""
+        if hasattr(by, "recompute"):
+            return by.recompute(tokens, pos).double()[None]
+        return self._rows(by.index, tokens, pos, pos + 1)
 
     def _rows(self, index: int, tokens: list[int], start: int, stop: int) -> Tensor:
         """Float64 logits rows predicting positions ``[start, stop)``, from one forward without a cache."""

@@ -28,7 +28,9 @@ form (``*_me_sd``, schedule ``[(drafter, g)]``) draws each position's member
 once, ahead of its token, and decodes the runs of positions drawn for another
 member speculatively (``_mixture``, ``_verify_mixture``).
 
-A rejection discards every pending token and restarts the schedule.
+A rejection discards every pending token and restarts the schedule. A method
+with a token tree hands ``run`` the tree's round loop (``tree.py``), which
+drafts through the same proposers and commits with ``commit``.
 
 A dynamic gamma (``DynamicGamma``, ``_adapt_gammas``) changes a turn's gamma
 between rounds by verified outcomes only, so every method stays exact. The
@@ -51,7 +53,6 @@ from .member import Member, Stopper
 from .proposers import Proposal, Proposer
 from .sampling import Sampling, probs, sample
 from .stats import GenerationStats
-from .tree import TreeShape, run_tree
 from .verify import verify_greedy, verify_sampled
 
 if TYPE_CHECKING:
@@ -93,9 +94,15 @@ class Decoder:
     dynamic: DynamicGamma | None = None  # None: every turn keeps its gamma
     fixed_turns: frozenset[int] = frozenset()  # turns that keep their gamma under a dynamic schedule (and a tree)
     mixture: Tensor | None = None  # [1, len(targets)]: the weights of a mixture method (one member per position)
-    tree: TreeShape | None = None  # draft and verify a token tree per round (tree.py)
 
-    def run(self, prompt: list[int], schedule: list[tuple[Proposer, int]] | None) -> list[int]:
+    def run(
+        self,
+        prompt: list[int],
+        schedule: list[tuple[Proposer, int]] | None,
+        loop: Callable[[Decoder, list[tuple[Proposer, int]]], None] | None = None,
+    ) -> list[int]:
+        """Decode after ``prompt``: autoregressively (no ``schedule``), by mixture, or speculatively with the
+        chain loop or the ``loop`` the method gives (a token tree's, ``tree.tree_loop``)."""
         self.tokens = list(prompt)
         self.prompt_len = self.committed = len(prompt)
         self.pending: list[Proposal] = []  # one per token of tokens[committed:]
@@ -108,8 +115,8 @@ class Decoder:
                 self._mixture(schedule)
             elif schedule is None:
                 self._autoregressive()
-            elif self.tree is not None:
-                run_tree(self, schedule)
+            elif loop is not None:
+                loop(self, schedule)
             else:
                 self._speculative(schedule)
         return self.tokens[self.prompt_len : self.committed]
@@ -135,7 +142,7 @@ class Decoder:
 
     # ---- committing ---------------------------------------------------------------
 
-    def _commit(self, count: int) -> None:
+    def commit(self, count: int) -> None:
         """Make the next ``count`` tokens final, stopping early if a stop condition hits."""
         start = self.committed
         for i in range(start, start + count):
@@ -159,7 +166,7 @@ class Decoder:
                 for i in self.targets:
                     self.members[i].catch_up(self.tokens, self.committed)
             self.tokens.append(self._draw_target())
-            self._commit(1)
+            self.commit(1)
 
     def _mixture(self, schedule: list[tuple[Proposer, int]] | None) -> None:
         """Per position: the member drawn by weight, fed what it missed, draws the token from its own ``p_k``;
@@ -170,14 +177,14 @@ class Decoder:
             k = self._member_at(self.committed)
             if drafter is None or k == drafter.index:
                 self.tokens.append(self._draw_from(k, self.committed))
-                self._commit(1)
+                self.commit(1)
                 continue
             self._draft(drafter, gamma, allowed=lambda pos, k=k: self._member_at(pos) in (k, drafter.index))
             if self._verify_mixture(k) or self.done:
                 continue
             if self._member_at(self.committed) == k and self.members[k].knows(self.committed):
                 self.tokens.append(self._draw_from(k, self.committed))  # bonus token
-                self._commit(1)
+                self.commit(1)
 
     def _member_at(self, pos: int) -> int:
         while len(self.drawn) <= pos - self.prompt_len:
@@ -220,7 +227,7 @@ class Decoder:
                 break
             if self.committed == len(self.tokens) and all(self.members[i].knows(self.committed) for i in self.targets):
                 self.tokens.append(self._draw_target())  # bonus token
-                self._commit(1)
+                self.commit(1)
                 if self.done:
                     break
             self._draft(proposer, gamma, turn)
@@ -273,14 +280,14 @@ class Decoder:
             self._adapt_gammas(pending[: accepted + 1], accepted, self.pending[count:] if fix is None else [])
         if fix is None:
             del self.pending[:count]
-            self._commit(count)
+            self.commit(count)
             return False
         del self.tokens[start + accepted :]
         self.tokens.append(fix)
         self.pending.clear()
         for m in self.members:
             m.rewind(start + accepted)
-        self._commit(accepted + 1)
+        self.commit(accepted + 1)
         return True
 
     def _adapt_gammas(self, verified: list[Proposal], accepted: int, unverified: list[Proposal]) -> None:

@@ -38,8 +38,6 @@ def attached(model: torch.nn.Module | None) -> torch.nn.Module | None:
 
 @register_proposer("eagle")
 class FeatureProposer:
-    drafts_trees = False  # one candidate per position: a token tree refuses it (methods._proposers)
-
     def __init__(self, runner: HFRunner, head, sampling: Sampling, generator: torch.Generator | None):
         self.runner, self.head, self.sampling, self.generator = runner, head, sampling, generator
         self.stats = ModelStats()
@@ -50,6 +48,7 @@ class FeatureProposer:
         self.true_at: dict[int, int] = {}  # per drafted position: how many true features it was drafted from
         self._reading = True
         self._hook = runner.model.model.norm.register_forward_pre_hook(self._capture)
+        runner.followers.append(self)  # a token tree's compaction moves the features with the cache (tree_cache.py)
 
     @classmethod
     def for_decoder(cls, members, sampling: Sampling, generator: torch.Generator | None) -> FeatureProposer:
@@ -72,6 +71,14 @@ class FeatureProposer:
     def close(self) -> None:
         """Stop reading the model's features (the generation is over)."""
         self._hook.remove()
+        if self in self.runner.followers:
+            self.runner.followers.remove(self)
+
+    def compact(self, start: int, keep: list[int]) -> None:
+        """The runner moved the cache slots ``keep`` to ``start, start+1, ...`` (a token tree's accepted path):
+        the features captured at those slots move with them."""
+        if self.features is not None and keep:
+            self.features[start : start + len(keep)] = self.features[keep].clone()
 
     def _capture(self, _module, args) -> None:
         if not self._reading:
@@ -89,18 +96,26 @@ class FeatureProposer:
         """Nothing to feed: the head catches up when it drafts."""
 
     def draft(self, tokens: list[int], committed: int) -> Proposal | None:
-        pos = len(tokens)
+        row = self.logits(tokens)
+        if row is None:
+            return None
+        if self.sampling.greedy:
+            return Proposal(int(row.argmax()), None, self)
+        q = probs(row[None], self.sampling)
+        return Proposal(int(sample(q, self.generator)[0]), q[0], self)
+
+    def logits(self, context: list[int]) -> Tensor | None:
+        """The head's logits row for the token after ``context`` (None: the target has computed no feature yet);
+        a token tree draws a node's children from it (``tree_draft.py``), as EAGLE-2 does."""
+        pos = len(context)
         start = time.perf_counter()
-        feature = self._advance(tokens, pos - 2) if pos >= 2 else None
+        feature = self._advance(context, pos - 2) if pos >= 2 else None
         if feature is None:  # no feature yet (the target has not run): nothing to draft from
             return None
         self.true_at[pos] = min(self.runner.length, pos - 1)
-        row = self.head.logits(feature).to(self.runner.out_device)[None]
+        row = self.head.logits(feature).to(self.runner.out_device)
         self.stats.forward_time_s += time.perf_counter() - start
-        if self.sampling.greedy:
-            return Proposal(int(row[0].argmax()), None, self)
-        q = probs(row, self.sampling)
-        return Proposal(int(sample(q, self.generator)[0]), q[0], self)
+        return row
 
     def _advance(self, tokens: list[int], last: int) -> Tensor | None:
         """The head's predicted f_{last+1} after its inputs 0..``last`` agree with ``tokens`` (None: no feature)."""

@@ -17,8 +17,6 @@ from .stats import ModelStats
 
 @register_proposer("lookup")
 class PromptLookup:
-    drafts_trees = True  # several continuations per position (``continuations``): a token tree's branches
-
     def __init__(self, max_ngram: int = 4, min_ngram: int = 2):
         if not 1 <= min_ngram <= max_ngram:
             raise ArgumentError(f"lookup n-gram range {min_ngram}..{max_ngram} is empty")

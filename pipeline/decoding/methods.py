@@ -32,12 +32,12 @@ from .joined import Joined, join
 from .member import Member, Stopper
 from .parallel import ConcurrentForwards
 from .peers import run_peer
-from .proposers import NAMED_PROPOSERS, Chain, ModelProposer, Proposer
+from .proposers import NAMED_PROPOSERS, Chain, ModelProposer, Proposer, drafts_trees
 from .sampling import Sampling
 from .spec import DRAFT, is_int, parse_method
 from .static import make_runner
 from .stats import GenerationStats, ModelStats
-from .tree import check_tree_models, parse_tree
+from .tree import check_tree_models, parse_tree, tree_loop
 
 Turn = tuple[tuple[str | int, ...], int]  # (proposers, chained: names or model indices; gamma)
 
@@ -139,13 +139,14 @@ def _proposers(
 ) -> list[tuple[Proposer, int]]:
     """The schedule's proposers: one instance of each named proposer, its stats recorded by name (built by its
     ``for_decoder(members, sampling, generator)`` where it has one, else without arguments). A token tree takes
-    only proposers that can draft several candidates (``drafts_trees``): another is refused in one line."""
+    only proposers that can draft several candidates per node (``proposers.drafts_trees``): another is refused
+    in one line, never dropped."""
     kinds = {s: NAMED_PROPOSERS[s] for turn, _ in schedule for s in turn if isinstance(s, str)}
     for name, cls in kinds.items():
-        if tree and not getattr(cls, "drafts_trees", False):
+        if tree and not drafts_trees(cls):
             raise ArgumentError(
-                f"proposer {name!r} drafts one candidate per position and cannot draft a token tree: "
-                "use it without tree, or a tree with the models or lookup"
+                f"proposer {name!r} drafts one candidate per position and cannot draft a token tree (it has "
+                "neither continuations nor logits): use it without tree, or a tree with another proposer"
             )
     build = {s: getattr(c, "for_decoder", None) for s, c in kinds.items()}
     named = {s: build[s](members, sampling, generator) if build[s] else c() for s, c in kinds.items()}
@@ -289,7 +290,6 @@ def generate(
         dynamic=dynamic,
         fixed_turns=fixed_turns(plan.schedule, sizes) if dynamic or shape else frozenset(),
         mixture=None if plan.mixture is None else torch.tensor([plan.mixture], dtype=torch.float64, device=device),
-        tree=shape,
     )
     schedule = plan.schedule and _proposers(
         plan.schedule, members, sampling, generator, stats, audit, shape is not None
@@ -302,7 +302,7 @@ def generate(
     start = time.perf_counter()
     try:
         with torch.inference_mode(), _concurrent(decoder, plan):
-            tokens = decoder.run(prompt, schedule)
+            tokens = decoder.run(prompt, schedule, tree_loop(shape) if shape is not None else None)
     finally:  # a proposer that reads a model's forwards (eagle) stops reading them
         for proposer, _ in schedule or []:
             for p in proposer.proposers if isinstance(proposer, Chain) else [proposer]:

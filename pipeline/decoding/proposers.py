@@ -41,6 +41,19 @@ class Proposer(Protocol):
     def draft(self, tokens: list[int], committed: int) -> Proposal | None:
         """A proposal for the token at ``len(tokens)``, or None when it has none."""
 
+    # A token tree (tree_draft.py) asks a proposer for several candidates at a node through one of two optional
+    # methods; a proposer with neither drafts chains only, and a tree refuses it in one line (``drafts_trees``):
+    #   continuations(context: list[int], limit: int) -> list[int]: up to ``limit`` distinct one-hot candidates
+    #       for the token after ``context`` (a deterministic function of it, as prompt lookup's);
+    #   logits(context: list[int]) -> Tensor | None: the logits row ``[V]`` its draws for the token after
+    #       ``context`` come from (the tree draws its children from it: top tokens greedy, samples otherwise).
+
+
+def drafts_trees(proposer: object) -> bool:
+    """Whether a proposer (class or instance) can draft a token tree's several candidates per node: a model of
+    the set, or one with ``continuations`` or ``logits``."""
+    return isinstance(proposer, ModelProposer) or any(hasattr(proposer, m) for m in ("continuations", "logits"))
+
 
 DRAFT = "draft"  # in a proposer kind: the turn's own model
 NAMED_PROPOSERS: dict[str, Callable[[], Proposer]] = {}  # proposers that are not models, by name

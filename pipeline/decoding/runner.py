@@ -50,6 +50,7 @@ class HFRunner:
         self.out_device = out_device or self.device
         self.cache = DynamicCache()
         self.length = 0
+        self.followers: list = []  # told of a token tree's compaction of the cache (``compact(start, keep)``)
         self.stats = stats if stats is not None else ModelStats()
         self.sync = self.device.type == "cuda"  # synchronise after each forward, so that forward_time_s times it
         self._keep_arg = "logits_to_keep" in inspect.signature(model.forward).parameters

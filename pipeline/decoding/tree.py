@@ -1,7 +1,8 @@
 """Token trees: several candidates per position, drafted as a tree and verified in one forward per target model.
 
-This module is the round loop; its parts: ``tree_shape.py`` (static and dynamic shapes, what is refused),
-``tree_draft.py`` (the tree and its drafter: one depth per forward under a tree mask), ``tree_cache.py``
+This module is the round loop, which a method with a tree hands the decoder (``tree_loop``); its parts:
+``tree_shape.py`` (static and dynamic shapes, what is refused), ``tree_nodes.py`` (the tree), ``tree_draft.py`` (its
+drafter: one depth per forward under a tree mask), ``tree_cache.py``
 (forwards over a tree on either engine; after the round each model keeps only the accepted path in its cache)
 and ``tree_verify.py`` (the acceptance rule, walking down from the root). See ``docs/trees.md`` and
 ``docs/algorithms.md`` ("Token trees").
@@ -9,6 +10,7 @@ and ``tree_verify.py`` (the acceptance rule, walking down from the root). See ``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -17,28 +19,34 @@ from torch import Tensor
 from .ensemble import check_output
 from .sampling import Sampling
 from .tree_cache import TreeCache
-from .tree_draft import Tree, TreeDrafter, parts
+from .tree_draft import TreeDrafter, models_of
+from .tree_nodes import Tree
 from .tree_shape import TreeShape, check_tree_models, parse_tree
 from .tree_verify import accept_tree
 
 if TYPE_CHECKING:
     from .engine import Decoder
 
-__all__ = ["Tree", "TreeShape", "check_tree_models", "parse_tree", "run_tree"]  # what other modules use
+__all__ = ["Tree", "TreeShape", "check_tree_models", "parse_tree", "tree_loop"]  # what other modules use
 
 # ---- the loop ------------------------------------------------------------------
 
 
-def run_tree(decoder: Decoder, schedule: list) -> None:
+def tree_loop(shape: TreeShape) -> Callable[[Decoder, list], None]:
+    """The decoder's loop (``Decoder.run``'s ``loop``) for trees of ``shape``."""
+    return lambda decoder, schedule: run_tree(decoder, schedule, shape)
+
+
+def run_tree(decoder: Decoder, schedule: list, shape: TreeShape) -> None:
     """The speculative loop with a tree per round: the drafting turns (gamma > 0; in ``*_se`` not the largest
     model's) take rounds in rotation (a rejection restarts it, as the chain loop does), every target model
     verifies each tree in one forward."""
-    dec, shape = decoder, decoder.tree
+    dec = decoder
     # the largest model's turn (``fixed_turns``) drafts no tree where another model drafts: every tree's
     # verification already runs its forward, and the token after each tree is drawn from the target there
     drafting = [k for k, (_, gamma) in enumerate(schedule) if gamma > 0]
     turns = [k for k in drafting if k not in dec.fixed_turns] or drafting
-    models = {i for i in dec.targets} | {parts(p)[1].index for p, _ in schedule if parts(p)[1] is not None}
+    models = {*dec.targets} | {m.index for p, _ in schedule for m in models_of(p)}
     caches = {i: TreeCache(dec.members[i].runner, shape.nodes) for i in sorted(models)}
     drafter = TreeDrafter(dec, shape, caches)
     depths = {k: gamma if shape.dynamic else len(shape.branching) for k, (_, gamma) in enumerate(schedule)}
@@ -54,7 +62,7 @@ def run_tree(decoder: Decoder, schedule: list) -> None:
         if dec.dynamic is not None and k not in dec.fixed_turns and tree.nodes:
             depths[k] = dec.dynamic.next(depths[k], full)
         dec.tokens[dec.committed :] = [tree.nodes[n].token for n in path] + [token]
-        dec._commit(len(path) + 1)
+        dec.commit(len(path) + 1)
         turn = (turn + 1) % len(turns) if full else 0
 
 

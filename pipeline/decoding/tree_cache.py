@@ -14,7 +14,7 @@ from .runner import HFRunner
 from .static import StaticRunner
 
 if TYPE_CHECKING:
-    from .tree_draft import Tree
+    from .tree_nodes import Tree
 
 
 class TreeCache:
@@ -74,3 +74,5 @@ def compact(runner: HFRunner | StaticRunner, start: int, keep: list[int]) -> Non
             layer.keys[:, :, start : start + len(keep)] = layer.keys.index_select(2, index)
             layer.values[:, :, start : start + len(keep)] = layer.values.index_select(2, index)
     runner.crop(start + len(keep))
+    for follower in getattr(runner, "followers", ()):  # what reads the runner's forwards by slot (feature.py)
+        follower.compact(start, keep)

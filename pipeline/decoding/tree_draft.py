@@ -1,20 +1,21 @@
 """Drafting a token tree: the tree (nodes, the draws at each node, the drafter's distributions) and the
 drafter, which feeds one depth per forward over the nodes it expands (a static shape's all, a dynamic one's
 of highest cumulative draft probability) and proposes each node's children: greedy, its top tokens;
-sampling, draws with or without replacement; prompt lookup's distinct continuations first (one-hot)."""
+sampling, draws with or without replacement. A turn's proposers take part through the ``Proposer`` protocol
+(``proposers.py``): one-hot candidates (``continuations``, as prompt lookup's) come first, in the chain's order,
+then draws from the first distribution a proposer gives there (a model's row from its tree cache, or ``logits``,
+as the feature head's)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from .ensemble import single_model
-from .lookup import PromptLookup
 from .proposers import Chain, ModelProposer
 from .sampling import Sampling, probs, sample
+from .tree_nodes import Tree
 from .tree_shape import DYNAMIC_BRANCH, DYNAMIC_EXPAND, TreeShape
 
 if TYPE_CHECKING:
@@ -22,52 +23,14 @@ if TYPE_CHECKING:
     from .tree_cache import TreeCache
 
 
-@dataclass
-class Node:
-    token: int
-    parent: int  # -1: a child of the root
-    depth: int  # 1 for the root's children
-    cum: float  # cumulative draft probability of the path to it
-    by: Any  # the proposer that drafted it (its stats count it)
+def parts(proposer: Any) -> list[Any]:
+    """A turn's proposers in the order they are asked (a chain's, or the one)."""
+    return list(proposer.proposers) if isinstance(proposer, Chain) else [proposer]
 
 
-@dataclass
-class Tree:
-    nodes: list[Node] = field(default_factory=list)
-    draws: dict[int, list[tuple[int, Tensor | None]]] = field(default_factory=dict)  # node -> (token, q) in order
-    children: dict[int, dict[int, int]] = field(default_factory=dict)  # node -> token -> child
-    q: dict[int, Tensor] = field(default_factory=dict)  # node -> the drafter's distribution there
-
-    def add(self, parent: int, token: int, q: Tensor | None, cum: float, by: Any) -> None:
-        """One draw at ``parent``: ``token`` drawn from ``q`` (None: one-hot); a repeat joins its sibling."""
-        self.draws.setdefault(parent, []).append((token, q))
-        kids = self.children.setdefault(parent, {})
-        if token not in kids:
-            depth = 1 if parent < 0 else self.nodes[parent].depth + 1
-            kids[token] = len(self.nodes)
-            self.nodes.append(Node(token, parent, depth, cum, by))
-
-    def path(self, node: int) -> list[int]:
-        """The nodes from the root's child down to ``node``."""
-        out = []
-        while node >= 0:
-            out.append(node)
-            node = self.nodes[node].parent
-        return out[::-1]
-
-    def tokens(self, node: int) -> list[int]:
-        return [self.nodes[n].token for n in self.path(node)]
-
-    @property
-    def depth(self) -> int:
-        return max((n.depth for n in self.nodes), default=0)
-
-
-def parts(proposer: Any) -> tuple[PromptLookup | None, ModelProposer | None]:
-    """A turn's prompt lookup and model proposer (either may be absent)."""
-    chain = proposer.proposers if isinstance(proposer, Chain) else [proposer]
-    lookup = next((p for p in chain if isinstance(p, PromptLookup)), None)
-    return lookup, next((p for p in chain if isinstance(p, ModelProposer)), None)
+def models_of(proposer: Any) -> list[ModelProposer]:
+    """A turn's model proposers (their rows come from the round's tree caches)."""
+    return [p for p in parts(proposer) if isinstance(p, ModelProposer)]
 
 
 class TreeDrafter:
@@ -77,24 +40,47 @@ class TreeDrafter:
         self.decoder, self.shape, self.caches = decoder, shape, caches
 
     def draft(self, proposer: Any, depth: int) -> Tree:
-        lookup, model = parts(proposer)
+        chain = parts(proposer)
         tree = Tree()
         frontier = [-1]
         for d in range(1, depth + 1):
             expand = self._choose(tree, frontier, d)
             if not expand:
                 break
-            if model is not None:  # the drafter's rows there (and at the root): one forward of what it lacks
-                cache = self.caches[model.index]
-                todo = [n for n in expand if n >= 0 and n not in cache.rows]
-                if -1 not in cache.rows or todo:
-                    cache.feed(self.decoder.tokens, self.decoder.committed, tree, todo)
+            rows = self._rows(tree, expand, chain)
             for n in expand:
-                self._children(tree, n, lookup, model, self._width(d))
+                self._children(tree, n, chain, rows.get(n), self._width(d))
             frontier = [i for i, node in enumerate(tree.nodes) if node.depth == d]
         for node in tree.nodes:
             node.by.stats.proposed += 1
         return tree
+
+    def _context(self, tree: Tree, n: int) -> list[int]:
+        dec = self.decoder
+        return dec.tokens[: dec.committed] + (tree.tokens(n) if n >= 0 else [])
+
+    def _rows(self, tree: Tree, expand: list[int], chain: list[Any]) -> dict[int, tuple[Any, Tensor]]:
+        """Per expanded node, the first proposer of the chain with a distribution there and its logits row: a
+        model's from its tree cache (one forward of the nodes it lacks), another's from its ``logits``."""
+        found: dict[int, tuple[Any, Tensor]] = {}
+        wanted: dict[int, list[int]] = {}  # model index -> the nodes it gives the row of
+        for n in expand:
+            for p in chain:
+                if isinstance(p, ModelProposer):
+                    wanted.setdefault(p.index, []).append(n)
+                    break
+                row = p.logits(self._context(tree, n)) if hasattr(p, "logits") else None
+                if row is not None:
+                    found[n] = (p, row)
+                    break
+        for index, nodes in wanted.items():
+            cache = self.caches[index]
+            todo = [n for n in nodes if n >= 0 and n not in cache.rows]
+            if -1 not in cache.rows or todo:
+                cache.feed(self.decoder.tokens, self.decoder.committed, tree, todo)
+            model = next(p for p in chain if isinstance(p, ModelProposer) and p.index == index)
+            found.update({n: (model, cache.rows[n]) for n in nodes})
+        return found
 
     def _width(self, depth: int) -> int:
         return DYNAMIC_BRANCH if self.shape.dynamic else self.shape.width(depth)
@@ -109,42 +95,43 @@ class TreeDrafter:
         room = self.shape.nodes - len(tree.nodes)
         return live[: max(0, -(-room // self._width(depth)))] if room > 0 else []
 
-    def _children(self, tree: Tree, n: int, lookup: PromptLookup | None, model: ModelProposer | None, b: int):
+    def _children(self, tree: Tree, n: int, chain: list[Any], dist: tuple[Any, Tensor] | None, b: int) -> None:
         dec = self.decoder
         room = self.shape.nodes - len(tree.nodes)
         if room <= 0:
             return
-        context = dec.tokens[: dec.committed] + (tree.tokens(n) if n >= 0 else [])
+        context = self._context(tree, n)
         cum = 1.0 if n < 0 else tree.nodes[n].cum
-        q = None
-        if model is not None:
-            row = self.caches[model.index].rows[n]
+        maker, q = None, None
+        if dist is not None:
+            maker, row = dist
             if dec.audit is not None:
-                dec.audit.check(
-                    context, len(context), len(context) + 1, [row[None]], [model.index], single_model, dec.sampling
-                )
+                dec.audit.check_proposer_row(maker, context, row, dec.sampling)
             q = probs(row[None], Sampling.identity() if dec.sampling.greedy else dec.sampling)[0]
             tree.q[n] = q
-        found = lookup.continuations(context, min(b, room)) if lookup is not None else []
-        for token in found:
-            tree.add(n, token, None, cum * (float(q[token]) if q is not None else 1.0), lookup)
-        draws = min(b, room) - len(found)
-        if model is None or draws <= 0:
+        taken: list[int] = []
+        for p in chain:  # one-hot candidates first (prompt lookup's distinct continuations), in the chain's order
+            if hasattr(p, "continuations") and len(taken) < min(b, room):
+                for token in p.continuations(context, min(b, room) - len(taken)):
+                    if token >= 0 and token not in taken:  # a negative id: a prompt token no proposal names
+                        taken.append(token)
+                        tree.add(n, token, None, cum * (float(q[token]) if q is not None else 1.0), p)
+        draws = min(b, room) - len(taken)
+        if q is None or draws <= 0:
             return
-        taken = list(found)
         if dec.sampling.greedy:
             order = torch.topk(q, min(len(q), draws + len(taken))).indices.tolist()
             for token in [t for t in order if t not in taken][:draws]:
-                tree.add(n, token, None, cum * float(q[token]), model)
+                tree.add(n, token, None, cum * float(q[token]), maker)
             return
         for _ in range(draws):
-            dist = q
+            dist_q = q
             if not self.shape.replacement and taken:
-                dist = q.clone()
-                dist[taken] = 0.0
-                if not dist.sum() > 0:
+                dist_q = q.clone()
+                dist_q[taken] = 0.0
+                if not dist_q.sum() > 0:
                     break  # every token of q's support drawn already
-                dist = dist / dist.sum()
-            token = int(sample(dist[None], dec.generator)[0])
+                dist_q = dist_q / dist_q.sum()
+            token = int(sample(dist_q[None], dec.generator)[0])
             taken.append(token)
-            tree.add(n, token, dist, cum * float(q[token]), model)
+            tree.add(n, token, dist_q, cum * float(q[token]), maker)

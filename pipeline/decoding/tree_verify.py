@@ -28,7 +28,7 @@ from .sampling import sample
 from .verify import accept_one, residual
 
 if TYPE_CHECKING:
-    from .tree_draft import Tree
+    from .tree_nodes import Tree
 
 
 def accept_tree(tree: Tree, target: Tensor, greedy: bool, generator: torch.Generator | None) -> tuple[list[int], int]:
