@@ -69,6 +69,13 @@ TABLES = [  # (name, layout, metrics or cell columns, title, ...), in summary.md
         floatfmt=".3f",
     ),
     layout.Table(
+        "beside",
+        layout.beside,
+        ("cells", "pairs", "interfered", "interfered_share", "cpu_s"),
+        "What ran beside the timed pairs",
+        index=("process",),
+    ),
+    layout.Table(
         "flags",
         layout.by_cell,
         ("samples", "pairs_interfered", "pairs_remeasured", "flags"),
@@ -141,6 +148,14 @@ CAPTIONS = {  # {conf}: the speed-ups' confidence
         "teacher's argmax; kl, tvd: its whole distribution), how often it agrees with its teacher's greedy token "
         "on held-out HumanEval continuations (T=0: greedy acceptance; a student: equal pieces), its expected "
         "acceptance at T=1 (the sum of min(p, q)), alone and with prompt lookup first, and the seconds taken.\n"
+    ),
+    "beside": (
+        "Every process that took CPU time (20 ms or more) while a generation job timed a run, by what it is "
+        "(`pipeline <command>`: a job of this workflow): in how many cells and timed samples, how many of those "
+        "were interfered with (the run's own wait for a CPU or its preemptions over their thresholds) and its "
+        "CPU seconds in them; the first row counts every timed sample (a pair where the cell has a baseline). "
+        "Every job but generation runs at nice 19, so beside a timed run it takes a spare core or waits "
+        '(docs/speed.md, "Interference").\n'
     ),
     "flags": (
         "Cells whose speed-up should not be trusted as it stands: interval wider than the bound, too many pairs "

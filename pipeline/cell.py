@@ -108,6 +108,7 @@ class Dims:
     tree_nodes: int | None = None
     baseline: str | None = None
     standard: str | None = None  # the standard method its speed is compared with
+    control: str | None = None  # "null": the method timed side by side against itself (grid.null_cell)
 
     @property
     def spec(self) -> MethodSpec:

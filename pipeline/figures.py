@@ -24,6 +24,7 @@ from .results_file import RATIOS, load_reported
 from .speed import Policy, halfwidth, paired_speedup, relative_speedup
 
 ROW = ["model_set", "method", "T"]
+NULL_LABEL = "{method} vs itself (null)"  # how the tables name the null cell (grid.null_cell)
 CELL = [*ROW, "gamma", "dataset"]  # one cell of a table
 FIGURE = ["cell", "metric", "category", "value", "low", "high", "unstable"]
 SPEED = (  # a speed record's own figures
@@ -44,6 +45,7 @@ class Collected:
     confidence: float
     reported: dict[str, Any] | None
     drafts: pd.DataFrame  # the distilled models the grid uses: how each was trained, how well it proposes
+    beside: pd.DataFrame  # what ran beside each cell's timed pairs (``beside_runs``)
 
 
 def grid_dims(results: Path) -> list[dict[str, Any]]:
@@ -98,6 +100,8 @@ def collect(results: Path, reported: dict[str, Any] | None = None) -> Collected:
         summary = base.with_suffix(".summary.json")
         rows += cell_figures(dims["id"], speed, json.loads(summary.read_text()) if summary.exists() else {})
         record = {k: v for k, v in dims.items() if k != "models"} | {"models": " + ".join(dims["models"])}
+        if dims.get("control") == "null":  # the run's own control, a row of its own in every table (grid.null_cell)
+            record |= {"method": NULL_LABEL.format(method=dims["method"]), "kind": "null"}
         records.append(record | {"unstable": bool(speed.get("unstable")), "flags": "; ".join(speed.get("flags", []))})
     cells = pd.DataFrame.from_records(records)
     if not cells.empty:
@@ -108,7 +112,24 @@ def collect(results: Path, reported: dict[str, Any] | None = None) -> Collected:
     reported = load_reported() if reported is None else reported
     named = reported.get("experiment") in set(cells.get("experiment", []))
     scores = scored(cells, results)
-    return Collected(cells, figures, scores, policy.confidence, reported if named else None, drafts(results))
+    found = Collected(cells, figures, scores, policy.confidence, reported if named else None, drafts(results), None)
+    found.beside = beside_runs(speeds)
+    return found
+
+
+BESIDE = ["cell", "process", "pairs", "interfered", "cpu_s"]
+
+
+def beside_runs(speeds: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    """What took CPU time beside each cell's timed pairs (``.speed.json``'s ``beside``, ``speed.beside_pairs``):
+    one row per cell and process; ``process`` ``""``: every timed pair of the cell."""
+    rows = []
+    for cell, speed in speeds.items():
+        if "beside" not in speed:
+            continue
+        rows.append([cell, "", speed.get("samples", 0), speed.get("pairs_interfered", 0), 0.0])
+        rows += [[cell, p, v["pairs"], v["interfered"], v["cpu_s"]] for p, v in speed["beside"].items()]
+    return pd.DataFrame(rows, columns=BESIDE)
 
 
 DRAFT_FACTS = (  # a distilled model's record (``models/<name>.json``, ``distilled``) -> the drafts table's columns

@@ -160,6 +160,21 @@ def schema_validator(schema: dict[str, Any]):
     return jsonschema.validators.extend(cls, type_checker=checker)(schema)
 
 
+def schema_problems(schema: dict[str, Any], value: Any, where: str) -> list[str]:
+    """One line per part of ``value`` that ``schema`` does not accept, naming ``where`` (a file, a line), the key,
+    the value (shortened) and what is accepted."""
+    lines = []
+    for error in sorted(schema_validator(schema).iter_errors(value), key=lambda e: list(map(str, e.absolute_path))):
+        key = ".".join(map(str, error.absolute_path)) or "(top level)"
+        shown = json.dumps(error.instance, default=str)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        if error.validator == "required":
+            lines.append(f"{where}: {error.message}")
+        else:
+            lines.append(f"{where}: {key}={shown} is not accepted ({error.message.split(' is ')[-1][:80]})")
+    return lines
+
+
 class LockHeld(UserError):
     """Another living process holds the lock (one line naming it)."""
 

@@ -28,7 +28,7 @@ from .decoding.tree import parse_tree
 from .errors import UserError
 from .files import writable_dir, write_atomic
 from .journal import Journal, journal_lock
-from .judge import interference, write_speed
+from .judge import write_speed
 from .models import load_members, union_tokenizers
 from .timing import Probe, provenance
 
@@ -164,7 +164,7 @@ def _run_cell(cell: Cell, out: Path, progress: bool, journal: Path, speed: bool)
         counted = next((k for k, a in enumerate(attempts) if not a["interfered"]), None)
         stuck = 0 if counted is not None else stuck + 1
         if counted is None:  # interfered every time: the least interfered attempt counts, still flagged
-            counted = min(range(len(attempts)), key=lambda k: interference(attempts[k], cell.policy))
+            counted = min(range(len(attempts)), key=lambda k: cell.policy.thresholds.worst(attempts[k]))
         method, row = results[counted]["method"], {"id": ex.id}
         if ex.meta.get("category"):
             row["category"] = ex.meta["category"]

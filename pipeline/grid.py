@@ -40,7 +40,38 @@ def expand_cells(config: dict[str, Any]) -> dict[str, CellFile]:
                 cells.setdefault(entry.dims.id, entry)
     if not cells:
         raise ConfigError("the config expands to no cells: check that each grid's methods fit its model sets")
+    if config["timing"].get("null", True):
+        control = null_cell(config)
+        cells[control.dims.id] = control
     return cells
+
+
+def null_cell(config: dict[str, Any]) -> CellFile:
+    """The run's own control (``timing.null``): the first grid's large model timed side by side against itself,
+    on its first model set, dataset and temperature, interleaved as every pair is. No effect to find: its speed-up
+    should be 1.00x with an interval covering 1, and unflagged on a quiet machine (docs/speed.md, "The null
+    cell")."""
+    grid = config["grids"][0]
+    g = {k: grid.get(k, config[k]) for k in GRID_KEYS}
+    settings = {f.name: grid.get(f.name, config[f.name]) for f in fields(Cell) if f.metadata == CONFIG}
+    name = next(iter(grid["model_sets"].values()))[0]
+    dataset, dopts = next(iter(g["datasets"].items()))
+    spec = parse_method("large_model")
+    cell = Cell(
+        [ModelSpec(**model_entry(config, name))],
+        spec.name,
+        dataset,
+        1,
+        {},
+        dopts.get("size", "tiny"),
+        bool(dopts.get("chat", False)),
+        temperature=float(g["temperature"][0]),
+        baseline=spec.name,
+        **settings,
+    )
+    dims = _dims(config, grid["name"], name, [name], spec, cell, None)
+    dims.id, dims.standard, dims.control = f"{dims.id}-null", spec.name, "null"
+    return CellFile(cell, dims)
 
 
 def _cells(config, grid: str, g: dict, settings: dict, set_name: str, members, spec: MethodSpec) -> Iterator[CellFile]:

@@ -15,7 +15,7 @@ from tasks import get_task, render
 
 from .cell import Cell
 from .files import read_jsonl, write_atomic
-from .speed import Policy, summarize
+from .speed import summarize
 
 
 def prompt_ids(cell: Cell) -> dict[str, list[int]]:
@@ -46,14 +46,3 @@ def write_speed(
     summary = summarize(rows, cell.policy, exact)
     write_atomic(out.with_suffix(".speed.json"), json.dumps(summary, indent=2) + "\n")
     return summary
-
-
-def interference(attempt: dict[str, Any], policy: Policy) -> float:
-    """How far over its thresholds an attempt's worst run was (0: not at all)."""
-    worst = 0.0
-    for role in ("method", "baseline"):
-        t = attempt.get(role)
-        if t and t["wall_s"] > 0:
-            psi = (t["psi_some_s"] or 0) / t["wall_s"] / policy.psi_share
-            worst = max(worst, psi, t["nivcsw"] / t["wall_s"] / policy.nivcsw_per_s)
-    return worst

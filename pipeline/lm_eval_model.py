@@ -25,7 +25,7 @@ from tasks.base import cut_at_stops
 from .decoding import Sampling, generate
 from .decoding.methods import parameter_counts, plan_method, restricted_heads
 from .decoding.spec import parse_method
-from .errors import UserError
+from .errors import ArgumentError, UserError
 from .models import load_members, parse_model, union_tokenizers
 
 IGNORED = {"batch_size", "max_batch_size", "device"}  # lm-eval passes these to every model
@@ -34,6 +34,27 @@ ROWS = 256  # positions combined at once (float64 rows over the vocabulary)
 
 def _split(value: Any, cast=str) -> list:
     return [cast(v) for v in str(value).split("+") if v]
+
+
+def _count(value: Any, floor: int) -> bool:
+    text = str(value).strip()
+    return not isinstance(value, bool) and text.isdigit() and int(text) >= floor
+
+
+def check_model_args(models: Any, gamma: Any, seed: Any, max_gen_toks: Any, max_length: Any) -> None:
+    """``model_args`` the model cannot run on, in one line naming the argument and what is accepted (lm-eval
+    passes them as text, or as numbers it has converted)."""
+    if not _split(models or ""):
+        raise ArgumentError(
+            f"model_args models={models!r}: expected model names or NAME=SOURCE joined with + (e.g. models=a+b)"
+        )
+    if not all(_count(g, 1) for g in str(gamma).split("+")):
+        raise ArgumentError(f"model_args gamma={gamma!r}: expected an integer >= 1, or one per model joined with +")
+    for name, value, floor in (("seed", seed, 0), ("max_gen_toks", max_gen_toks, 1)):
+        if not _count(value, floor):
+            raise ArgumentError(f"model_args {name}={value!r}: expected an integer >= {floor}")
+    if max_length not in (None, "") and not _count(max_length, 1):
+        raise ArgumentError(f"model_args max_length={max_length!r}: expected an integer >= 1")
 
 
 def target_distribution(method: str, models: list, gamma: Any, method_args: dict[str, Any]):
@@ -79,7 +100,7 @@ def continuation_logprobs(models: list, members: list[int], target_fn, tokens: l
 class SpecEnsLM(TemplateLM):
     def __init__(
         self,
-        models: str,
+        models: str = "",  # required: refused in one line when missing (check_model_args)
         method: str = "large_model",
         gamma: Any = 1,
         seed: int = 0,
@@ -88,6 +109,7 @@ class SpecEnsLM(TemplateLM):
         **kwargs: Any,
     ):
         super().__init__()
+        check_model_args(models, gamma, seed, max_gen_toks, max_length)
         specs = [parse_model(m) for m in _split(models)]
         self.models, tokenizers = load_members(specs)
         self.tokenizer, self.union = tokenizers[0], union_tokenizers(tokenizers)  # contexts: the first's tokens

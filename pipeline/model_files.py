@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import one_line
-from .files import schema_validator
+from .files import schema_problems
 from .models.spec import BUNDLED, DTYPES, ModelError, ModelSpec, config_entry, teacher_spec
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -109,18 +109,7 @@ CONFIG_JSON = {  # what the preflight reads of a model's config.json, checked be
 def config_json_problems(config: Any, where: str) -> list[str]:
     """One line per value of a config.json the preflight cannot use (``CONFIG_JSON``: type, sign, range),
     naming the file, the key and what is accepted."""
-    lines = []
-    for error in sorted(
-        schema_validator(CONFIG_JSON).iter_errors(config), key=lambda e: list(map(str, e.absolute_path))
-    ):
-        key = ".".join(map(str, error.absolute_path)) or "(top level)"
-        value = json.dumps(error.instance, default=str)
-        value = value if len(value) <= 40 else value[:37] + "..."
-        if error.validator == "required":
-            lines.append(f"{where}: {error.message}")
-        else:
-            lines.append(f"{where}: {key}={value} is not accepted ({error.message.split(' is ')[-1][:80]})")
-    return lines
+    return schema_problems(CONFIG_JSON, config, where)
 
 
 def read_dir(info: ModelInfo, path: Path) -> ModelInfo:

@@ -15,8 +15,14 @@ from typing import Any
 
 from tasks import TaskError, get_task
 
-from .files import read_user_text, write_atomic
+from .files import read_user_text, schema_problems, write_atomic
 from .intervals import interval, per_example
+
+GENERATION_ROW = {  # what the scorer reads of a generations file's line
+    "type": "object",
+    "required": ["id", "output"],
+    "properties": {"id": {"type": "string", "minLength": 1}, "output": {"type": "string"}},
+}
 
 
 def read_generations(path: Path) -> list[dict[str, Any]]:
@@ -30,8 +36,8 @@ def read_generations(path: Path) -> list[dict[str, Any]]:
             row = json.loads(line)
         except json.JSONDecodeError:
             raise TaskError(f"{path}:{n} is not valid JSON") from None
-        if not isinstance(row, dict) or "id" not in row or "output" not in row:
-            raise TaskError(f"{path}:{n} needs the fields 'id' and 'output'")
+        if problems := schema_problems(GENERATION_ROW, row, f"{path}:{n}"):
+            raise TaskError(problems[0])
         rows.append(row)
     return rows
 

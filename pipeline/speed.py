@@ -28,12 +28,14 @@ class Policy:
     resamples: int = 10000
     seed: int = 0
     remeasure: int = 2  # re-runs of an interfered pair, at most
+    wait_share: float = Thresholds.wait_share
     psi_share: float = Thresholds.psi_share
     nivcsw_per_s: float = Thresholds.nivcsw_per_s
     max_halfwidth: float = 0.08
     max_interfered: float = 0.25
     prediction_tolerance: float = 0.35
     near_tie_nats: float = 0.1  # exactness: a float64 gap below which a greedy mismatch is put down to numerics
+    null: bool = True  # the run's own control: a null cell, the large model against itself (grid.null_cell)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> Policy:
@@ -49,8 +51,10 @@ class Policy:
 
         if not isinstance(self.confidence, int | float) or not 0 < self.confidence < 1:
             raise bad("confidence", "a number in (0, 1)")
+        if not isinstance(self.null, bool):
+            raise bad("null", "true or false")
         for f in fields(self):  # the rest by the type of its default: counts, and finite numbers >= 0
-            if f.name == "confidence":
+            if f.name in ("confidence", "null"):
                 continue
             value, count, floor = getattr(self, f.name), isinstance(f.default, int), 100 if f.name == "resamples" else 0
             kind_ok = not isinstance(value, bool) and isinstance(value, int if count else int | float)
@@ -59,7 +63,7 @@ class Policy:
 
     @property
     def thresholds(self) -> Thresholds:
-        return Thresholds(self.psi_share, self.nivcsw_per_s)
+        return Thresholds(self.wait_share, self.psi_share, self.nivcsw_per_s)
 
 
 # ---- ratios and intervals ------------------------------------------------------------------------
@@ -227,8 +231,11 @@ def summarize(rows: list[dict[str, Any]], policy: Policy = Policy(), exactness: 
         summary.update(_side_by_side(rows, policy))
         summary["predicted_speedup"] = predicted_speedup(rows)
     timed = [r["timing"] for r in rows if "timing" in r]
-    summary["pairs_interfered"] = sum(bool(t["attempts"][t["counted"]]["interfered"]) for t in timed)
+    counted = [t["attempts"][t["counted"]] for t in timed]
+    hit = [policy.thresholds.worst(a) > 1 for a in counted]  # judged by today's thresholds: recalibrating re-judges
+    summary["pairs_interfered"] = sum(hit)
     summary["pairs_remeasured"] = sum(len(t["attempts"]) > 1 for t in timed)
+    summary["beside"] = beside_pairs(counted, hit)
     hosts = {json.dumps(r.get("provenance"), sort_keys=True) for r in rows}  # no record: a host of its own
     summary["provenance"] = (rows[0].get("provenance") if rows else None) if len(hosts) <= 1 else sorted(hosts)
     if exactness is not None:
@@ -250,6 +257,23 @@ def summarize(rows: list[dict[str, Any]], policy: Policy = Policy(), exactness: 
     summary["flags"] = flags(summary, policy)
     summary["unstable"] = bool(summary["flags"])
     return summary
+
+
+def beside_pairs(attempts: list[dict[str, Any]], hit: list[bool]) -> dict[str, dict[str, Any]]:
+    """What ran beside a cell's counted pairs (``timing.beside``), by process: in how many pairs it took CPU time,
+    how many of those were interfered, and its CPU seconds in all; the most frequent first."""
+    out: dict[str, dict[str, Any]] = {}
+    for attempt, interfered in zip(attempts, hit):
+        took: dict[str, float] = {}
+        for role in ("method", "baseline"):
+            for label, seconds in ((attempt.get(role) or {}).get("beside") or {}).items():
+                took[label] = took.get(label, 0.0) + seconds
+        for label, seconds in took.items():
+            entry = out.setdefault(label, {"pairs": 0, "interfered": 0, "cpu_s": 0.0})
+            entry["pairs"] += 1
+            entry["interfered"] += interfered
+            entry["cpu_s"] = round(entry["cpu_s"] + seconds, 3)
+    return dict(sorted(out.items(), key=lambda kv: (-kv[1]["pairs"], kv[0])))
 
 
 def flags(summary: dict[str, Any], policy: Policy) -> list[str]:

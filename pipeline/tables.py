@@ -187,6 +187,29 @@ def distilled(found: Collected, table: Table) -> Shaped:
     return d, d.astype(object).where(d.notna(), "-").map(whole)  # a student has no T=1 figure: "-"
 
 
+EVERY_PAIR = "(every timed sample)"
+
+
+def beside(found: Collected, table: Table) -> Shaped:
+    """Rows: every timed sample, then each process that took CPU time beside a timed run, most often first;
+    columns: cells and pairs it was seen in, how many of those pairs were interfered with, the share, its CPU
+    seconds (none recorded: the table does not apply)."""
+    d = found.beside
+    if d is None or d.empty:
+        return None
+    g = d.assign(process=d["process"].replace("", EVERY_PAIR)).groupby("process", sort=False)
+    g = g.agg(
+        cells=("cell", "nunique"), pairs=("pairs", "sum"), interfered=("interfered", "sum"), cpu_s=("cpu_s", "sum")
+    )
+    g["interfered_share"] = (g["interfered"] / g["pairs"]).where(g["pairs"] > 0)
+    order = [EVERY_PAIR, *g.drop(index=EVERY_PAIR).sort_values("pairs", ascending=False, kind="stable").index]
+    g = g.loc[order, list(table.columns)]
+    text = g.astype(object)
+    text["interfered_share"] = [f"{v:.0%}" if pd.notna(v) else "-" for v in g["interfered_share"]]
+    text["cpu_s"] = ["-" if p == EVERY_PAIR else f"{v:.1f}" for p, v in zip(g.index, g["cpu_s"])]
+    return g, text
+
+
 def with_intervals(numbers: pd.DataFrame) -> pd.DataFrame:
     """Each figure of a quality table (columns ``X``, ``X_low``, ``X_high``) as ``0.31 [0.27, 0.36]``."""
     text = pd.DataFrame(index=numbers.index)

@@ -39,6 +39,11 @@ def perturbed(model: LlamaForCausalLM, noise: float, seed: int) -> LlamaForCausa
     return out
 
 
+def without_null(cells) -> list[str]:
+    """A config's cell ids, sorted, less its null cell (``timing.null``; tests/test_speed.py tests it)."""
+    return sorted(c for c in cells if not c.endswith("-null"))
+
+
 @pytest.fixture(scope="session")
 def trio():
     """A target, a close draft and a third, different model (vocabulary 32)."""

@@ -29,6 +29,7 @@ def two_cells(root: Path) -> Path:
     (results / "grid.json").write_text(json.dumps(grid))
     speed = {"samples": 4, "tokens_per_s": 20.0, "unstable": False, "flags": [], "tau_by_model": [2.5, None]}
     speed |= {"speedup_side_by_side": 1.5, "speedup_ci_low": 1.4, "speedup_ci_high": 1.6, "tau": 2.5}
+    speed |= {"pairs_interfered": 1, "beside": {"pipeline speed": {"pairs": 2, "interfered": 1, "cpu_s": 0.5}}}
     speed["by_category"] = {
         "writing": {"tokens_per_s": 30.0, "speedup_side_by_side": 1.5, "speedup_ci_low": 1.2, "speedup_ci_high": 1.8},
         "math": {"tokens_per_s": 12.5, "tau": 2.0},
@@ -98,6 +99,16 @@ def test_every_declared_table_renders_its_files(tmp_path, name):
     found = collect(two_cells(tmp_path), reported={"experiment": "x", "citation": "c", "figures": []})
     files = render(TABLE[name], found)
     assert files is None and name == "ours_vs_peers" or set(files) == {f"{name}.{k}" for k in TABLE[name].files}
+
+
+def test_the_beside_table_ranks_what_ran_beside_the_timed_runs_under_every_timed_sample(tmp_path):
+    found = collect(two_cells(tmp_path))
+    md = render(TABLE["beside"], found)["beside.md"].splitlines()
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in md[2:]]
+    assert rows == [
+        ["(every timed sample)", "1", "4", "1", "25%", "-"],
+        ["pipeline speed", "1", "2", "1", "50%", "0.5"],
+    ]
 
 
 def test_the_drafts_table_says_how_each_proposer_was_trained(tmp_path):

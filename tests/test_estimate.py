@@ -56,7 +56,9 @@ def llama_pair(tmp_path, monkeypatch):
     monkeypatch.setenv("MODEL_PATH", str(tmp_path))
 
 
-def forecast_of(methods: list[str], size: int, acceptance: float, efficiency: float = 1.0, beside=False) -> dict:
+def forecast_of(
+    methods: list[str], size: int, acceptance: float, efficiency: float = 1.0, beside=False, null=False
+) -> dict:
     config = check_config(
         {
             "models": {"llama-2-7b": {}, "llama-68m": {}},
@@ -66,6 +68,7 @@ def forecast_of(methods: list[str], size: int, acceptance: float, efficiency: fl
             "gamma": [3],
             "side_by_side": beside,
             "proposer": "draft",
+            "timing": {"null": null},
         }
     )
     cells = expand_cells(config)
@@ -74,11 +77,14 @@ def forecast_of(methods: list[str], size: int, acceptance: float, efficiency: fl
 
 
 def test_a_plain_cell_costs_its_tokens_at_the_bandwidth_bound_plus_its_prefill(llama_pair):
-    hours = forecast_of(["large_model"], 10, 0.7)["cell_hours"]
+    hours = forecast_of(["large_model"], 10, 0.7, null=True)["cell_hours"]
     params = PUBLIC_PARAMETERS["meta-llama/Llama-2-7b-hf"]
     per_token = (params - 32000 * 4096) * 2 / 2039e9  # bfloat16; the input embedding is read one row at a time
     prefill = estimate.PROMPT_TOKENS * 2 * params / 312e12
-    assert hours == {"humaneval/llama-2-7b/large_model-T0": pytest.approx(10 * (100 * per_token + prefill) / 3600)}
+    one = 10 * (100 * per_token + prefill) / 3600  # the null cell runs it twice, side by side
+    assert hours == pytest.approx(
+        {"humaneval/llama-2-7b/large_model-T0": one, "humaneval/llama-2-7b/large_model-T0-null": 2 * one}
+    )
     assert forecast_of(["large_model"], 10, 0.7, 0.5)["generate_hours"] == pytest.approx(
         10 * (100 * 2 * per_token + prefill) / 3600
     )
@@ -113,13 +119,13 @@ def test_the_paper_grid_on_an_a100(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert main(["estimate", str(ROOT / "config" / "paper.yaml"), "--gpu", "a100-80gb", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["jobs"]["generate"] == len(result["cell_hours"]) == 384 and result["jobs"]["prepare_model"] == 12
-    assert result["submissions"] == 12 + 384 + 1  # as the slurm profile's dry run submits them (test_workflow)
+    assert result["jobs"]["generate"] == len(result["cell_hours"]) == 385 and result["jobs"]["prepare_model"] == 12
+    assert result["submissions"] == 12 + 385 + 1  # as the slurm profile's dry run submits them (test_workflow)
     assert result["acceptance"] == estimate.ACCEPTANCE and result["bandwidth_gb_s"] == 2039
     assert result["generate_hours"] == pytest.approx(sum(result["cell_hours"].values()))
-    sevens = [h for c, h in result["cell_hours"].items() if c.startswith("humaneval/llama-2-7b/large_model")]
+    sevens = [h for c, h in result["cell_hours"].items() if c.startswith("humaneval/llama-2-7b/large_model-T")]
     ones = [h for c, h in result["cell_hours"].items() if c.startswith("humaneval/llama-3.2-1b/")]
-    assert len(sevens) == 2 and not ones and sevens[0] > 0  # a 1B model is never the first of a set
+    assert len(sevens) == 3 and not ones and sevens[0] > 0  # a 1B model is never the first of a set; the null cell
     assert main(["estimate", str(ROOT / "config" / "paper.yaml"), "--gpu", "a100-80gb"]) == 0
     out = capsys.readouterr().out
     total = out.strip().splitlines()[-1]
@@ -140,7 +146,7 @@ def test_the_default_run_against_its_measured_time_in_the_docs():
     total, install, prepare = (int(took[i]) * 60 + int(took[i + 1]) for i in (1, 3, 5))
     config = check_config(load_config_file(ROOT / "config" / "default.yaml"))
     cells = expand_cells(config)
-    assert len(cells) == 23
+    assert len(cells) == 24
     infos = inspect_config(config, models_to_prepare(config, cells), "float32")
     result = estimate.forecast(config, cells, infos, estimate.GPUS["cpu"], 0.59, 0.0, estimate.ACCEPTANCE)
     forecast_wall = result["generate_hours"] * 3600 / 2

@@ -224,3 +224,27 @@ def test_a_continuation_longer_than_the_window_is_one_clear_error(tiny_dir):
     lm = SpecEnsLM(models=f"a={tiny_dir}", max_length=3)
     with pytest.raises(UserError, match="continuation of 5 tokens: expected 1 to max_length=3"):
         lm._loglikelihood_tokens([(None, [1, 2], [3, 4, 5, 6, 7])])
+
+
+BAD_MODEL_ARGS = [
+    ("models=", "model_args models='': expected model names"),
+    ("", "model_args models='': expected model names"),
+    ("models=x,gamma=abc", "model_args gamma='abc': expected an integer >= 1, or one per model joined with +"),
+    ("models=x,gamma=1+0", "model_args gamma='1+0'"),
+    ("models=x,max_gen_toks=0", "model_args max_gen_toks="),
+]
+
+
+def test_bad_model_args_are_refused_in_one_line_before_any_model_loads(capsys):
+    from pipeline.errors import UserError
+    from pipeline.lm_eval_model import SpecEnsLM
+
+    for model_args, message in BAD_MODEL_ARGS:
+        args = dict(kv.split("=", 1) for kv in model_args.split(",") if kv)
+        with pytest.raises(UserError, match=re.escape(message)):
+            SpecEnsLM(**args)
+    argv = ["--model", "specens", "--tasks", "gsm8k_local", "--include_path", str(REPO / "tasks" / "lm_eval")]
+    assert _run([*argv, "--model_args", "models=x,gamma=abc"]) == 2  # through the command: one line
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and BAD_MODEL_ARGS[2][1] in errors[0] and "Traceback" not in err, err[-500:]

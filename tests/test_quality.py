@@ -282,7 +282,7 @@ def test_the_paper_grids_speedup_plot_reads(tmp_path):
     from pipeline.plots import plot_speedup_vs_gamma, speedup_vs_gamma_figure
 
     found = collect(synthetic_results(tmp_path))
-    assert len(found.cells) == 384
+    assert len(found.cells) == 385  # and the null cell
     fig = speedup_vs_gamma_figure(found)
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()

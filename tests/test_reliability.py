@@ -208,6 +208,27 @@ def test_the_cli_and_score_name_a_file_that_is_not_utf8(tmp_path, capsys):
     assert err.count("\n") == 1 and f"generations file {bad} is not UTF-8 text" in err
 
 
+@pytest.mark.parametrize(
+    "line,message",
+    [
+        ('{"id": "HumanEval/0", "output": 5}', "output=5 is not accepted (not of type 'string')"),
+        ('{"id": 3, "output": "x"}', "id=3 is not accepted (not of type 'string')"),
+        ('{"id": "HumanEval/0"}', "'output' is a required property"),
+        ('{"id": "HumanEval/0", "output": null}', "output=null is not accepted"),
+        ("[1, 2]", "(top level)=[1, 2] is not accepted (not of type 'object')"),
+    ],
+)
+def test_score_refuses_a_generations_line_it_cannot_score_in_one_line(tmp_path, capsys, line, message):
+    from pipeline.cli import main
+
+    gens = tmp_path / "g.jsonl"
+    gens.write_text('{"id": "HumanEval/0", "output": "pass"}\n' + line + "\n")
+    assert main(["score", str(gens), "--task", "humaneval"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{gens}:2: {message}" in err, err
+    assert not gens.with_suffix(".scores.jsonl").exists()  # nothing written
+
+
 # ---- prepare: damaged weights, a missing tokenizer ---------------------------------------------------------
 
 

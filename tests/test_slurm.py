@@ -112,6 +112,7 @@ def slurm_config(tiny_dir: Path, draft: Path) -> dict:
     whole tiny DAG would take minutes here."""
     config = tiny_config(tiny_dir, draft, wandb_mode="disabled")
     config["models"] = {"tiny": {"source": str(tiny_dir)}, "tiny-copy": {"source": str(draft)}}
+    config["timing"] = {"null": False}  # SLURM's part: the null cell is one more cell (tests/test_speed.py)
     pair = {"pair": ["tiny", "tiny-copy"]}
     config["grids"] = [{"name": "pairs", "model_sets": pair, "methods": ["large_model", "sd"]}]
     config["notebook"] = False

@@ -19,7 +19,7 @@ from pipeline.config import ConfigError, check_config
 from pipeline.decoding.spec import method_names
 from pipeline.generate_job import cell_key
 from pipeline.grid import expand_cells
-from tests.conftest import cell_entry
+from tests.conftest import cell_entry, without_null
 from tests.tiny_dag import check_report, check_tables, job_counts, snakemake, tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,7 +93,7 @@ def test_grid_leaves_out_cells_that_do_not_apply():
         }
     )
     cells = expand_cells(config)
-    ids = set(cells)
+    ids = set(without_null(cells))
     assert "humaneval/big/large_model-T0" in ids  # one large_model cell, shared by the three sets
     assert sum("large_model" in c for c in ids) == 1
     assert {c for c in ids if "/pair/" in c} == {
@@ -120,7 +120,7 @@ def test_per_model_gamma_lists_apply_to_se_cells_only():
         "grids": [{"name": "g", "model_sets": {"pair": ["big", "small"]}, "methods": ["sd", "we_sd", "we_se"]}],
     }
     cells = expand_cells(check_config({**base, "gamma": [2, [3, 1]]}))
-    assert sorted(cells) == [
+    assert without_null(cells) == [
         "humaneval/pair/sd-T0-g2",
         "humaneval/pair/we_sd-T0-g2",
         "humaneval/pair/we_se-T0-g1-2",
@@ -148,7 +148,7 @@ def test_mixture_cells_take_no_gamma_run_we_beside_them_and_refuse_greedy():
         "gamma": [2, 3],
     }
     cells = expand_cells(check_config(config))
-    assert sorted(cells) == ["humaneval/pair/we-T1", "humaneval/pair/we_me-T1"]
+    assert without_null(cells) == ["humaneval/pair/we-T1", "humaneval/pair/we_me-T1"]
     cell, dims = cells["humaneval/pair/we_me-T1"].cell, cells["humaneval/pair/we_me-T1"].dims
     assert cell.method_args == {"lambda": 0.5} and cell.baseline == "we"
     assert dims.standard == "we" and dims.gamma is None and dims.kind == "me"
@@ -241,7 +241,7 @@ def test_dry_run_of_the_default_grid_lists_exactly_its_jobs(tmp_path):
     run = snakemake(tmp_path, "-n")
     assert run.returncode == 0, run.stderr[-2000:]
     n = len(expand_cells(check_config(DEFAULT)))
-    assert n == 23  # 5 + 1 + 4 + 6 + 2 + 5 cells per grid, one gamma each; no gamma for we/we_me/cd
+    assert n == 24  # 5 + 1 + 4 + 6 + 2 + 5 cells per grid, one gamma each (no gamma for we/we_me/cd), the null cell
     assert job_counts(run.stdout + run.stderr) == {
         "all": 1,
         "cell": n,
@@ -338,7 +338,7 @@ def slurm_submissions(dry_run: str, profile: dict) -> dict[str, int]:
 
 
 def test_the_paper_grid_on_slurm_takes_few_submissions_and_a_short_target(tmp_path):
-    """The paper grid (384 cells): 397 SLURM submissions, where each job once was one (1,550)."""
+    """The paper grid (384 cells and the null cell): 398 SLURM submissions, where each job once was one (1,550)."""
     profile_dir = ROOT / "workflow" / "profiles" / "slurm"
     profile = yaml.safe_load((profile_dir / "config.yaml").read_text())
     paper = ROOT / "config" / "paper.yaml"
@@ -346,7 +346,7 @@ def test_the_paper_grid_on_slurm_takes_few_submissions_and_a_short_target(tmp_pa
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-2000:]
     cells = len(expand_cells(check_config(yaml.safe_load(paper.read_text()))))
-    assert cells == 384 and job_counts(out)["generate"] == cells
+    assert cells == 385 and job_counts(out)["generate"] == cells
     submissions = slurm_submissions(out, profile)
     assert submissions == {
         "prepare_model": 12,  # converted and checked on a compute node; downloaded by fetch_model (local)
@@ -382,9 +382,13 @@ def test_the_whole_dag_writes_tables_plots_wandb_runs_and_a_notebook(tiny_run):
     results = work / "results"
     check_tables(results, config)
     cells = expand_cells(check_config(config))
-    assert len(cells) == 8
+    assert len(cells) == 9  # 8 and the null cell
     speed = pd.read_csv(results / "tables" / "speedup_vs_standard.csv")
-    assert set(speed["method"]) == {"sd", "we", "we_se", "cd_se", "hf_assisted"}
+    assert set(speed["method"]) == {"sd", "we", "we_se", "cd_se", "hf_assisted", "large_model vs itself (null)"}
+    null = speed[speed["method"] == "large_model vs itself (null)"].iloc[0]  # the run's control, with its interval
+    assert null["model_set"] == "tiny" and null["humaneval_low"] < null["humaneval"] < null["humaneval_high"]
+    beside = pd.read_csv(results / "tables" / "beside.csv")  # what ran beside the timed runs, every one counted
+    assert beside["process"].iloc[0] == "(every timed sample)" and beside["pairs"].iloc[0] == 2 * len(cells)
     versus = (results / "tables" / "ours_vs_peers.md").read_text()  # ours over transformers' own, side by side
     assert "hf_assisted (γ=2)" in versus and "sd (γ=2)" in versus
     md = (results / "tables" / "speedup_vs_large.md").read_text()

@@ -54,7 +54,7 @@ rule aggregate:
     params:
         results=lambda w, input: str(Path(input.grid).parent),
     shell:
-        '"$PY" -m pipeline.cli aggregate {params.results:q} > {log:q} 2>&1'
+        '$UNTIMED "$PY" -m pipeline.cli aggregate {params.results:q} > {log:q} 2>&1'
 
 
 rule notebook:
@@ -76,4 +76,4 @@ rule notebook:
         results=lambda w, input: str(Path(input[0]).parents[1]),
         notebook=str(ROOT / "notebooks" / "analysis.ipynb"),
     shell:
-        '"$PY" -m pipeline.cli notebook {params.notebook:q} {output:q} --results {params.results:q} > {log:q} 2>&1'
+        '$UNTIMED "$PY" -m pipeline.cli notebook {params.notebook:q} {output:q} --results {params.results:q} > {log:q} 2>&1'

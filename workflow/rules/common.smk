@@ -45,6 +45,7 @@ shell.prefix(  # formatted like a rule's shell command: literal braces are doubl
     "set -euo pipefail; "
     f"export PYTHONPATH={shlex.quote(str(ROOT))}" + '"${{PYTHONPATH:+:$PYTHONPATH}}"; '
     f"PY={'python' if _CONDA else shlex.quote(sys.executable)}; "
+    "UNTIMED='nice -n 19'; "  # every job but generation: a timed run beside it loses ~nothing (docs/speed.md)
 )
 ENVS = ROOT / "workflow" / "envs"
 CELL_FILE = f"{RESULTS}/cells/{{cell}}.json"  # one cell's settings and dimensions, the jobs' only source of them

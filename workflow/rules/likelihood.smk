@@ -21,5 +21,5 @@ rule likelihood:
     params:
         spec=lambda w: json.dumps(LIKELIHOOD[w.task], sort_keys=True),
     shell:
-        'OMP_WAIT_POLICY=PASSIVE "$PY" -m pipeline.cli likelihood {params.spec:q} {output:q} --threads {threads}'
+        'OMP_WAIT_POLICY=PASSIVE $UNTIMED "$PY" -m pipeline.cli likelihood {params.spec:q} {output:q} --threads {threads}'
         " > {log:q} 2>&1"

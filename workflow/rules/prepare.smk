@@ -14,7 +14,7 @@ rule fetch_model:
     params:
         repo=lambda w: HUB_MODELS[w.model],
     shell:
-        '"$PY" -c "import sys; from pipeline.models.sources import hub_dir; print(hub_dir(sys.argv[1]))"'
+        '$UNTIMED "$PY" -c "import sys; from pipeline.models.sources import hub_dir; print(hub_dir(sys.argv[1]))"'
         " {params.repo:q} > {output:q} 2> {log:q}"
 
 
@@ -35,4 +35,4 @@ rule prepare_model:
         spec=lambda w: json.dumps(model_entry(_checked, w.model)),
         offline=lambda w: "HF_HUB_OFFLINE=1 " if w.model in HUB_MODELS else "",
     shell:
-        '{params.offline}"$PY" -m pipeline.cli prepare {params.spec:q} {output:q} --threads {threads} > {log:q} 2>&1'
+        '{params.offline}$UNTIMED "$PY" -m pipeline.cli prepare {params.spec:q} {output:q} --threads {threads} > {log:q} 2>&1'

@@ -24,5 +24,5 @@ rule score:
         task=lambda w: cell_dims(w).dataset,
         data_dir=f"--data-dir {shlex.quote(_checked['data_dir'])}" if _checked["data_dir"] else "",
     shell:
-        '"$PY" -m pipeline.cli score {input.samples:q} --task {params.task} {params.data_dir} --workers {threads}'
+        '$UNTIMED "$PY" -m pipeline.cli score {input.samples:q} --task {params.task} {params.data_dir} --workers {threads}'
         " > {log:q} 2>&1"

@@ -31,7 +31,7 @@ rule wandb_log:
         settings=WANDB_ARGS,
         results=lambda w, output: str(Path(output[0]).parents[len(Path(w.cell).parts)]),  # results/
     shell:
-        '"$PY" -m pipeline.cli wandb-log {input.samples:q} {output:q} --cell-file {input.cell:q} {params.settings}'
+        '$UNTIMED "$PY" -m pipeline.cli wandb-log {input.samples:q} {output:q} --cell-file {input.cell:q} {params.settings}'
         " --dir {params.results:q} > {log:q} 2>&1"
 
 
@@ -51,4 +51,5 @@ rule wandb_experiment:
         settings=WANDB_ARGS,
         results=lambda w, input: str(Path(input.table).parents[1]),
     shell:
-        '"$PY" -m pipeline.cli wandb-log-experiment {params.results:q} {output:q} {params.settings}' " > {log:q} 2>&1"
+        '$UNTIMED "$PY" -m pipeline.cli wandb-log-experiment {params.results:q} {output:q} {params.settings}'
+        " > {log:q} 2>&1"
