@@ -178,6 +178,8 @@ def _accepted(error, schema: dict[str, Any]) -> str:
         return f"a number {BOUNDS[v]} {vv}"
     if v in ("minItems", "minProperties"):
         return f"at least {vv} entr{'y' if vv == 1 else 'ies'}"
+    if v == "maxLength":
+        return f"at most {vv} characters"
     if v == "pattern":
         return "letters, digits and . _ + -, starting with a letter or digit"
     if v == "required":

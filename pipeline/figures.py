@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 
 from .cell import Dims
-from .files import read_jsonl
+from .files import ResultsError, read_jsonl, read_user_json
 from .intervals import bootstrap_interval
 from .results_file import RATIOS, load_reported
 from .speed import Policy, halfwidth, paired_speedup, relative_speedup
@@ -48,10 +48,20 @@ class Collected:
     beside: pd.DataFrame  # what ran beside each cell's timed pairs (``beside_runs``)
 
 
+def _record(path: Path, what: str, kind: type = dict) -> Any:
+    """A results file the aggregate reads; one line naming it when it is damaged (its job makes it again once it
+    is deleted)."""
+    found = read_user_json(path, what)
+    if not isinstance(found, kind):
+        shape = "an object" if kind is dict else "a list"
+        raise ResultsError(f"{what} {path} is not {shape} of JSON; delete it and run the workflow again")
+    return found
+
+
 def grid_dims(results: Path) -> list[dict[str, Any]]:
     """The dims of each cell of the grid (``grid.json``, written by the workflow), in the grid's order, read
     through the one type of a cell's dimensions (``cell.Dims``), in grid.json's key order (cells.csv's columns)."""
-    return [{**d, **Dims.from_json(d).to_json()} for d in json.loads((results / "grid.json").read_text())]
+    return [{**d, **Dims.from_json(d).to_json()} for d in _record(results / "grid.json", "the grid index", list)]
 
 
 def cell_figures(cell: str, speed: dict[str, Any], summary: dict[str, Any]) -> list[tuple]:
@@ -94,11 +104,11 @@ def collect(results: Path, reported: dict[str, Any] | None = None) -> Collected:
         base = results / "generations" / f"{dims['id']}.jsonl"
         if not base.with_suffix(".speed.json").exists():
             continue
-        speed = speeds[dims["id"]] = json.loads(base.with_suffix(".speed.json").read_text())
+        speed = speeds[dims["id"]] = _record(base.with_suffix(".speed.json"), "the speed record")
         policy = Policy.from_dict(speed.get("policy"))  # the cells' own: one config judged them all
         samples[dims["id"]] = read_jsonl(base)
         summary = base.with_suffix(".summary.json")
-        rows += cell_figures(dims["id"], speed, json.loads(summary.read_text()) if summary.exists() else {})
+        rows += cell_figures(dims["id"], speed, _record(summary, "the score summary") if summary.exists() else {})
         record = {k: v for k, v in dims.items() if k != "models"} | {"models": " + ".join(dims["models"])}
         if dims.get("control") == "null":  # the run's own control, a row of its own in every table (grid.null_cell)
             record |= {"method": NULL_LABEL.format(method=dims["method"]), "kind": "null"}

@@ -147,7 +147,7 @@ def open_own(path: Path, mode: str, what: str):
             f"cannot write {what} {path}: it is not a plain file; remove it (only plain files are written)"
         )
     os.set_blocking(fd, True)
-    return os.fdopen(fd, mode, encoding="utf-8")
+    return os.fdopen(fd, mode, encoding="utf-8", errors="replace")  # a damaged file reads, it never raises
 
 
 def schema_validator(schema: dict[str, Any]):
@@ -193,7 +193,9 @@ def exclusive(path: Path, what: str):
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
-            holder = handle.read().strip() or "another process"
+            text = handle.read(200)  # the holder's line; whatever else is there, shown short and printable
+            first = (text.splitlines() or [""])[0]
+            holder = "".join(c if c.isprintable() else "?" for c in first).strip() or "another process"
             handle.close()
             raise LockHeld(f"{what} is in use by {holder} (lock {path}); wait for it to finish") from None
         try:

@@ -63,7 +63,7 @@ def _wait_s() -> float | None:
 class Thresholds:
     """When a timed region counts as interfered (per second of its wall time)."""
 
-    wait_share: float = 0.10  # seconds this process waited for a CPU per second
+    wait_share: float = 0.20  # seconds this process waited for a CPU per second (quiet runs: at most 0.12)
     psi_share: float = 0.15  # seconds of CPU pressure per second, where the kernel gives no run-queue wait
     nivcsw_per_s: float = 1000.0  # involuntary context switches per second
 
@@ -113,8 +113,10 @@ def process_label(pid: int) -> str:
     its program's name (``stress-ng``, ``wandb-core``, ...)."""
     try:
         argv = [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+        if not argv:  # a kernel thread: its name, bracketed as ps shows it
+            return f"[{Path(f'/proc/{pid}/comm').read_text().strip()}]"
     except OSError:
-        return "?"
+        return "?"  # it has exited since
     for i, arg in enumerate(argv):
         if arg in ("pipeline.cli", "pipeline") and i and argv[i - 1] == "-m":
             return " ".join(["pipeline", *argv[i + 1 : i + 2]])

@@ -123,3 +123,15 @@ def test_the_drafts_table_says_how_each_proposer_was_trained(tmp_path):
     for name in ("a", "b"):
         (tmp_path / "results" / "models" / f"{name}.json").write_text("{not json")
     assert render(TABLE["drafts"], collect(tmp_path / "results")) is None  # no distilled model: no table
+
+
+@pytest.mark.parametrize("damage", [b"", b"{not json", b"[1, 2]", b"\xff\xfe"])
+def test_a_damaged_speed_record_stops_the_aggregate_in_one_line(tmp_path, capsys, damage):
+    from pipeline.cli import main
+
+    results = two_cells(tmp_path)
+    speed = results / "generations" / f"{SE}.speed.json"
+    speed.write_bytes(damage)
+    assert main(["aggregate", str(results)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"the speed record {speed}" in err[0], err

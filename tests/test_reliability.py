@@ -319,6 +319,23 @@ def test_a_second_job_on_a_cell_being_generated_stops_at_once_naming_the_first(t
     assert not (tmp_path / "cell.jsonl.lock").exists()
 
 
+def test_a_held_lock_with_binary_content_is_still_one_line(tmp_path):
+    from pipeline.files import LockHeld
+    from pipeline.journal import journal_lock
+
+    journal = tmp_path / "cell.jsonl"
+    proc = hold(journal)
+    try:
+        (tmp_path / "cell.jsonl.lock").write_bytes(b"\xff\xfe\x00\x1b[2J" * 5000)  # the same file, still locked
+        with pytest.raises(LockHeld) as caught, journal_lock(journal):
+            pass
+        message = str(caught.value)
+        assert "\n" not in message and len(message) < 500 and f"cell journal {journal} is in use by" in message
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_run_cell_refuses_a_running_cell_and_takes_over_from_a_dead_job(tiny_dir, tmp_path, capsys):
     from pipeline.cell import Cell
     from pipeline.files import LockHeld

@@ -22,6 +22,9 @@ from pipeline.grid import expand_cells
 from tests.conftest import cell_entry, without_null
 from tests.tiny_dag import check_report, check_tables, job_counts, snakemake, tiny_config
 
+# one worker runs this file's tests in order: its module fixture is costly to build twice (Makefile: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("workflow")
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = yaml.safe_load((ROOT / "config" / "default.yaml").read_text())
 
@@ -65,6 +68,11 @@ def with_change(path: str, value):
         ("wandb", {"mode": "sometimes"}, ["wandb.mode", '"sometimes"', "auto, online, offline, disabled"]),
         ("max_new_tokens", "many", ["max_new_tokens", '"many"', "integer"]),
         ("colour", "blue", ["unknown config key 'colour'", "accepted:", "gamma"]),
+        (
+            "grids.0.model_sets",
+            {"s" * 300: ["smollm2-135m-instruct"]},
+            ["grids[0].model_sets", "at most 100 characters"],
+        ),
     ],
 )
 def test_bad_config_values_get_one_line(path, value, expected):
