@@ -11,9 +11,6 @@ from pipeline import bench
 from pipeline.decoding import generate
 from pipeline.models import ModelError, load, load_bundled, truncated_copy
 
-# one worker runs this file's tests in order: its module fixture is costly to build twice (Makefile: --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("bundled")
-
 
 @pytest.fixture(scope="module")
 def smol():

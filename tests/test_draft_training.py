@@ -19,9 +19,6 @@ from pipeline.models.loading import truncated_copy
 from pipeline.models.resolve import recipe_for
 from pipeline.models.restricted import RestrictedHeadLM
 
-# one worker runs this file's tests in order: its module fixture is costly to build twice (Makefile: --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("draft_training")
-
 distill_module = importlib.import_module("pipeline.models.distill")  # the package exports its function
 TINY = dict(layers=1, head_tokens=64, prompts=4, new_tokens=8, source_chunks=2, chunk_tokens=64, eval_prompts=2)
 

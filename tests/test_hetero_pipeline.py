@@ -25,9 +25,6 @@ from pipeline.workflow import local_problems
 
 from .conftest import save_tiny, without_null
 
-# one worker runs this file's tests in order: its module fixture is costly to build twice (Makefile: --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("student")
-
 ROOT = Path(__file__).resolve().parent.parent
 TINY_RECIPE = StudentRecipe(layers=1, vocab=400, prompts=4, new_tokens=8, source_files=2, steps=4, eval_prompts=2)
 

@@ -27,9 +27,6 @@ from pipeline.models import (
 )
 from pipeline.models.restricted import RestrictedHeadLM
 
-# one worker runs this file's tests in order: its module fixture is costly to build twice (Makefile: --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("distill")
-
 
 def test_local_directory_source(tiny_dir):
     assert resolve(ModelSpec("tiny", str(tiny_dir))) == tiny_dir

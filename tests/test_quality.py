@@ -11,9 +11,6 @@ import pytest
 
 from pipeline.intervals import bootstrap_interval, fmt_quality, interval, per_example
 
-# one worker runs this file's tests in order: its module fixture is costly to build twice (Makefile: --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("quality")
-
 REPO = Path(__file__).resolve().parents[1]
 
 

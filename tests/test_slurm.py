@@ -20,9 +20,6 @@ import yaml
 from pipeline.status import ERROR_LINE
 from tests.tiny_dag import ROOT, check_tables, job_counts, snakemake, tiny_config
 
-# one worker runs this file's tests in order: its module fixture is costly to build twice (Makefile: --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("slurm")
-
 SCRIPT = ROOT / "scripts" / "slurm-local.sh"
 PROFILE = ROOT / "workflow" / "profiles" / "slurm"
 # what a one-node cluster needs on top of the profile: jobs of seconds, so status checks every 2 s

@@ -20,9 +20,6 @@ from pipeline.models.cpu_kernels import PackedLinear
 
 from .conftest import perturbed, tiny_llama
 
-# one worker runs this file's tests in order: its module fixture is costly to build twice (Makefile: --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("compiled")
-
 PROMPTS = [[random.Random(i).randrange(32) for _ in range(n)] for i, n in enumerate([1, 3, 8, 17, 5, 2])]
 CASES = [  # method, model indices into (target, draft, other), gamma, method_args
     ("large_model", [0], 1, {}),

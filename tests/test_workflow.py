@@ -22,9 +22,6 @@ from pipeline.grid import expand_cells
 from tests.conftest import cell_entry, without_null
 from tests.tiny_dag import check_report, check_tables, job_counts, snakemake, tiny_config
 
-# one worker runs this file's tests in order: its module fixture is costly to build twice (Makefile: --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("workflow")
-
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = yaml.safe_load((ROOT / "config" / "default.yaml").read_text())
 
