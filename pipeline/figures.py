@@ -122,9 +122,8 @@ def collect(results: Path, reported: dict[str, Any] | None = None) -> Collected:
     reported = load_reported() if reported is None else reported
     named = reported.get("experiment") in set(cells.get("experiment", []))
     scores = scored(cells, results)
-    found = Collected(cells, figures, scores, policy.confidence, reported if named else None, drafts(results), None)
-    found.beside = beside_runs(speeds)
-    return found
+    reported = reported if named else None
+    return Collected(cells, figures, scores, policy.confidence, reported, drafts(results), beside_runs(speeds))
 
 
 BESIDE = ["cell", "process", "pairs", "interfered", "cpu_s"]

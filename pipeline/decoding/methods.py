@@ -32,7 +32,7 @@ from .joined import Joined, join
 from .member import Member, Stopper
 from .parallel import ConcurrentForwards
 from .peers import run_peer
-from .proposers import NAMED_PROPOSERS, Chain, ModelProposer, Proposer, drafts_trees
+from .proposers import NAMED_PROPOSERS, Chain, ModelProposer, Proposer, drafts_trees, parts
 from .sampling import Sampling
 from .spec import DRAFT, is_int, parse_method
 from .static import make_runner
@@ -305,7 +305,7 @@ def generate(
             tokens = decoder.run(prompt, schedule, tree_loop(shape) if shape is not None else None)
     finally:  # a proposer that reads a model's forwards (eagle) stops reading them
         for proposer, _ in schedule or []:
-            for p in proposer.proposers if isinstance(proposer, Chain) else [proposer]:
+            for p in parts(proposer):
                 getattr(p, "close", lambda: None)()
     if events is not None:
         events[1].record()

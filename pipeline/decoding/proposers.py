@@ -49,6 +49,11 @@ class Proposer(Protocol):
     #       ``context`` come from (the tree draws its children from it: top tokens greedy, samples otherwise).
 
 
+def parts(proposer: Proposer) -> list[Proposer]:
+    """A turn's proposers in the order they are asked (a chain's, or the one)."""
+    return list(proposer.proposers) if isinstance(proposer, Chain) else [proposer]
+
+
 def drafts_trees(proposer: object) -> bool:
     """Whether a proposer (class or instance) can draft a token tree's several candidates per node: a model of
     the set, or one with ``continuations`` or ``logits``."""

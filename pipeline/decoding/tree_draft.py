@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from .proposers import Chain, ModelProposer
+from .proposers import ModelProposer, parts
 from .sampling import Sampling, probs, sample
 from .tree_nodes import Tree
 from .tree_shape import DYNAMIC_BRANCH, DYNAMIC_EXPAND, TreeShape
@@ -21,11 +21,6 @@ from .tree_shape import DYNAMIC_BRANCH, DYNAMIC_EXPAND, TreeShape
 if TYPE_CHECKING:
     from .engine import Decoder
     from .tree_cache import TreeCache
-
-
-def parts(proposer: Any) -> list[Any]:
-    """A turn's proposers in the order they are asked (a chain's, or the one)."""
-    return list(proposer.proposers) if isinstance(proposer, Chain) else [proposer]
 
 
 def models_of(proposer: Any) -> list[ModelProposer]:
