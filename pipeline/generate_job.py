@@ -29,8 +29,8 @@ from .errors import UserError
 from .files import writable_dir, write_atomic
 from .journal import Journal, journal_lock
 from .judge import write_speed
-from .models import load_members, union_tokenizers
-from .timing import Probe, provenance
+from .models import decode_vocabulary, load_members
+from .timing import Probe, provenance, run_record
 
 
 def environment() -> dict[str, Any]:
@@ -111,15 +111,15 @@ def _run_cell(cell: Cell, out: Path, progress: bool, journal: Path, speed: bool)
     log = Journal(journal, [ex.id for ex in examples], sample_check(cell))
     done = log.recover()  # before the models load: a journal problem costs nothing
     models, tokenizers = load_members(cell.models)
-    tokenizer, union = tokenizers[0], union_tokenizers(tokenizers)  # prompts are the first model's tokens
+    tokenizer = tokenizers[0]  # prompts are the first model's tokens
     settings = {k: v for k, v in cell.__dict__.items() if k not in ("models", "policy")}
     meta = {"environment": environment(), "cell": {**settings, "models": [m.name for m in cell.models]}}
     write_atomic(out.with_suffix(".meta.json"), json.dumps(meta, indent=2, default=str) + "\n")
     trees = {"tree": cell.tree} if cell.tree is not None else {}  # the method's own, never its baseline's
     # every run of the cell: its models and settings (methods that do not speculate ignore gamma_schedule)
-    joined = {} if union is None else {"tokenizers": union}  # different tokenizers: over their union
+    vocabulary = decode_vocabulary(models, tokenizers)  # different tokenizers: their union; padded heads: cropped
     run = partial(
-        generate, models, eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer, **joined, **cell.sampling()
+        generate, models, eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer, **vocabulary, **cell.sampling()
     )
 
     rendered = [(ex, *render(task, ex, tokenizer, cell.chat)) for ex in examples]
@@ -133,6 +133,7 @@ def _run_cell(cell: Cell, out: Path, progress: bool, journal: Path, speed: bool)
     nodes = parse_tree(cell.tree).nodes + 1 if cell.tree is not None else 0  # a tree's masked forwards too
     compile_ahead(models, [len(p) + cell.max_new_tokens + 1 for p in prompts.values()], tree_tokens=nodes)
     here = provenance(next(models[0].parameters()).device, {engine_of(m)[0] for m in models})
+    this_run = run_record()  # which run generated each sample: a resume or a requeue shows in the speed record
     todo = [(i, r) for i, r in enumerate(rendered) if r[0].id not in done]
     if done and progress:
         print(f"resuming {journal}: {len(done)} of {len(rendered)} samples already generated", flush=True)
@@ -175,7 +176,7 @@ def _run_cell(cell: Cell, out: Path, progress: bool, journal: Path, speed: bool)
             b = results[counted]["baseline"]
             row["baseline"] = {"output": b.text, "token_ids": b.token_ids, "stats": b.stats.to_dict()}
         row["timing"] = {"attempts": attempts, "counted": counted}
-        row["provenance"] = here
+        row["provenance"], row["run"] = here, this_run
         return row
 
     with log.writer() as add:

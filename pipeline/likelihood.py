@@ -82,14 +82,17 @@ def job_specs(config: dict[str, Any], cells: dict[str, CellFile]) -> dict[str, d
     return {task: {"task": task, "limit": (opts or {}).get("limit"), **common} for task, opts in tasks.items()}
 
 
-def member_rows(model, context: list[int], continuations: list[list[int]]) -> list[torch.Tensor]:
+def member_rows(
+    model, context: list[int], continuations: list[list[int]], vocab: int | None = None
+) -> list[torch.Tensor]:
     """Logits rows ``[len(c), V]`` (float64, CPU) predicting each continuation ``c`` after ``context``: one
     forward over the context, kept in the KV cache, then one over every continuation but its last token at
-    once, a batch over the cache (right-padded: a causal model's real positions never see the padding)."""
+    once, a batch over the cache (right-padded: a causal model's real positions never see the padding).
+    ``vocab``: the rows kept of the head (``models.token_rows``: a padded head cropped to the tokenizer)."""
     device = next(model.parameters()).device
     with torch.inference_mode():
         first = model(input_ids=torch.tensor([context], device=device), use_cache=True, logits_to_keep=1)
-        row = first.logits[0, -1:].to("cpu", torch.float64)
+        row = first.logits[0, -1:, :vocab].to("cpu", torch.float64)
         longer = [c for c in continuations if len(c) > 1]
         if not longer:
             return [row] * len(continuations)
@@ -97,7 +100,8 @@ def member_rows(model, context: list[int], continuations: list[list[int]]) -> li
         batch = torch.tensor([c[:-1] + [c[0]] * (width - len(c) + 1) for c in longer], device=device)
         cache = first.past_key_values
         cache.batch_repeat_interleave(len(longer))
-        logits = model(input_ids=batch, past_key_values=cache, use_cache=True).logits.to("cpu", torch.float64)
+        logits = model(input_ids=batch, past_key_values=cache, use_cache=True).logits[..., :vocab]
+        logits = logits.to("cpu", torch.float64)
     rest = iter(range(len(longer)))
     return [row if len(c) == 1 else torch.cat([row, logits[next(rest), : len(c) - 1]]) for c in continuations]
 
@@ -116,8 +120,11 @@ def _lm_class():
         tok_encode = SpecEnsLM.tok_encode
 
         def __init__(self, models: list, tokenizer, targets: dict[str, tuple[list[int], Any]], max_length: int):
+            from .models import token_rows
+
             super().__init__()
             self.models, self.tokenizer, self.targets, self.max_length = models, tokenizer, targets, max_length
+            self.vocab = token_rows(models, tokenizer)  # padded heads cropped to the tokenizer
 
         def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs: Any) -> list[dict]:
             windows = []
@@ -133,7 +140,7 @@ def _lm_class():
                 if k % PROGRESS == 0:
                     print(f"{k} contexts scored", flush=True)
                 continuations = [c for _, c in group]
-                rows = {i: member_rows(self.models[i], context, continuations) for i in used}
+                rows = {i: member_rows(self.models[i], context, continuations, self.vocab) for i in used}
                 for j, c in enumerate(continuations):
                     out.append(
                         {

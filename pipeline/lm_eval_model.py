@@ -26,7 +26,7 @@ from .decoding import Sampling, generate
 from .decoding.methods import parameter_counts, plan_method, restricted_heads
 from .decoding.spec import parse_method
 from .errors import ArgumentError, UserError
-from .models import load_members, parse_model, union_tokenizers
+from .models import decode_vocabulary, load_members, parse_model
 
 IGNORED = {"batch_size", "max_batch_size", "device"}  # lm-eval passes these to every model
 ROWS = 256  # positions combined at once (float64 rows over the vocabulary)
@@ -80,10 +80,13 @@ def score_continuation(logprobs: torch.Tensor, continuation: list[int]) -> tuple
     return float(logprobs.gather(-1, target).sum()), bool((logprobs.argmax(dim=-1) == target.squeeze(-1)).all())
 
 
-def continuation_logprobs(models: list, members: list[int], target_fn, tokens: list[int], n: int) -> torch.Tensor:
+def continuation_logprobs(
+    models: list, members: list[int], target_fn, tokens: list[int], n: int, vocab: int | None = None
+) -> torch.Tensor:
     """Log-probabilities ``[n, V]`` of the last ``n`` positions of ``tokens`` under the target distribution.
 
-    One forward per member over ``tokens[:-1]``, keeping the ``n`` rows that predict ``tokens[-n:]``.
+    One forward per member over ``tokens[:-1]``, keeping the ``n`` rows that predict ``tokens[-n:]``; ``vocab``:
+    the rows kept of each head (``models.token_rows``: padded heads cropped to the shared tokenizer).
     """
     rows = []
     with torch.inference_mode():
@@ -91,7 +94,7 @@ def continuation_logprobs(models: list, members: list[int], target_fn, tokens: l
             model = models[i]
             device = next(model.parameters()).device
             ids = torch.tensor([tokens[:-1]], device=device)
-            logits = model(input_ids=ids, use_cache=False, logits_to_keep=n).logits[0, -n:]
+            logits = model(input_ids=ids, use_cache=False, logits_to_keep=n).logits[0, -n:, :vocab]
             rows.append(logits.to("cpu", torch.float64))
         return combine(target_fn, rows)
 
@@ -112,7 +115,9 @@ class SpecEnsLM(TemplateLM):
         check_model_args(models, gamma, seed, max_gen_toks, max_length)
         specs = [parse_model(m) for m in _split(models)]
         self.models, tokenizers = load_members(specs)
-        self.tokenizer, self.union = tokenizers[0], union_tokenizers(tokenizers)  # contexts: the first's tokens
+        self.tokenizer = tokenizers[0]  # contexts: the first model's tokens
+        self.vocabulary = decode_vocabulary(self.models, tokenizers)  # a union, or padded heads cropped
+        self.union = self.vocabulary.get("tokenizers")
         self.names = [s.name for s in specs]
         self.method = method
         self.gamma = _split(gamma, int) if "+" in str(gamma) else int(gamma)
@@ -161,7 +166,12 @@ class SpecEnsLM(TemplateLM):
                 raise UserError(f"a continuation of {n} tokens: expected 1 to max_length={self.max_length}")
             tokens = (context + continuation)[-(self.max_length + 1) :]  # the window, cut from the left
             if last[0] != (tokens[:-1], n):
-                last = (tokens[:-1], n), continuation_logprobs(self.models, self.members, self.target_fn, tokens, n)
+                last = (
+                    (tokens[:-1], n),
+                    continuation_logprobs(
+                        self.models, self.members, self.target_fn, tokens, n, self.vocabulary.get("vocab_size")
+                    ),
+                )
             result = score_continuation(last[1], continuation)
             out.append(result)
             if key is not None:
@@ -205,7 +215,7 @@ class SpecEnsLM(TemplateLM):
                 eos_token_id=self.tokenizer.eos_token_id,
                 stop_strings=until,
                 tokenizer=self.tokenizer,
-                **({} if self.union is None else {"tokenizers": self.union}),
+                **self.vocabulary,
             )
             out.append(cut_at_stops(result.text, until))
         return out

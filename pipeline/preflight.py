@@ -33,6 +33,11 @@ def set_problems(config: dict[str, Any], cells: dict[str, CellFile], infos: dict
             joined.add(tuple(names))
             if problem := joinable_problem(names, infos):
                 problems[f"{where}: {problem}"] = None
+        elif dims.spec.peer and len(set(names)) > 1 and (padded := padded_heads(names, infos)):
+            problems[
+                f"{where}: {dims.method!r} runs transformers' assisted generation, which needs heads of one size, "
+                f"but {padded}; our own methods crop the padding and run this set"
+            ] = None
         if cell.chat:
             for name in names:
                 if infos[name].vocab is not None and not infos[name].chat_template:
@@ -73,12 +78,15 @@ def different_tokenizers(config: dict[str, Any], names: list[str], infos: dict[s
     first = infos[names[0]]
     for name in names[1:]:
         other = infos[name]
+        known = first.vocab is not None and other.vocab is not None
+        if known and first.vocab == other.vocab:  # one tokenizer: heads padded to other sizes are cropped to it
+            continue  # (models.token_rows), one vocabulary
         if first.vocab_size and other.vocab_size and first.vocab_size != other.vocab_size:
             return (
                 f"{names[0]!r} has a vocabulary of {first.vocab_size} and {name!r} of {other.vocab_size} "
                 "(config.json vocab_size)"
             )
-        if first.vocab is not None and other.vocab is not None and first.vocab != other.vocab:
+        if known:
             return (
                 f"{names[0]!r} and {name!r} have different tokenizers (vocabularies of {len(first.vocab)} and "
                 f"{len(other.vocab)} tokens)"
@@ -86,6 +94,15 @@ def different_tokenizers(config: dict[str, Any], names: list[str], infos: dict[s
     if mixed_tokenizers(config["models"], names):
         return f"{', '.join(map(repr, names))} tokenize differently (a student with a tokenizer of its own)"
     return None
+
+
+def padded_heads(names: list[str], infos: dict[str, ModelInfo]) -> str | None:
+    """How the heads of a set sharing one tokenizer differ in size (rows past the tokenizer's, padding), in words
+    (None: one size, or not known)."""
+    sizes = {n: infos[n].vocab_size for n in names if infos[n].vocab_size}
+    if len(set(sizes.values())) < 2:
+        return None
+    return "the heads are padded to " + ", ".join(f"{size} rows ({name!r})" for name, size in sizes.items())
 
 
 def joinable_problem(names: list[str], infos: dict[str, ModelInfo]) -> str | None:

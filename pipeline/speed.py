@@ -238,6 +238,7 @@ def summarize(rows: list[dict[str, Any]], policy: Policy = Policy(), exactness: 
     summary["beside"] = beside_pairs(counted, hit)
     hosts = {json.dumps(r.get("provenance"), sort_keys=True) for r in rows}  # no record: a host of its own
     summary["provenance"] = (rows[0].get("provenance") if rows else None) if len(hosts) <= 1 else sorted(hosts)
+    summary["runs"] = runs(rows)
     if exactness is not None:
         summary["exactness"] = exactness
     categories = defaultdict(list)
@@ -257,6 +258,17 @@ def summarize(rows: list[dict[str, Any]], policy: Policy = Policy(), exactness: 
     summary["flags"] = flags(summary, policy)
     summary["unstable"] = bool(summary["flags"])
     return summary
+
+
+def runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs that generated a cell's samples (``timing.run_record``), in order, each with its number of samples:
+    one run, or a resume (a crash, a preemption, a SLURM requeue: ``restarts``)."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        run = r.get("run") if isinstance(r.get("run"), dict) else {}
+        entry = out.setdefault(json.dumps(run, sort_keys=True), {**run, "samples": 0})
+        entry["samples"] += 1
+    return list(out.values())
 
 
 def beside_pairs(attempts: list[dict[str, Any]], hit: list[bool]) -> dict[str, dict[str, Any]]:

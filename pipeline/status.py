@@ -10,8 +10,11 @@ cause: the log's error line); *pending* otherwise. A cell whose speed judge rais
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,9 +53,18 @@ def cell_ids(results: Path) -> list[str]:
     """The cells of a results directory, from its index (grid.json, written by the workflow)."""
     index = Path(results) / "grid.json"
     try:
-        return [dims["id"] for dims in json.loads(index.read_text())]
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
-        raise UserError(f"results directory {results}: no readable grid.json ({err})") from None
+        ids = [dims["id"] for dims in json.loads(index.read_bytes())]
+    except (OSError, ValueError, KeyError, TypeError) as err:  # ValueError: not JSON, or not UTF-8
+        raise UserError(f"results directory {results}: no readable grid.json ({type(err).__name__})") from None
+    for cell in ids:
+        parts = Path(cell).parts if isinstance(cell, str) else ()
+        if not parts or Path(cell).is_absolute() or ".." in parts or "\0" in cell or cell != Path(cell).as_posix():
+            shown = repr(cell) if len(repr(cell)) <= 80 else repr(cell)[:77] + "..."
+            raise UserError(
+                f"{index}: cell id {shown} is not a path inside the results directory (expected names such as "
+                "humaneval/pair/sd-T0-g2); the file is not the workflow's"
+            )
+    return ids
 
 
 def flags(speed: Path) -> list[str]:
@@ -138,17 +150,53 @@ def report(results: Path) -> str:
 def rerun_unstable(results: Path) -> list[str]:
     """Move the flagged cells' files (generations, judgements, scores, W&B records, logs) under
     ``RESULTS/rerun/<time>/``, with the aggregate tables they were in; the workflow then runs those cells and
-    the aggregate steps again, and nothing else. Returns the cells."""
+    the aggregate steps again, and nothing else. Returns the cells.
+
+    All or none: every directory a file leaves or enters is checked writable before anything moves, a move
+    across filesystems copies then deletes (``shutil.move``), and a move that fails puts back every file
+    already moved before its one-line ``UserError``: a cell is never left half set aside."""
     results = Path(results)
     flagged = list(status(results).unstable)
     aside = results / "rerun" / time.strftime("%Y%m%d-%H%M%S")
+    sources: dict[Path, None] = {}
     for cell in flagged:
-        files = [results / "generations" / f"{cell}{suffix}" for suffix in CELL_FILES]
-        files += [results / "logs" / step / f"{cell}.log" for step, _ in STEPS]
-        files += [results / table for table in TABLES]  # what the default target asks for: the workflow reruns
-        for path in files:
-            if path.exists():
-                target = aside / path.relative_to(results)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                path.rename(target)
+        sources.update(dict.fromkeys(results / "generations" / f"{cell}{suffix}" for suffix in CELL_FILES))
+        sources.update(dict.fromkeys(results / "logs" / step / f"{cell}.log" for step, _ in STEPS))
+        sources.update(dict.fromkeys(results / table for table in TABLES))  # the default target: the workflow reruns
+    moves = [(path, aside / path.relative_to(results)) for path in sources if os.path.lexists(path)]
+    if not moves:
+        return flagged
+    _check_writable([results, *{src.parent for src, _ in moves}])
+    done: list[tuple[Path, Path]] = []
+    try:
+        for src, dst in moves:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(src, dst)
+            done.append((src, dst))
+    except OSError as err:
+        back = _put_back(done, aside)
+        said = f" ({back} could not be put back: they are under {aside})" if back else "; nothing was moved"
+        raise UserError(f"rerun: cannot move {src} to {aside}: {err.strerror or err}{said}") from None
     return flagged
+
+
+def _check_writable(directories: list[Path]) -> None:
+    """Refuse, before anything moves, a directory that a set-aside file leaves or enters and cannot be written."""
+    for directory in dict.fromkeys(directories):
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise UserError(f"rerun: cannot write {directory} (read-only?); nothing was moved")
+
+
+def _put_back(done: list[tuple[Path, Path]], aside: Path) -> int:
+    """Move files back where they were, newest first, and remove the directories left empty under ``aside``;
+    the number of files that could not be put back."""
+    failed = 0
+    for src, dst in reversed(done):
+        try:
+            shutil.move(dst, src)
+        except OSError:
+            failed += 1
+    for directory in sorted((d for d in aside.rglob("*") if d.is_dir()), reverse=True) + [aside]:
+        with contextlib.suppress(OSError):  # not empty: something stayed there
+            directory.rmdir()
+    return failed

@@ -18,13 +18,17 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import re
 import resource
 import socket
+import subprocess
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+PROCESS_START = time.time()  # this module is imported as a job starts: the run a sample belongs to
 
 
 def _psi_file() -> Path:
@@ -160,6 +164,34 @@ class Probe:
             "nivcsw": usage.ru_nivcsw - self._usage.ru_nivcsw,
             "beside": beside(self._others, _cpu_ticks()),  # read after the clock stopped: not in wall_s
         }
+
+
+def run_record() -> dict[str, Any]:
+    """Which run of a job generated a sample: when the process started and, under SLURM, its job and how many
+    times SLURM had requeued it (a preemption or a node failure). A cell whose samples come from several runs
+    was resumed; its speed record lists them (``runs``)."""
+    job = os.environ.get("SLURM_JOB_ID")
+    return {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(PROCESS_START)),
+        "slurm_job": job,
+        "restarts": slurm_restarts(job),
+    }
+
+
+def slurm_restarts(job: str | None) -> int | None:
+    """How many times SLURM requeued ``job``: ``SLURM_RESTART_COUNT`` where the batch script passed it on, else
+    ``scontrol show job`` (a job step started by srun does not see it); None outside SLURM or unknown."""
+    value = os.environ.get("SLURM_RESTART_COUNT", "")
+    if value.isdigit():
+        return int(value)
+    if not job:
+        return None
+    try:
+        shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r"\bRestarts=(\d+)", shown)
+    return int(found.group(1)) if found else None
 
 
 def provenance(device: Any = None, engines: Iterable[str] = ("eager",)) -> dict[str, Any]:

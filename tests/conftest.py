@@ -60,11 +60,12 @@ def smol_tokenizer():
     return AutoTokenizer.from_pretrained(bundled_dir())
 
 
-def save_tiny(path, tokenizer, seed: int = 0, layers: int = 2):
-    """A tiny random float32 model with ``tokenizer``, saved as a local model directory."""
+def save_tiny(path, tokenizer, seed: int = 0, layers: int = 2, padding: int = 0):
+    """A tiny random float32 model with ``tokenizer``, saved as a local model directory (``padding``: head rows
+    past the tokenizer's, as models padded for their kernels have)."""
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=len(tokenizer),
+        vocab_size=len(tokenizer) + padding,
         hidden_size=16,
         intermediate_size=32,
         num_hidden_layers=layers,

@@ -224,6 +224,31 @@ def test_restricted_draft_directories_are_refused_where_a_method_needs_the_full_
     assert preflight.run(config, expand_cells(config))[1] == []
 
 
+def test_heads_padded_to_other_sizes_over_one_tokenizer_are_one_vocabulary(model_path):
+    """Qwen2.5-7B's head (152,064 rows) beside Qwen2.5-0.5B's (151,936) over one tokenizer: every method of ours
+    runs (the padding is cropped: tests/test_padded_heads.py), transformers' assisted generation is refused."""
+    seven = model_dir(model_path, "qwen2.5-7b", "Qwen/Qwen2.5-0.5B", QWEN_WORDS)
+    shape = {"hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28}
+    config_json = PUBLIC_CONFIGS["Qwen/Qwen2.5-0.5B"] | shape | {"num_key_value_heads": 4, "vocab_size": 152064}
+    (seven / "config.json").write_text(json.dumps(config_json | {"tie_word_embeddings": False}))
+    models = {"qwen2.5-7b": {"source": str(seven)}, "qwen2.5-0.5b": {"source": "Qwen/Qwen2.5-0.5B"}}
+    methods = ["large_model", "sd", "we", "we_sd", "cd", "cd_sd", "hf_assisted"]
+    grid = {"name": "qwen", "model_sets": {"pair": list(models)}, "methods": methods}
+    config = check_config({"models": models, "grids": [grid], "datasets": {"humaneval": {"size": 5}}})
+    infos, problems = preflight.run(config, expand_cells(config))
+    assert infos["qwen2.5-7b"].vocab_size == 152064 and infos["qwen2.5-0.5b"].vocab_size == 151936
+    assert problems == [
+        "grid 'qwen', set 'pair': 'hf_assisted' runs transformers' assisted generation, which needs heads of one "
+        "size, but the heads are padded to 152064 rows ('qwen2.5-7b'), 151936 rows ('qwen2.5-0.5b'); our own "
+        "methods crop the padding and run this set"
+    ]
+    other = model_dir(model_path, "qwen2.5-7b-other", "Qwen/Qwen2.5-0.5B", ["x", "y", "v"])  # another tokenizer:
+    (other / "config.json").write_text((seven / "config.json").read_text())  # contrastive decoding needs one
+    config["models"]["qwen2.5-7b"]["source"] = str(other)
+    problems = preflight.run(config, expand_cells(config))[1]
+    assert any("'cd' needs one shared tokenizer" in p for p in problems), problems
+
+
 def test_profile_gpu_model_sets_the_memory_checked(model_path, tmp_path, capsys):
     from pipeline import cli
     from pipeline.setup_commands import cmd_preflight

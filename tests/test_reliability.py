@@ -78,6 +78,28 @@ def test_a_broken_ensemble_is_one_line_naming_it_and_the_step(pair, name, said, 
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("method", "kwargs", "blamed"),
+    [
+        ("we", {"temperature": 5e-324}, "temperature=5e-324 takes the logits divided by it beyond"),
+        ("large_model", {"temperature": 1e-320}, "temperature=1e-320 takes the logits"),
+        ("cd", {"method_args": {"alpha": 1e308}}, "alpha=1e+308 takes the scores beyond"),
+        ("cd_sd", {"method_args": {"alpha": 1e308}, "temperature": 1.0}, "alpha=1e+308 takes the scores beyond"),
+    ],
+)
+def test_a_fault_of_the_settings_names_the_setting_not_the_ensemble(pair, method, kwargs, blamed):
+    with pytest.raises(EnsembleOutputError, match="from finite logits: " + re.escape(blamed)) as err:
+        generate(pair, [1, 2, 3], method, max_new_tokens=4, **kwargs)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_broken_ensemble_at_plain_settings_is_still_blamed_itself(pair, temperature):
+    with pytest.raises(EnsembleOutputError) as err:
+        generate(pair, [1, 2, 3], "rel_nan", max_new_tokens=4, temperature=temperature)
+    assert str(err.value).endswith("returned NaN entries")
+
+
 def test_the_step_named_is_the_one_that_went_wrong(pair):
     calls = {"n": 0}
 

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -116,12 +117,16 @@ def slurm_config(tiny_dir: Path, draft: Path) -> dict:
     pair = {"pair": ["tiny", "tiny-copy"]}
     config["grids"] = [{"name": "pairs", "model_sets": pair, "methods": ["large_model", "sd"]}]
     config["notebook"] = False
+    config["datasets"], config["max_new_tokens"] = {"humaneval": {"size": 24}}, 32  # long enough to requeue mid-way
     return config
 
 
 def test_the_tiny_dag_runs_on_slurm_and_a_failed_cell_says_why_and_resumes(slurm_cluster, tiny_dir, tmp_path):
     """A cell's generation, judging and scoring as one group job; one cell fails (its draft's weights are
-    damaged after its preparation) and the workflow's output and `pipeline status` say why in one line."""
+    damaged after its preparation) and the workflow's output and `pipeline status` say why in one line. The
+    run that resumes it is preempted: the profile asks SLURM to requeue (sbatch --requeue), the cell's job is
+    requeued mid-way (scontrol requeue), starts again, resumes from its journal, and finishes with every sample
+    once; its speed record says which run generated how many."""
     env = slurm_cluster
     draft = tmp_path / "draft"
     shutil.copytree(tiny_dir, draft)
@@ -158,14 +163,20 @@ def test_the_tiny_dag_runs_on_slurm_and_a_failed_cell_says_why_and_resumes(slurm
 
     shutil.rmtree(draft)
     shutil.copytree(tiny_dir, draft)
-    second = snakemake(tmp_path, *args, timeout=400, env=env)
-    out = second.stdout + second.stderr
-    assert second.returncode == 0, out[-4000:]
+    code, out, requeued, seen = run_and_requeue(tmp_path, args, env)
+    assert code == 0 and requeued is not None, out[-4000:]
     # the rerun resumes: the failed cell and what waited on it, nothing of the target's cell again
     assert job_counts(out) == {"generate": 1, "speed": 1, "score": 1, "aggregate": 1, "all": 1}
     check_submissions(out, env, {CELL: 1, "report_aggregate": 1})
     assert {p: p.stat().st_mtime_ns for p in done} == kept
     check_tables(tmp_path / "results", config)
+    assert " --requeue" in next(call for rule, call in sbatch_calls(out) if rule == CELL)
+    samples = tmp_path / "results" / "generations" / f"{failed}.jsonl"
+    ids = [json.loads(line)["id"] for line in samples.read_text().splitlines()]
+    assert len(ids) == 24 and len(set(ids)) == 24  # every sample, each once
+    runs = json.loads(samples.with_name(samples.stem + ".speed.json").read_text())["runs"]
+    assert [(r["slurm_job"], r["restarts"]) for r in runs] == [(requeued, 0), (requeued, 1)], runs
+    assert runs[0]["samples"] >= seen >= 2 and sum(r["samples"] for r in runs) == 24  # nothing generated twice
 
     # up again changes nothing
     pid = (Path(env["SPECENS_SLURM_DIR"]) / "slurmctld.pid").read_text()
@@ -201,3 +212,40 @@ def test_the_cluster_script_says_in_one_line_why_it_cannot_run(tmp_path):
     down = cluster_script("down", env)
     assert down.returncode == 0 and "not running" in down.stdout
     assert not (tmp_path / "cluster").exists()
+
+
+def run_and_requeue(workdir: Path, args: list[str], env: dict, after: int = 2) -> tuple[int, str, str, int]:
+    """A workflow run whose cell job is requeued by SLURM (``scontrol requeue``, as a preemption or a node failure
+    does) once its journal holds ``after`` samples: the return code, the output, the job and the samples then."""
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-d", str(workdir), *args]
+    log = workdir / "requeued-run.log"  # a file, not a pipe: a verbose run would fill a pipe nobody reads
+    run = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True, env=env)
+    journal_dir, requeued, seen = workdir / "results" / "journal", None, 0
+    try:
+        deadline = time.monotonic() + 300
+        while requeued is None and run.poll() is None and time.monotonic() < deadline:
+            seen = sum(p.read_bytes().count(b"\n") for p in journal_dir.rglob("*.jsonl")) if journal_dir.exists() else 0
+            if seen >= after:
+                squeue = ["squeue", "-h", "-t", "RUNNING", "-o", "%i %k"]
+                jobs = subprocess.run(squeue, capture_output=True, text=True, env=env).stdout.splitlines()
+                (requeued,) = [line.split()[0] for line in jobs if f"rule_{CELL}" in line]
+                subprocess.run(["scontrol", "requeue", requeued], check=True, env=env, capture_output=True)
+                release_when_pending(requeued, env)
+            time.sleep(0.05)
+        run.wait(timeout=400)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    return run.returncode, log.read_text(), requeued, seen
+
+
+def release_when_pending(job: str, env: dict) -> None:
+    """SLURM holds a requeued job for about two minutes (pending, reason BeginTime) before it may start again;
+    make it eligible at once, as an administrator would (``scontrol update StartTime=now``)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, env=env).stdout
+        if "JobState=PENDING" in shown:
+            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, capture_output=True)
+            return
+        time.sleep(0.5)

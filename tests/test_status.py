@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.cli import main
 from pipeline.status import failure_lines, rerun_unstable, status
@@ -94,3 +96,150 @@ def test_a_speed_record_that_cannot_be_read_is_flagged_not_done_and_set_aside(re
     assert any(line.startswith(f"unstable {CELLS[0]}: ") for line in capsys.readouterr().out.splitlines())
     assert sorted(rerun_unstable(results)) == sorted(CELLS[:2])
     assert not (results / "generations" / f"{CELLS[0]}.speed.json").exists()  # set aside: judged again
+
+
+def _files(results: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in results.rglob("*") if p.is_file()}
+
+
+def test_a_move_that_fails_midway_puts_every_file_back(results, monkeypatch, capsys):
+    """All or none: the fourth file cannot move, the three moved before it are put back, one line says so."""
+    import shutil
+
+    import pipeline.status as status_module
+
+    before, real, calls = _files(results), shutil.move, []
+
+    def failing(src, dst):
+        calls.append(src)
+        if len(calls) == 4:
+            raise OSError(28, "No space left on device")
+        return real(src, dst)
+
+    monkeypatch.setattr(status_module.shutil, "move", failing)
+    assert main(["rerun", str(results), "--unstable"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "No space left on device; nothing was moved" in err, err
+    assert _files(results) == before
+    assert not list((results / "rerun").iterdir())  # the set-aside directory taken away again
+    assert status(results).unstable == {CELLS[1]: "interference on 3 of 10 samples"}  # still done, still flagged
+
+
+def test_a_directory_that_cannot_be_written_is_refused_before_anything_moves(results, monkeypatch, capsys):
+    import pipeline.status as status_module
+
+    before, locked = _files(results), results / "logs" / "score" / "humaneval" / "pair"
+    real = status_module.os.access
+    monkeypatch.setattr(status_module.os, "access", lambda path, mode: Path(path) != locked and real(path, mode))
+    assert main(["rerun", str(results), "--unstable"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: rerun: cannot write {locked} (read-only?); nothing was moved\n"
+    assert _files(results) == before and not (results / "rerun").exists()
+
+
+def test_cells_whose_files_are_on_another_filesystem_are_copied_then_deleted(results, tmp_path_factory):
+    """logs/ on another filesystem (a tmpfs): rename cannot cross, the move copies and deletes, all of it."""
+    import os
+    import shutil
+
+    other = Path("/dev/shm")
+    if not other.is_dir() or os.stat(other).st_dev == os.stat(results).st_dev:
+        pytest.skip("no second filesystem here")
+    elsewhere = Path(shutil.copytree(results / "logs", other / f"logs-{os.getpid()}-{id(results)}"))
+    try:
+        shutil.rmtree(results / "logs")
+        (results / "logs").symlink_to(elsewhere)
+        logs = {step: (elsewhere / step / f"{CELLS[1]}.log").read_bytes() for step in ("generate", "speed")}
+        assert rerun_unstable(results) == [CELLS[1]]
+        (aside,) = (results / "rerun").iterdir()
+        for step, data in logs.items():
+            assert not (elsewhere / step / f"{CELLS[1]}.log").exists()
+            assert (aside / "logs" / step / f"{CELLS[1]}.log").read_bytes() == data
+        assert status(results).pending == [CELLS[1]]
+    finally:
+        shutil.rmtree(elsewhere, ignore_errors=True)
+
+
+# ---- any results directory, damaged as it may be: a report or one line, and rerun all or none ----------------
+
+IDS = ["humaneval/pair/sd-T0-g2", "humaneval/pair/we-T0", "gsm8k/x/large-T0"]
+CONTENTS = {  # what a file of a cell may hold, or be
+    "record": b'{"flags": []}',
+    "flagged": b'{"flags": ["interference on 2 of 10 samples"]}',
+    "flags not a list": b'{"flags": "x"}',
+    "not an object": b"[1, 2]",
+    "torn": b'{"flags": [',
+    "not UTF-8": b"\xff\xfe\x00",
+    "an error log": b"Traceback (most recent call last):\nerror: CUDA out of memory\n",
+    "empty": b"",
+    "a directory": None,
+    "a dangling link": "link",
+}
+GRIDS = st.one_of(
+    st.just([{"id": c} for c in IDS]),
+    st.lists(st.fixed_dictionaries({"id": st.sampled_from([*IDS, "../escape", "/abs", "", ".", "a//b", 7])})),
+    st.sampled_from([b"{not json", b"\xff", b"{}", b'[{"no_id": 1}]', b"[1]", b"null", None]),
+)
+
+
+def _lay(root: Path, files: dict[str, str], grid) -> None:
+    root.mkdir()
+    if grid is not None:
+        (root / "grid.json").write_bytes(grid if isinstance(grid, bytes) else json.dumps(grid).encode())
+    for name, kind in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if CONTENTS[kind] is None:
+            path.mkdir(exist_ok=True)
+        elif CONTENTS[kind] == "link":
+            path.symlink_to(root / "nowhere")
+        else:
+            path.write_bytes(CONTENTS[kind])
+
+
+def _cell_files():
+    cells = st.sampled_from(IDS)
+    names = st.one_of(
+        st.builds(
+            lambda c, s: f"generations/{c}{s}", cells, st.sampled_from([".jsonl", ".speed.json", ".summary.json"])
+        ),
+        st.builds(lambda c, s: f"logs/{s}/{c}.log", cells, st.sampled_from(["generate", "speed", "score", "wandb"])),
+        st.builds(lambda c: f"journal/{c}-abc.jsonl", cells),
+        st.sampled_from(["tables/cells.csv", "tables/summary.md", "logs/prepare/m.log"]),
+    )
+    return st.dictionaries(names, st.sampled_from(list(CONTENTS)), max_size=12)
+
+
+def _everything(root: Path) -> dict[str, bytes | str]:
+    """Every entry under ``root`` by its path below the results or its set-aside copy: bytes, 'dir' or 'link'."""
+    out = {}
+    for path in root.rglob("*"):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith("rerun/"):
+            rel = rel.split("/", 2)[2] if rel.count("/") >= 2 else None
+        if rel:
+            out[rel] = "link" if path.is_symlink() else "dir" if path.is_dir() else path.read_bytes()
+    return out
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(files=_cell_files(), grid=GRIDS)
+def test_any_results_directory_is_a_report_or_one_line_and_rerun_loses_nothing(files, grid):
+    import tempfile
+
+    from pipeline.errors import UserError
+    from pipeline.status import report
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "results"
+        _lay(root, files, grid)
+        before = {k: v for k, v in _everything(root).items() if v != "dir"}
+        try:
+            assert report(root).splitlines()[0].endswith("flagged unstable")
+        except UserError as err:
+            assert "\n" not in str(err) and str(err)
+            return
+        moved = rerun_unstable(root)
+        after = {k: v for k, v in _everything(root).items() if v != "dir"}
+        assert after == before  # every file kept, in place or set aside
+        assert not set(moved) & set(status(root).unstable)  # what was set aside is flagged no more

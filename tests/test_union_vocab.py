@@ -203,6 +203,24 @@ def test_one_tokenizer_keeps_todays_path(trio, toks):
         assert same.token_ids == base.token_ids and same.pieces is None and same.stats.union_size == 0
 
 
+def test_identical_slow_tokenizers_run_as_one_and_different_ones_are_one_line():
+    """A slow (Python) tokenizer cannot be joined, but two identical ones need no union (docs/tokenizers.md)."""
+    from transformers import ByT5Tokenizer
+
+    from pipeline.decoding.union import JoinError
+
+    tok = ByT5Tokenizer()
+    models = [tiny_llama(70, vocab=len(tok)), tiny_llama(71, vocab=len(tok))]
+    base = generate(models, [5, 6, 7], "we", max_new_tokens=6)
+    same = generate(models, [5, 6, 7], "we", max_new_tokens=6, tokenizers=[tok, ByT5Tokenizer()])
+    assert same.token_ids == base.token_ids and same.pieces is None
+    with pytest.raises(
+        JoinError, match=r"^model 0 \(LlamaForCausalLM\): its tokenizer \(ByT5Tokenizer\) is not a fast"
+    ) as err:
+        generate(models, [5, 6, 7], "we", max_new_tokens=6, tokenizers=[tok, ByT5Tokenizer(extra_ids=4)])
+    assert "\n" not in str(err.value)
+
+
 # ---- greedy: every speculative form emits the union ensemble's tokens -----------------------------------------
 
 PROMPT_TEXT = "ab a\nab a"  # repeats: prompt lookup has matches

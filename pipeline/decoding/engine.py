@@ -133,8 +133,9 @@ class Decoder:
             if self.target_fn is single_model:  # argmax softmax(l) = argmax l: skip the softmax
                 return check_output(rows[0], single_model, step, stop - start, vocab, logits=True).argmax(dim=-1)
             out = self.target_fn(rows, Sampling.identity())
-            return check_output(out, self.target_fn, step, stop - start, vocab).argmax(dim=-1)
-        return check_output(self.target_fn(rows, self.sampling), self.target_fn, step, stop - start, vocab)
+            return check_output(out, self.target_fn, step, stop - start, vocab, inputs=rows).argmax(dim=-1)
+        out = self.target_fn(rows, self.sampling)
+        return check_output(out, self.target_fn, step, stop - start, vocab, inputs=rows, sampling=self.sampling)
 
     def _draw_target(self) -> int:
         dist = self._target(self.committed, self.committed + 1)

@@ -155,12 +155,22 @@ def target_name(fn: Callable) -> str:
     return named or getattr(fn, "__name__", repr(fn))
 
 
-def check_output(out: Any, fn: Callable, step: int, rows: int, vocab: int, logits: bool = False) -> Tensor:
+def check_output(
+    out: Any,
+    fn: Callable,
+    step: int,
+    rows: int,
+    vocab: int,
+    logits: bool = False,
+    inputs: Sequence[Tensor] = (),
+    sampling: Sampling | None = None,
+) -> Tensor:
     """``out`` if it is a ``[rows, vocab]`` floating tensor whose every row has a finite positive mass, no
     negative entry and no NaN; else a one-line ``EnsembleOutputError`` naming the ensemble and the step. Two
     reductions (the row sums: NaN if any entry is NaN, -inf or 0 when no entry has mass; the row minima), one
-    host sync. ``logits``: ``out``
-    holds logits (a row needs a finite maximum and no NaN: the row maxima, NaN where a row has one)."""
+    host sync. ``logits``: ``out`` holds logits (a row needs a finite maximum and no NaN: the row maxima, NaN
+    where a row has one). ``inputs`` (the members' logits rows) and ``sampling``, where given, tell on failure
+    whether the settings rather than the ensemble made the fault (``_settings_fault``)."""
     said = f"ensemble {target_name(fn)!r} at step {step} returned"
     if not isinstance(out, Tensor):
         raise EnsembleOutputError(f"{said} a {type(out).__name__}, expected a tensor")
@@ -178,7 +188,7 @@ def check_output(out: Any, fn: Callable, step: int, rows: int, vocab: int, logit
         totals, lows = torch.stack([out.sum(dim=-1), out.amin(dim=-1)]).tolist()
         ok = all(0 < total < math.inf and low >= 0 for total, low in zip(totals, lows))
     if not ok:
-        raise EnsembleOutputError(f"{said} {_fault(out, logits)}")
+        raise EnsembleOutputError(f"{said} {_fault(out, logits)}{_settings_fault(fn, inputs, sampling)}")
     return out
 
 
@@ -206,6 +216,29 @@ def _fault(out: Tensor, logits: bool) -> str:
     if bool((out < 0).any()) and not logits:
         return "negative entries (expected probabilities >= 0)"
     return "a row with no positive finite mass (expected probabilities, not all zero)"
+
+
+def _settings_fault(fn: Callable, inputs: Sequence[Tensor], sampling: Sampling | None) -> str:
+    """Where the members' logits were all finite and the fault is the settings', what to blame instead of the
+    ensemble: a temperature so near 0 that the warped logits leave the floating-point range (recomputed), or a
+    parameter of extreme size (1e30 or more, 1e-30 or less). Only computed on failure."""
+    if not inputs or not all(bool(torch.isfinite(row).all()) for row in inputs):
+        return ""
+    warped = sampling is not None and not sampling.greedy
+    if warped and not all(bool(torch.isfinite(probs(row, sampling)).all()) for row in inputs):
+        return (
+            f" from finite logits: temperature={sampling.temperature!r} takes the logits divided by it beyond "
+            "the floating-point range; use 0 for greedy decoding or a temperature of 1e-3 or more"
+        )
+    extreme = {
+        k: v
+        for k, v in getattr(fn, "keywords", {}).items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and (abs(v) >= 1e30 or 0 < abs(v) <= 1e-30)
+    }
+    if extreme:
+        values = ", ".join(f"{k}={v!r}" for k, v in extreme.items())
+        return f" from finite logits: {values} takes the scores beyond the floating-point range; use a smaller value"
+    return ""
 
 
 def single_model(logits: Sequence[Tensor], sampling: Sampling) -> Tensor:

@@ -263,6 +263,12 @@ def generate(
     if spec.peer:
         if audit is not None:
             raise ArgumentError(f"{method!r} runs transformers' generate: an audit checks our decoder only")
+        if len({_head(m) for m in models}) > 1:
+            heads = ", ".join(str(_head(m)) for m in models)
+            raise ArgumentError(
+                f"{method!r} runs transformers' assisted generation, which needs heads of one size (these have "
+                f"{heads} rows); our own methods crop the padding (vocab_size=) and run this set"
+            )
         return result(*run_peer(spec, models, prompt, resolved, sampling, stopper, seed))
 
     device = next(models[used[0]].parameters()).device

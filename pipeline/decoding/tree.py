@@ -76,8 +76,10 @@ def verify_round(dec: Decoder, tree: Tree, caches: dict[int, TreeCache]) -> tupl
     order = [-1, *nodes]
     rows = [torch.stack([caches[i].rows[n] for n in order]) for i in dec.targets]
     greedy = dec.sampling.greedy
-    target = dec.target_fn(rows, Sampling.identity() if greedy else dec.sampling)
-    check_output(target, dec.target_fn, dec.committed - dec.prompt_len, len(order), rows[0].shape[-1])
+    sampling = Sampling.identity() if greedy else dec.sampling
+    target = dec.target_fn(rows, sampling)
+    step = dec.committed - dec.prompt_len
+    check_output(target, dec.target_fn, step, len(order), rows[0].shape[-1], inputs=rows, sampling=sampling)
     if dec.audit is not None:
         audit_tree(dec, tree, rows)
     path, token = accept_tree(tree, target, greedy, dec.generator)

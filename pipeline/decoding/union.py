@@ -271,5 +271,18 @@ def _rebind(union: UnionVocab, tokenizers: Sequence[Any]) -> UnionVocab:
 
 
 def same_vocabulary(tokenizers: Sequence[Any]) -> bool:
-    """Whether every tokenizer is the same (by hash): such a set needs no union."""
+    """Whether every tokenizer is the same (by hash): such a set needs no union. Slow (Python) tokenizers, which
+    a union cannot read, are the same when their class, vocabulary and special tokens are."""
+    if all(t is tokenizers[0] for t in tokenizers):
+        return True
+    if any(getattr(t, "backend_tokenizer", None) is None for t in tokenizers):
+        return len({_slow_key(t) for t in tokenizers}) == 1
     return len({tokenizer_hash(t, f"model {i}") for i, t in enumerate(tokenizers)}) == 1
+
+
+def _slow_key(tokenizer: Any) -> str:
+    """What tells a slow tokenizer apart: its class, vocabulary (with added tokens), EOS and special ids."""
+    vocab = tokenizer.get_vocab() if callable(getattr(tokenizer, "get_vocab", None)) else None
+    special = sorted(getattr(tokenizer, "all_special_ids", []))
+    parts = [type(tokenizer).__qualname__, sorted((vocab or {}).items()), getattr(tokenizer, "eos_token_id", None)]
+    return json.dumps([*parts, special], default=str)

@@ -10,6 +10,15 @@ loads it.
 
 from .distill import Recipe, distill, read_meta
 from .loading import check_tokenizers, load, load_bundled, truncated_copy
-from .resolve import ensure_draft, load_members, load_set, load_spec, resolve, union_tokenizers
+from .resolve import (
+    decode_vocabulary,
+    ensure_draft,
+    load_members,
+    load_set,
+    load_spec,
+    resolve,
+    token_rows,
+    union_tokenizers,
+)
 from .sources import bundled_dir, bundled_gguf, locate
 from .spec import BUNDLED, ModelError, ModelSpec, config_entry, default_models, parse_model

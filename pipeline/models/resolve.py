@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 from .cache import cache_dir, cache_lock
 from .distill import META, Recipe, digest, distill, draft_name
@@ -101,6 +102,34 @@ def union_tokenizers(tokenizers: list) -> list | None:
     """What ``generate(tokenizers=...)`` takes for a loaded set: every member's tokenizer where they differ,
     None where the set shares one (it decodes over that one vocabulary)."""
     return None if first_different(tokenizers) is None else list(tokenizers)
+
+
+def head_rows(model) -> int:
+    """The rows of a model's output head (its vocabulary, padding included)."""
+    return int(model.get_output_embeddings().weight.shape[0])
+
+
+def token_rows(models: list, tokenizer) -> int | None:
+    """For a set sharing ``tokenizer``: the rows every method decodes over when a head is padded past the
+    tokenizer (rows no token maps to, as Qwen2.5-7B's 152,064 beside Qwen2.5-0.5B's 151,936 for 151,665
+    tokens): the tokenizer's own size, so that the padding is cropped and the set is one vocabulary whatever
+    each head's padding. None where no head is padded."""
+    size, heads = len(tokenizer), [head_rows(m) for m in models]
+    if size > min(heads):
+        raise ModelError(
+            f"the tokenizer has {size} tokens but a model's head scores {min(heads)}: the tokenizer and the "
+            "weights are from different models"
+        )
+    return size if max(heads) > size else None
+
+
+def decode_vocabulary(models: list, tokenizers: list) -> dict[str, Any]:
+    """What ``generate`` takes to decode a loaded set over one vocabulary: every member's tokenizer where they
+    differ (their union); where they share one and a head is padded, the tokenizer's size (``token_rows``)."""
+    if (union := union_tokenizers(tokenizers)) is not None:
+        return {"tokenizers": union}
+    rows = token_rows(models, tokenizers[0])
+    return {} if rows is None else {"vocab_size": rows}
 
 
 def ensure_draft(
