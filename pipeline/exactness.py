@@ -70,16 +70,18 @@ def available_bytes() -> int | None:
 def target_logprobs(specs, method: str, method_args: dict, contexts: list[list[int]]) -> list[torch.Tensor]:
     """The method's target log-probabilities (greedy: identity warping) after each context, in float64 on the CPU.
 
-    Only the target's models are loaded, one at a time.
+    Only the target's models are loaded, one at a time; each head is cropped to the rows the tokenizer's ids
+    reach, as the generation job decodes (``models.token_rows``: padding is never part of a distribution).
     """
     from .decoding.sampling import Sampling
-    from .models import load_spec
+    from .models import load_spec, tokenizer_rows
 
     plan = _plan(method, method_args, len(specs))
     rows: dict[int, list[torch.Tensor]] = {}
     for i in plan.members:
-        model, _ = load_spec(dataclasses.replace(specs[i], dtype="float64", device="cpu", pack=False))
-        rows[i] = [model(input_ids=torch.tensor([ctx])).logits[0, -1] for ctx in contexts]
+        model, tokenizer = load_spec(dataclasses.replace(specs[i], dtype="float64", device="cpu", pack=False))
+        crop = tokenizer_rows(tokenizer)
+        rows[i] = [model(input_ids=torch.tensor([ctx])).logits[0, -1, :crop] for ctx in contexts]
         del model
     greedy = Sampling.identity()
     return [

@@ -33,11 +33,11 @@ def set_problems(config: dict[str, Any], cells: dict[str, CellFile], infos: dict
             joined.add(tuple(names))
             if problem := joinable_problem(names, infos):
                 problems[f"{where}: {problem}"] = None
-        elif dims.spec.peer and len(set(names)) > 1 and (padded := padded_heads(names, infos)):
-            problems[
-                f"{where}: {dims.method!r} runs transformers' assisted generation, which needs heads of one size, "
-                f"but {padded}; our own methods crop the padding and run this set"
-            ] = None
+        elif all(infos[n].vocab_size for n in names):
+            try:
+                dims.spec.check_heads([infos[n].vocab_size for n in names])
+            except ValueError as err:
+                problems[f"{where}: {err}"] = None
         if cell.chat:
             for name in names:
                 if infos[name].vocab is not None and not infos[name].chat_template:
@@ -94,15 +94,6 @@ def different_tokenizers(config: dict[str, Any], names: list[str], infos: dict[s
     if mixed_tokenizers(config["models"], names):
         return f"{', '.join(map(repr, names))} tokenize differently (a student with a tokenizer of its own)"
     return None
-
-
-def padded_heads(names: list[str], infos: dict[str, ModelInfo]) -> str | None:
-    """How the heads of a set sharing one tokenizer differ in size (rows past the tokenizer's, padding), in words
-    (None: one size, or not known)."""
-    sizes = {n: infos[n].vocab_size for n in names if infos[n].vocab_size}
-    if len(set(sizes.values())) < 2:
-        return None
-    return "the heads are padded to " + ", ".join(f"{size} rows ({name!r})" for name, size in sizes.items())
 
 
 def joinable_problem(names: list[str], infos: dict[str, ModelInfo]) -> str | None:

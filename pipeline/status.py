@@ -55,7 +55,8 @@ def cell_ids(results: Path) -> list[str]:
     try:
         ids = [dims["id"] for dims in json.loads(index.read_bytes())]
     except (OSError, ValueError, KeyError, TypeError) as err:  # ValueError: not JSON, or not UTF-8
-        raise UserError(f"results directory {results}: no readable grid.json ({type(err).__name__})") from None
+        said = f"{type(err).__name__}: {err}"
+        raise UserError(f"results directory {results}: no readable grid.json ({said[:120]})") from None
     for cell in ids:
         parts = Path(cell).parts if isinstance(cell, str) else ()
         if not parts or Path(cell).is_absolute() or ".." in parts or "\0" in cell or cell != Path(cell).as_posix():
@@ -174,6 +175,12 @@ def rerun_unstable(results: Path) -> list[str]:
             shutil.move(src, dst)
             done.append((src, dst))
     except OSError as err:
+        if os.path.lexists(src) and os.path.lexists(dst):  # a copy across filesystems cut short: not moved
+            with contextlib.suppress(OSError):
+                if dst.is_dir() and not dst.is_symlink():
+                    shutil.rmtree(dst)
+                else:
+                    dst.unlink()
         back = _put_back(done, aside)
         said = f" ({back} could not be put back: they are under {aside})" if back else "; nothing was moved"
         raise UserError(f"rerun: cannot move {src} to {aside}: {err.strerror or err}{said}") from None

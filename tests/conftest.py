@@ -62,7 +62,8 @@ def smol_tokenizer():
 
 def save_tiny(path, tokenizer, seed: int = 0, layers: int = 2, padding: int = 0):
     """A tiny random float32 model with ``tokenizer``, saved as a local model directory (``padding``: head rows
-    past the tokenizer's, as models padded for their kernels have)."""
+    past the tokenizer's, as models padded for their kernels have; here a thousand times longer than the others,
+    so that a decode that does not crop them picks one at nearly every step)."""
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(tokenizer) + padding,
@@ -75,7 +76,11 @@ def save_tiny(path, tokenizer, seed: int = 0, layers: int = 2, padding: int = 0)
         tie_word_embeddings=True,
         eos_token_id=tokenizer.eos_token_id,
     )
-    LlamaForCausalLM(config).save_pretrained(path)
+    model = LlamaForCausalLM(config)
+    if padding:
+        with torch.no_grad():
+            model.get_output_embeddings().weight[len(tokenizer) :] *= 1000
+    model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 

@@ -25,6 +25,15 @@ def padded_dir(tmp_path_factory, smol_tokenizer):
     return save_tiny(tmp_path_factory.mktemp("models") / "padded", smol_tokenizer, seed=3, padding=PADDING)
 
 
+def test_the_padding_rows_win_where_nothing_crops_them(padded_dir, smol_tokenizer):
+    """The fixture's premise: uncropped, the padded model emits padding ids (so the tests below can fail)."""
+    from pipeline.decoding import generate
+
+    model, tok = load(padded_dir)
+    out = generate([model], tok("def f():").input_ids, max_new_tokens=4).token_ids
+    assert all(t >= len(tok) for t in out)
+
+
 def test_a_padded_head_is_cropped_to_the_shared_tokenizer(padded_dir, tiny_dir):
     (padded, tok), (plain, _) = load(padded_dir), load(tiny_dir)
     assert padded.get_output_embeddings().weight.shape[0] == len(tok) + PADDING
@@ -37,9 +46,7 @@ def test_a_padded_head_is_cropped_to_the_shared_tokenizer(padded_dir, tiny_dir):
 def test_a_tokenizer_larger_than_a_head_is_one_line(tiny_dir):
     model, tok = load(tiny_dir)
     tok.add_tokens(["<extra-1>", "<extra-2>"])
-    with pytest.raises(
-        ModelError, match=f"the tokenizer has {len(tok)} tokens but a model's head scores {len(tok) - 2}"
-    ):
+    with pytest.raises(ModelError, match=f"ids reach {len(tok) - 1} but a model's head scores {len(tok) - 2} rows"):
         token_rows([model], tok)
 
 
@@ -70,12 +77,49 @@ def test_a_set_of_one_tokenizer_and_padded_heads_runs_every_method_over_it(
     assert run_cell(cell, out, progress=False)["samples"] == 2
     for row in map(json.loads, out.read_text().splitlines()):
         assert row["output"] == row["baseline"]["output"]  # greedy: lossless against its standard method
+        assert row["token_ids"] and max(row["token_ids"] + row["baseline"]["token_ids"]) < TOKENS  # no padding id
 
 
-def test_sampling_on_a_padded_set_runs_and_keeps_to_the_tokenizer(padded_dir, tiny_dir, tmp_path):
-    out = tmp_path / "gen" / "we_sd.jsonl"
-    cell = _cell([("large", padded_dir), ("small", tiny_dir)], "we_sd", "we", temperature=1.0, **{"lambda": 0.5})
+TOKENS = 49152  # the bundled tokenizer's ids: 0 .. 49151
+
+
+@pytest.mark.parametrize(
+    ("models", "method", "baseline", "args"),
+    [
+        (["padded"], "large_model", None, {}),  # a padded model alone: every method samples the same tokens
+        (["padded", "plain"], "we_sd", "we", {"lambda": 0.5}),
+        (["padded", "plain"], "sd", "large_model", {}),
+    ],
+)
+def test_sampling_on_a_padded_set_keeps_to_the_tokenizers_rows(
+    padded_dir, tiny_dir, tmp_path, models, method, baseline, args
+):
+    paths = {"padded": padded_dir, "plain": tiny_dir}
+    out = tmp_path / "gen" / f"{method}.jsonl"
+    cell = _cell([(m, paths[m]) for m in models], method, baseline, temperature=1.0, **args)
     assert run_cell(cell, out, progress=False)["samples"] == 2
+    for row in map(json.loads, out.read_text().splitlines()):
+        ids = row["token_ids"] + (row["baseline"]["token_ids"] if baseline else [])
+        assert ids and max(ids) < TOKENS
+
+
+def test_a_feature_head_on_a_padded_model_proposes_over_the_same_rows(padded_dir, smol_tokenizer):
+    """An EAGLE head scores every row of its model's head; its rows are cropped as the target's, so that
+    verification compares rows of one vocabulary (sampled and greedy, chains and trees)."""
+    from pipeline.decoding import generate
+    from pipeline.decoding.feature import attach
+    from pipeline.models.feature_head import FeatureHead
+
+    model, tok = load(padded_dir, pack=False)
+    torch.manual_seed(0)
+    attach(model, FeatureHead(model, None))
+    prompt = tok("def add(a, b):").input_ids
+    crop = {"vocab_size": TOKENS, "method_args": {"proposer": "eagle"}, "max_new_tokens": 8}
+    plain = generate([model], prompt, "large_model", vocab_size=TOKENS, max_new_tokens=8)
+    assert generate([model], prompt, "sd", gamma=2, **crop).token_ids == plain.token_ids
+    assert generate([model], prompt, "sd", tree="2x1", **crop).token_ids == plain.token_ids
+    sampled = generate([model], prompt, "sd", gamma=2, temperature=1.0, **crop).token_ids
+    assert sampled and max(sampled) < TOKENS
 
 
 def test_log_likelihoods_on_a_padded_set_are_over_the_tokenizers_rows(padded_dir, tiny_dir):

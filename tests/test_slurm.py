@@ -228,9 +228,11 @@ def run_and_requeue(workdir: Path, args: list[str], env: dict, after: int = 2) -
             if seen >= after:
                 squeue = ["squeue", "-h", "-t", "RUNNING", "-o", "%i %k"]
                 jobs = subprocess.run(squeue, capture_output=True, text=True, env=env).stdout.splitlines()
-                (requeued,) = [line.split()[0] for line in jobs if f"rule_{CELL}" in line]
-                subprocess.run(["scontrol", "requeue", requeued], check=True, env=env, capture_output=True)
-                release_when_pending(requeued, env)
+                running = [line.split()[0] for line in jobs if f"rule_{CELL}" in line]  # none: asked again
+                if running:
+                    requeued = running[0]
+                    subprocess.run(["scontrol", "requeue", requeued], check=True, env=env, capture_output=True)
+                    release_when_pending(requeued, env)
             time.sleep(0.05)
         run.wait(timeout=400)
     finally:

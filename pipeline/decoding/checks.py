@@ -16,8 +16,13 @@ from .spec import MethodSpec, is_int
 GAMMA_SCHEDULES = {"fixed": None, "dynamic": DynamicGamma()}  # how a turn's gamma changes between rounds
 
 
+def head_rows(model: torch.nn.Module) -> int:
+    """The rows of a model's output head: its vocabulary, any padding included."""
+    return int(model.get_output_embeddings().weight.shape[0])
+
+
 def check_vocab_size(models: Sequence[torch.nn.Module], vocab_size: int | None) -> int:
-    sizes = [int(m.get_output_embeddings().weight.shape[0]) for m in models]
+    sizes = [head_rows(m) for m in models]
     if vocab_size is not None:
         if not isinstance(vocab_size, int) or vocab_size < 1 or vocab_size > min(sizes):
             raise ArgumentError(

@@ -222,10 +222,10 @@ def _settings_fault(fn: Callable, inputs: Sequence[Tensor], sampling: Sampling |
     """Where the members' logits were all finite and the fault is the settings', what to blame instead of the
     ensemble: a temperature so near 0 that the warped logits leave the floating-point range (recomputed), or a
     parameter of extreme size (1e30 or more, 1e-30 or less). Only computed on failure."""
-    if not inputs or not all(bool(torch.isfinite(row).all()) for row in inputs):
+    if not inputs or not all(_sound(row) for row in inputs):
         return ""
     warped = sampling is not None and not sampling.greedy
-    if warped and not all(bool(torch.isfinite(probs(row, sampling)).all()) for row in inputs):
+    if warped and not all(_sound(probs(row, sampling)) for row in inputs):
         return (
             f" from finite logits: temperature={sampling.temperature!r} takes the logits divided by it beyond "
             "the floating-point range; use 0 for greedy decoding or a temperature of 1e-3 or more"
@@ -239,6 +239,12 @@ def _settings_fault(fn: Callable, inputs: Sequence[Tensor], sampling: Sampling |
         values = ", ".join(f"{k}={v!r}" for k, v in extreme.items())
         return f" from finite logits: {values} takes the scores beyond the floating-point range; use a smaller value"
     return ""
+
+
+def _sound(rows: Tensor) -> bool:
+    """Logits (or probabilities) rows as a model gives them: no NaN, no +inf, a finite maximum per row (-inf
+    entries are fine: a restricted head's, a union's tokens a member cannot spell)."""
+    return not bool(torch.isnan(rows).any()) and bool(torch.isfinite(rows.amax(dim=-1)).all())
 
 
 def single_model(logits: Sequence[Tensor], sampling: Sampling) -> Tensor:

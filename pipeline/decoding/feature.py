@@ -113,7 +113,7 @@ class FeatureProposer:
         if feature is None:  # no feature yet (the target has not run): nothing to draft from
             return None
         self.true_at[pos] = min(self.runner.length, pos - 1)
-        row = self.head.logits(feature).to(self.runner.out_device)
+        row = self.head.logits(feature)[: self.runner.vocab_size].to(self.runner.out_device)  # as the target's rows
         self.stats.forward_time_s += time.perf_counter() - start
         return row
 
@@ -165,7 +165,7 @@ class FeatureProposer:
         for t in range(true, pos - 1):  # the predicted features, each from the whole sequence before it, no cache
             features.append(self.head.step(torch.stack(features[:t]), torch.tensor(tokens[1 : t + 1]), None, 0)[-1])
         out = self.head.step(torch.stack(features[: pos - 1]), torch.tensor(tokens[1:pos]), None, 0)[-1]
-        return self.head.logits(out)
+        return self.head.logits(out)[: self.runner.vocab_size]
 
     def _step(self, features: Tensor, tokens: list[int], start: int) -> Tensor:
         ids = torch.tensor(tokens, dtype=torch.long)

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from ..errors import ArgumentError
 from .audit import Audit
+from .checks import head_rows
 from .runner import Runner
 from .sampling import Sampling, probs
 from .spec import MethodSpec
@@ -42,7 +43,7 @@ def join(models: Sequence[torch.nn.Module], tokenizers: Any, spec: MethodSpec, n
         raise ArgumentError(f"tokenizers: expected a list of {len(models)} tokenizers, one per model; got {count}")
     check_present(tokenizers, names)
     for i, (model, tokenizer) in enumerate(zip(models, tokenizers)):  # each tokenizer belongs to its model
-        rows = int(model.get_output_embeddings().weight.shape[0])
+        rows = head_rows(model)
         if len(tokenizer) > rows:
             raise ArgumentError(
                 f"tokenizers[{i}] has {len(tokenizer)} tokens but model {names[i]} scores {rows}: each tokenizer "

@@ -23,6 +23,7 @@ from .checks import (
     check_seed,
     check_vocab_size,
     eos_set,
+    head_rows,
     model_name,
     prompt_list,
 )
@@ -172,11 +173,6 @@ def _concurrent(decoder: Decoder, plan: Plan) -> Iterator[None]:
             decoder.concurrent = None
 
 
-def _head(model: torch.nn.Module) -> int:
-    """The size of a model's own output head (its vocabulary, as a union member)."""
-    return int(model.get_output_embeddings().weight.shape[0])
-
-
 def generate(
     models: Sequence[torch.nn.Module],
     prompt_ids: Sequence[int] | torch.Tensor,
@@ -216,7 +212,7 @@ def generate(
     check_loaded(models)
     names = [model_name(m, i) for i, m in enumerate(models)]
     union = None if tokenizers is None else join(models, tokenizers, parse_method(method), names)
-    vocab = check_vocab_size(models, vocab_size) if union is None else _head(models[0])
+    vocab = check_vocab_size(models, vocab_size) if union is None else head_rows(models[0])
     if method_args is not None and not isinstance(method_args, dict):
         raise ArgumentError(f"method_args={method_args!r}: expected a dict of argument names to values")
     sizes = parameter_counts(models)
@@ -263,12 +259,7 @@ def generate(
     if spec.peer:
         if audit is not None:
             raise ArgumentError(f"{method!r} runs transformers' generate: an audit checks our decoder only")
-        if len({_head(m) for m in models}) > 1:
-            heads = ", ".join(str(_head(m)) for m in models)
-            raise ArgumentError(
-                f"{method!r} runs transformers' assisted generation, which needs heads of one size (these have "
-                f"{heads} rows); our own methods crop the padding (vocab_size=) and run this set"
-            )
+        spec.check_heads([head_rows(m) for m in models])  # transformers' own: its heads are not cropped
         return result(*run_peer(spec, models, prompt, resolved, sampling, stopper, seed))
 
     device = next(models[used[0]].parameters()).device
@@ -279,7 +270,7 @@ def generate(
     else:
         members = []
         for i, m in enumerate(models):  # each over its own output head (joined.py)
-            own = make_runner(m, _head(m), stats.models[i], joined.max_len(i, max_new_tokens), device)
+            own = make_runner(m, head_rows(m), stats.models[i], joined.max_len(i, max_new_tokens), device)
             members.append(Member(joined.runner(i, own)))
         audit = None if audit is None else joined.audit(audit)
     generator = None if sampling.greedy else torch.Generator(device=device).manual_seed(seed)

@@ -134,6 +134,15 @@ class MethodSpec:
             return (2, 2) if DRAFT in proposer.split("+") else (1, 2)
         return 1, None
 
+    def check_heads(self, heads: Sequence[int]) -> None:
+        """Transformers' assisted generation (a peer with a draft) needs the target's and the draft's heads of one
+        size; our methods crop heads padded past a shared tokenizer (``vocab_size``) and run any such set."""
+        if self.peer_proposer == DRAFT and len(set(heads)) > 1:
+            raise ArgumentError(
+                f"{self.name!r} runs transformers' assisted generation, which needs heads of one size (these have "
+                f"{', '.join(map(str, heads))} rows); our own methods crop the padding and run this set"
+            )
+
     @property
     def peer_proposer(self) -> str | None:
         """What proposes for a peer method: ``draft`` (the set's second model) or ``lookup``."""

@@ -18,6 +18,7 @@ from .resolve import (
     load_spec,
     resolve,
     token_rows,
+    tokenizer_rows,
     union_tokenizers,
 )
 from .sources import bundled_dir, bundled_gguf, locate

@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from ..decoding.checks import head_rows
 from .cache import cache_dir, cache_lock
 from .distill import META, Recipe, digest, distill, draft_name
 from .feature_head import HeadRecipe, distill_head
@@ -104,28 +105,28 @@ def union_tokenizers(tokenizers: list) -> list | None:
     return None if first_different(tokenizers) is None else list(tokenizers)
 
 
-def head_rows(model) -> int:
-    """The rows of a model's output head (its vocabulary, padding included)."""
-    return int(model.get_output_embeddings().weight.shape[0])
+def tokenizer_rows(tokenizer) -> int:
+    """The head rows a tokenizer's ids reach: its largest id (added tokens included) plus one."""
+    return max(tokenizer.get_vocab().values()) + 1
 
 
 def token_rows(models: list, tokenizer) -> int | None:
     """For a set sharing ``tokenizer``: the rows every method decodes over when a head is padded past the
     tokenizer (rows no token maps to, as Qwen2.5-7B's 152,064 beside Qwen2.5-0.5B's 151,936 for 151,665
-    tokens): the tokenizer's own size, so that the padding is cropped and the set is one vocabulary whatever
-    each head's padding. None where no head is padded."""
-    size, heads = len(tokenizer), [head_rows(m) for m in models]
+    tokens): the rows its ids reach (``tokenizer_rows``), so that the padding is cropped and the set is one
+    vocabulary whatever each head's padding. None where no head is padded."""
+    size, heads = tokenizer_rows(tokenizer), [head_rows(m) for m in models]
     if size > min(heads):
         raise ModelError(
-            f"the tokenizer has {size} tokens but a model's head scores {min(heads)}: the tokenizer and the "
-            "weights are from different models"
+            f"the tokenizer's ids reach {size - 1} but a model's head scores {min(heads)} rows: the tokenizer "
+            "and the weights are from different models"
         )
     return size if max(heads) > size else None
 
 
 def decode_vocabulary(models: list, tokenizers: list) -> dict[str, Any]:
     """What ``generate`` takes to decode a loaded set over one vocabulary: every member's tokenizer where they
-    differ (their union); where they share one and a head is padded, the tokenizer's size (``token_rows``)."""
+    differ (their union); where they share one and a head is padded, the rows its ids reach (``token_rows``)."""
     if (union := union_tokenizers(tokenizers)) is not None:
         return {"tokenizers": union}
     rows = token_rows(models, tokenizers[0])
