@@ -30,7 +30,7 @@ SHELL = {"bash", "sh", "shell", "console"}
 # own argument parser below; the benchmarks' runs take minutes, and the test named in PROGRAMS runs each program.
 COMMANDS = {
     "make run": "tests/test_workflow.py::test_the_whole_dag_writes_tables_plots_wandb_runs_and_a_notebook",
-    "make test": "suite: it runs every test here (about 17 minutes on 2 cores)",
+    "make test": "suite: it runs every test here (about 20 minutes on 2 cores)",
     "bash benchmarks/gpu/run.sh trees": "gpu: benchmarks/gpu/run.sh runs on a GPU machine only",
     "bash benchmarks/gpu/run.sh trees-compiled": "gpu: benchmarks/gpu/run.sh runs on a GPU machine only",
     "make bench": "tests/test_bundled_model.py::test_benchmark_runs_prints_every_method_and_records_the_run",

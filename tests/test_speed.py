@@ -100,8 +100,8 @@ def _cpu_s(pid: int) -> float:
 def test_a_competitor_at_the_lowest_priority_on_our_cpu_takes_nothing_and_is_not_flagged():
     """What the workflow does with every job it does not time (``nice -n 19``, docs/speed.md): beside it on the
     same CPU a run keeps nearly all of it (the competitor gets under 5%), and its own wait says so where the
-    machine's pressure would not. Judged on the first of five tries in which nothing else took our CPU (the
-    test suite's other worker may)."""
+    machine's pressure would not. Judged on the first of eight tries in which nothing else took our CPU (the
+    test suite's other worker may): the run had 95% of it or more."""
     cpu = min(os.sched_getaffinity(0))
     old = os.sched_getaffinity(0)
     code = f"import os; os.sched_setaffinity(0, {{{cpu}}}); os.nice(19)\nwhile True: pass"
@@ -110,12 +110,12 @@ def test_a_competitor_at_the_lowest_priority_on_our_cpu_takes_nothing_and_is_not
     try:
         os.sched_setaffinity(0, {cpu})
         time.sleep(0.3)
-        for _ in range(5):
+        for _ in range(8):
             before = _cpu_s(competitor.pid)
             with timing.Probe() as probe:
                 _spin(1.0)
             results.append((probe.result, _cpu_s(competitor.pid) - before))
-            if probe.result["cpu_s"] > 0.9 * probe.result["wall_s"]:
+            if probe.result["cpu_s"] > 0.95 * probe.result["wall_s"]:
                 break
     finally:
         os.sched_setaffinity(0, old)

@@ -141,3 +141,24 @@ def test_the_layer_rule_finds_a_break():
         "pipeline.models.sources imports tasks",
         f"tasks.base imports pipeline.workflow, above the base layer {sorted(BASE)}",
     ]
+
+
+def test_every_module_has_a_home_in_the_tests_readme():
+    """tests/README.md maps each module of pipeline/ to the files that test it: every module is there, every file
+    it names exists, and every test file is named."""
+    import re
+
+    readme = (ROOT / "tests" / "README.md").read_text()
+    rows = dict(re.findall(r"^\| `([\w/]+\.py)` \| (.*) \|$", readme, re.M))
+    modules = {
+        p.relative_to(ROOT / "pipeline").as_posix()
+        for p in (ROOT / "pipeline").rglob("*.py")
+        if p.name not in ("__init__.py", "__main__.py")
+    }
+    assert modules - set(rows) == set(), f"modules without a row in tests/README.md: {sorted(modules - set(rows))}"
+    assert set(rows) - modules == set(), f"rows for modules that are gone: {sorted(set(rows) - modules)}"
+    named = set(re.findall(r"`((?:test_\w+|\w+)\.py)`", readme)) - {Path(m).name for m in modules}
+    files = {p.name for p in (ROOT / "tests").glob("*.py") if p.name != "__init__.py"}
+    assert named - files == set(), f"tests/README.md names files that do not exist: {sorted(named - files)}"
+    tests = {f for f in files if f.startswith("test_")}
+    assert tests - named == set(), f"test files tests/README.md does not name: {sorted(tests - named)}"
