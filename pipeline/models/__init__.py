@@ -19,7 +19,6 @@ from .resolve import (
     resolve,
     token_rows,
     tokenizer_rows,
-    union_tokenizers,
 )
 from .sources import bundled_dir, bundled_gguf, locate
 from .spec import BUNDLED, ModelError, ModelSpec, config_entry, default_models, parse_model

@@ -99,12 +99,6 @@ def load_members(specs: list[ModelSpec]):
     return [m for m, _ in loaded], [tok for _, tok in loaded]
 
 
-def union_tokenizers(tokenizers: list) -> list | None:
-    """What ``generate(tokenizers=...)`` takes for a loaded set: every member's tokenizer where they differ,
-    None where the set shares one (it decodes over that one vocabulary)."""
-    return None if first_different(tokenizers) is None else list(tokenizers)
-
-
 def tokenizer_rows(tokenizer) -> int:
     """The head rows a tokenizer's ids reach: its largest id (added tokens included) plus one."""
     return max(tokenizer.get_vocab().values()) + 1
@@ -127,8 +121,8 @@ def token_rows(models: list, tokenizer) -> int | None:
 def decode_vocabulary(models: list, tokenizers: list) -> dict[str, Any]:
     """What ``generate`` takes to decode a loaded set over one vocabulary: every member's tokenizer where they
     differ (their union); where they share one and a head is padded, the rows its ids reach (``token_rows``)."""
-    if (union := union_tokenizers(tokenizers)) is not None:
-        return {"tokenizers": union}
+    if first_different(tokenizers) is not None:
+        return {"tokenizers": list(tokenizers)}
     rows = token_rows(models, tokenizers[0])
     return {} if rows is None else {"vocab_size": rows}
 
