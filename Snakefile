@@ -32,7 +32,7 @@ rule all:
 
 
 onerror:
-    from pipeline.status import failure_lines
+    from pipeline.report.status import failure_lines
 
     for line in failure_lines(RESULTS):
         print(line, file=sys.stderr)

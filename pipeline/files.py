@@ -152,7 +152,7 @@ def open_own(path: Path, mode: str, what: str):
 
 def schema_validator(schema: dict[str, Any]):
     """A JSON Schema's validator for what a user gives, with "integer" meaning a real int (JSON Schema alone
-    accepts 4.0 and True): the config's schema and a model's config.json (``model_files.CONFIG_JSON``)."""
+    accepts 4.0 and True): the config's schema and a model's config.json (``models.files.CONFIG_JSON``)."""
     import jsonschema
 
     cls = jsonschema.validators.validator_for(schema)

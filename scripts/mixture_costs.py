@@ -18,7 +18,7 @@ import argparse
 
 import torch
 
-from pipeline.forward_timing import forward_costs
+from pipeline.measure.forward_timing import forward_costs
 from pipeline.models import BUNDLED, Recipe, cpu_kernels, ensure_draft, load, load_bundled
 
 SIZES = (1, 2, 3, 4, 6)

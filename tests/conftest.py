@@ -98,8 +98,8 @@ def tiny_dir2(tmp_path_factory, smol_tokenizer):
 
 
 def cell_entry(cell_id: str, models: tuple[str, ...] = ("a", "b")):
-    """The cell file of an ``sd`` cell, as the workflow writes it (``pipeline.cell.CellFile``)."""
-    from pipeline.cell import CellFile
+    """The cell file of an ``sd`` cell, as the workflow writes it (``pipeline.experiment.cell.CellFile``)."""
+    from pipeline.experiment.cell import CellFile
 
     dims = {"id": cell_id, "experiment": "exp", "grid": "g", "model_set": "pair", "models": list(models)}
     dims |= {"large_model": models[0], "method": "sd", "family": "single", "kind": "sd", "dataset": "humaneval"}

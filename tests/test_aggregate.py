@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.aggregate import TABLES
-from pipeline.figures import FIGURE, collect
-from pipeline.tables import render
+from pipeline.report.aggregate import TABLES
+from pipeline.report.figures import FIGURE, collect
+from pipeline.report.tables import render
 
 WE, SE = "d/s/we-T0", "d/s/we_se-T0-g2"
 TABLE = {t.name: t for t in TABLES}

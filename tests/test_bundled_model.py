@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from pipeline import bench
+from pipeline.bench import methods as bench
 from pipeline.decoding import generate
 from pipeline.models import ModelError, load, load_bundled, truncated_copy
 

@@ -1,5 +1,5 @@
-"""The cell as types (pipeline/cell.py): one JSON round trip over every cell of the shipped configs, the file form,
-one-line refusals; and the method policy the grid reads from MethodSpec (a proposer registered in one place)."""
+"""The cell as types (pipeline/experiment/cell.py): one JSON round trip over every cell of the shipped configs, the file
+form, one-line refusals; and the method policy the grid reads from MethodSpec (a proposer registered in one place)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cell import Cell, CellFile, Dims
-from pipeline.config import check_config, load_config_file
 from pipeline.decoding.methods import plan_method
 from pipeline.decoding.spec import method_names, parse_method
 from pipeline.errors import UserError
-from pipeline.grid import expand_cells
+from pipeline.experiment.cell import Cell, CellFile, Dims
+from pipeline.experiment.config import check_config, load_config_file
+from pipeline.experiment.grid import expand_cells
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -13,7 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline import bench, benchmarks_doc, cli, engine_bench, workflow
+from pipeline import cli
+from pipeline.bench import doc as benchmarks_doc
+from pipeline.bench import engines as engine_bench
+from pipeline.bench import methods as bench
+from pipeline.experiment import checks as workflow
 
 from .conftest import without_null
 
@@ -26,7 +30,7 @@ SHELL = {"bash", "sh", "shell", "console"}
 # Every shell command of README.md and docs/*.md (continuations joined, comments and repeated spaces dropped):
 # the test that runs it (tests/FILE::NAME), or why no test here can ("gpu: ...", "cluster: ...", or "suite: ..." for
 # the command that runs the suite). Commands of
-# `pipeline`, `python -m pipeline.bench` and `python -m pipeline.engine_bench` are also parsed with the program's
+# `pipeline`, `python -m pipeline.bench` and `python -m pipeline.bench.engines` are also parsed with the program's
 # own argument parser below; the benchmarks' runs take minutes, and the test named in PROGRAMS runs each program.
 COMMANDS = {
     "make run": "tests/test_workflow.py::test_the_whole_dag_writes_tables_plots_wandb_runs_and_a_notebook",
@@ -35,10 +39,10 @@ COMMANDS = {
     "bash benchmarks/gpu/run.sh trees-compiled": "gpu: benchmarks/gpu/run.sh runs on a GPU machine only",
     "make bench": "tests/test_bundled_model.py::test_benchmark_runs_prints_every_method_and_records_the_run",
     ".venv/bin/pipeline --help": "tests/test_docs.py::test_the_readmes_cheap_commands_run_as_written",
-    ".venv/bin/python -m pipeline.workflow config/default.yaml": (
+    ".venv/bin/python -m pipeline.experiment.checks config/default.yaml": (
         "tests/test_docs.py::test_the_readmes_cheap_commands_run_as_written"
     ),
-    ".venv/bin/python -m pipeline.workflow config/my.yaml": (
+    ".venv/bin/python -m pipeline.experiment.checks config/my.yaml": (
         "tests/test_docs.py::test_the_readmes_own_model_pair_passes_the_config_check"
     ),
     ".venv/bin/snakemake --cores 2 --configfile config/my.yaml": (
@@ -109,7 +113,7 @@ PROGRAMS = {
         bench.main,
         "tests/test_bundled_model.py::test_benchmark_runs_prints_every_method_and_records_the_run",
     ),
-    "pipeline.engine_bench": (
+    "pipeline.bench.engines": (
         engine_bench.main,
         "tests/test_engine_bench.py::test_engine_bench_reports_costs_and_oracle_pairs",
     ),
@@ -266,7 +270,7 @@ def test_the_benchmark_commands_parse_as_written(monkeypatch):
             with pytest.raises(Parsed):
                 PROGRAMS[found[0]][0](found[1])
             seen[found[0]] += 1
-    assert seen["pipeline.bench"] >= 5 and seen["pipeline.engine_bench"] >= 2
+    assert seen["pipeline.bench"] >= 5 and seen["pipeline.bench.engines"] >= 2
     with pytest.raises(SystemExit):  # an option the program does not know is refused
         bench.main(["--no-such-option"])
 
@@ -306,7 +310,7 @@ def test_the_readmes_own_model_pair_passes_the_config_check(tmp_path, monkeypatc
 
 def test_the_benchmarks_page_is_generated_from_the_records():
     assert (ROOT / "docs" / "benchmarks.md").read_text() == benchmarks_doc.render_page(), (
-        "run python -m pipeline.benchmarks_doc"
+        "run python -m pipeline.bench.doc"
     )
     assert benchmarks_doc.main(["--check"]) == 0
     text = benchmarks_doc.render_page()

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipeline import engine_bench
+from pipeline.bench import engines as engine_bench
 
 
 def test_engine_bench_reports_costs_and_oracle_pairs(tmp_path, capsys):

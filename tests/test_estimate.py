@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline import estimate
-from pipeline.config import check_config, load_config_file
 from pipeline.errors import UserError
-from pipeline.grid import expand_cells
-from pipeline.preflight import inspect_config, models_to_prepare
+from pipeline.experiment import estimate
+from pipeline.experiment.config import check_config, load_config_file
+from pipeline.experiment.grid import expand_cells
+from pipeline.experiment.preflight import inspect_config, models_to_prepare
 from tests.test_preflight import LLAMA, PUBLIC_CONFIGS, PUBLIC_PARAMETERS, model_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -189,7 +189,7 @@ FLAGS = {  # estimate's numeric flags and the range each accepts
 def flag_type(flag: str):
     """The function that parses ``flag`` of ``pipeline estimate`` (what argparse calls on its text)."""
     from pipeline import cli  # noqa: F401 (registers every subcommand)
-    from pipeline.commands import SUBCOMMANDS
+    from pipeline.cli.commands import SUBCOMMANDS
 
     parser = SUBCOMMANDS.choices["estimate"]
     return next(a.type for a in parser._actions if flag in a.option_strings)

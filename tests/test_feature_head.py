@@ -299,7 +299,7 @@ def test_a_bad_eagle_entry_is_refused_in_one_line(tiny_dir, eagle, message):
 def test_the_config_check_refuses_eagle_without_a_head():
     import yaml
 
-    from pipeline.config import ConfigError, check_config
+    from pipeline.experiment.config import ConfigError, check_config
     from pipeline.models.spec import DEFAULT_CONFIG
 
     config = yaml.safe_load(DEFAULT_CONFIG.read_text())

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from pipeline.cell import Cell
-from pipeline.generate_job import run_cell
+from pipeline.experiment.cell import Cell
+from pipeline.job.generate import run_cell
 from pipeline.models import ModelSpec
 
 

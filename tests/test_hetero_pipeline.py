@@ -16,12 +16,12 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
-from pipeline.config import ConfigError, check_config
-from pipeline.grid import expand_cells
+from pipeline.experiment.checks import local_problems
+from pipeline.experiment.config import ConfigError, check_config
+from pipeline.experiment.grid import expand_cells
+from pipeline.measure.speed import summarize
 from pipeline.models import ModelSpec, load
 from pipeline.models.student import StudentRecipe, distill_student, recipe_from, student_model, train_tokenizer
-from pipeline.speed import summarize
-from pipeline.workflow import local_problems
 
 from .conftest import save_tiny, without_null
 
@@ -205,8 +205,8 @@ def test_union_figures_in_the_speed_summary():
 
 
 def test_a_generation_job_over_a_mixed_set(student, tiny_dir, tmp_path):
-    from pipeline.cell import Cell
-    from pipeline.generate_job import run_cell
+    from pipeline.experiment.cell import Cell
+    from pipeline.job.generate import run_cell
 
     cell = Cell(
         models=[ModelSpec("big", str(tiny_dir)), ModelSpec("own", str(student[2]))],
@@ -232,7 +232,7 @@ def test_a_generation_job_over_a_mixed_set(student, tiny_dir, tmp_path):
 
 def test_lm_eval_over_a_mixed_set(student, tiny_dir):
     from pipeline.errors import UserError
-    from pipeline.lm_eval_model import SpecEnsLM
+    from pipeline.job.lm_eval_model import SpecEnsLM
 
     lm = SpecEnsLM(models=f"big={tiny_dir}+own={student[2]}", method="we", **{"lambda": 0.5})
     with pytest.raises(UserError, match="different tokenizers") as err:

@@ -17,12 +17,12 @@ import yaml
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from pipeline.config import check_config, load_config_file, load_schema
 from pipeline.decoding import generate
 from pipeline.decoding.spec import method_names, parse_method
 from pipeline.errors import ArgumentError, UserError
-from pipeline.grid import expand_cells
-from pipeline.journal import Journal
+from pipeline.experiment.config import check_config, load_config_file, load_schema
+from pipeline.experiment.grid import expand_cells
+from pipeline.job.journal import Journal
 
 from .conftest import perturbed, tiny_llama
 

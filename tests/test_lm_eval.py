@@ -120,7 +120,7 @@ def test_specens_is_declared_in_the_harness_plugin_group():
     import tomllib
     from importlib.metadata import EntryPoint
 
-    from pipeline.lm_eval_model import SpecEnsLM
+    from pipeline.job.lm_eval_model import SpecEnsLM
 
     points = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]["lm_eval.models"]
     assert EntryPoint("specens", points["specens"], "lm_eval.models").load() is SpecEnsLM
@@ -131,7 +131,7 @@ def test_loglikelihood_equals_lm_evals_hf_model(tiny_dir, tiny_dir2, method, mod
     """The large model's log-likelihoods (and rolling ones, over several windows) as lm-eval's ``hf``."""
     from lm_eval.models.huggingface import HFLM
 
-    from pipeline.lm_eval_model import SpecEnsLM
+    from pipeline.job.lm_eval_model import SpecEnsLM
 
     hf = HFLM(pretrained=str(tiny_dir), device="cpu", batch_size=1, max_length=8)
     names = f"a={tiny_dir}" + (f"+b={tiny_dir2}" if models == 2 else "")
@@ -187,7 +187,7 @@ def _cd(alpha, beta):  # r = softmax(l_1 - alpha l_2) over {v: p_1(v) >= beta ma
 def test_ensemble_loglikelihood_by_hand(tiny_dir, tiny_dir2, methods, args, combine):
     from lm_eval.utils import simple_parse_args_string
 
-    from pipeline.lm_eval_model import SpecEnsLM
+    from pipeline.job.lm_eval_model import SpecEnsLM
 
     pairs = REQUESTS[:2]
     expected = [_by_hand([tiny_dir, tiny_dir2], c, x, combine) for c, x in pairs]
@@ -219,7 +219,7 @@ def test_a_multiple_choice_task_scores_as_lm_evals_hf_model(tiny_dir, tmp_path, 
 
 def test_a_continuation_longer_than_the_window_is_one_clear_error(tiny_dir):
     from pipeline.errors import UserError
-    from pipeline.lm_eval_model import SpecEnsLM
+    from pipeline.job.lm_eval_model import SpecEnsLM
 
     lm = SpecEnsLM(models=f"a={tiny_dir}", max_length=3)
     with pytest.raises(UserError, match="continuation of 5 tokens: expected 1 to max_length=3"):
@@ -237,7 +237,7 @@ BAD_MODEL_ARGS = [
 
 def test_bad_model_args_are_refused_in_one_line_before_any_model_loads(capsys):
     from pipeline.errors import UserError
-    from pipeline.lm_eval_model import SpecEnsLM
+    from pipeline.job.lm_eval_model import SpecEnsLM
 
     for model_args, message in BAD_MODEL_ARGS:
         args = dict(kv.split("=", 1) for kv in model_args.split(",") if kv)

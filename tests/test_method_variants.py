@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.config import check_config
 from pipeline.decoding import generate, register_ensemble
 from pipeline.decoding.engine import DynamicGamma
 from pipeline.decoding.spec import parse_method
 from pipeline.errors import ArgumentError
-from pipeline.grid import expand_cells
+from pipeline.experiment.config import check_config
+from pipeline.experiment.grid import expand_cells
 
 from .conftest import perturbed, tiny_llama, without_null
 

@@ -10,8 +10,8 @@ import json
 import pytest
 import torch
 
-from pipeline.cell import Cell
-from pipeline.generate_job import run_cell
+from pipeline.experiment.cell import Cell
+from pipeline.job.generate import run_cell
 from pipeline.models import ModelError, ModelSpec, decode_vocabulary, load, token_rows
 
 from .conftest import save_tiny
@@ -125,8 +125,8 @@ def test_a_feature_head_on_a_padded_model_proposes_over_the_same_rows(padded_dir
 def test_log_likelihoods_on_a_padded_set_are_over_the_tokenizers_rows(padded_dir, tiny_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline.likelihood import load_distributions
-    from pipeline.lm_eval_model import SpecEnsLM
+    from pipeline.job.likelihood import load_distributions
+    from pipeline.job.lm_eval_model import SpecEnsLM
 
     context, continuation = "def add(a, b):", " return a + b"
     tok = AutoTokenizer.from_pretrained(tiny_dir)

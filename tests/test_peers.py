@@ -159,7 +159,7 @@ def test_peer_checks(trio):
 
 
 def test_ours_over_a_peer_is_the_ratio_of_side_by_side_speedups():
-    from pipeline.speed import relative_speedup
+    from pipeline.measure.speed import relative_speedup
 
     def row(i: int, wall: float, base_wall: float) -> dict:
         stats = {"new_tokens": 10, "wall_time_s": wall}

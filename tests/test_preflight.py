@@ -16,9 +16,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import model_files, preflight
-from pipeline.config import check_config
-from pipeline.grid import expand_cells
+from pipeline.experiment import preflight
+from pipeline.experiment.config import check_config
+from pipeline.experiment.grid import expand_cells
+from pipeline.models import files as model_files
 
 LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "rms_norm_eps": 1e-5}
 QWEN2 = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_act": "silu", "rms_norm_eps": 1e-6}
@@ -158,7 +159,7 @@ BAD_SETS = {
 
 
 def test_every_problem_is_found_at_once_before_any_job(model_path, tmp_path, capsys):
-    from pipeline.workflow import main as check_main
+    from pipeline.experiment.checks import main as check_main
 
     config = config_of(BAD_SETS, BAD, chat=True)
     infos, problems = preflight.run(config, expand_cells(config), gpu="a10g")
@@ -250,7 +251,7 @@ def test_heads_padded_to_other_sizes_over_one_tokenizer_are_one_vocabulary(model
 
 def test_profile_gpu_model_sets_the_memory_checked(model_path, tmp_path, capsys):
     from pipeline import cli
-    from pipeline.setup_commands import cmd_preflight
+    from pipeline.cli.setup import cmd_preflight
 
     path = tmp_path / "config.yaml"
     config = config_of({"pair": ["llama-2-7b", "llama-68m"]}, {k: {} for k in ("llama-2-7b", "llama-68m")})

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.intervals import bootstrap_interval, fmt_quality, interval, per_example
+from pipeline.measure.intervals import bootstrap_interval, fmt_quality, interval, per_example
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,7 @@ def test_samples_of_one_example_are_averaged_before_the_interval():
 
 
 def test_the_score_summary_carries_each_metrics_interval(tmp_path):
-    from pipeline.scoring import intervals
+    from pipeline.job.scoring import intervals
 
     scores = [{"pass@1": 1.0}, {"pass@1": 0.0}, {"pass@1": 0.0}, {"pass@1": 1.0}]
     got = intervals(scores, ["p1", "p2", "p3", "p4"])
@@ -53,8 +53,8 @@ def test_the_score_summary_carries_each_metrics_interval(tmp_path):
 
 
 def test_the_default_grid_is_scored_once_per_distribution():
-    from pipeline.likelihood import grid_distributions, job_specs
-    from pipeline.workflow import load_checked
+    from pipeline.experiment.checks import load_checked
+    from pipeline.job.likelihood import grid_distributions, job_specs
 
     config, cells = load_checked(REPO / "config" / "default.yaml")
     dists = grid_distributions(cells)
@@ -81,7 +81,7 @@ def test_the_default_grid_is_scored_once_per_distribution():
 
 
 def test_different_arguments_are_different_distributions():
-    from pipeline.likelihood import distribution
+    from pipeline.job.likelihood import distribution
 
     a = distribution("we_sd", ["x", "y"], {"lambda": 0.3, "proposer": "draft"})[0]
     assert a == distribution("we", ["x", "y"], {"lambda": 0.3})[0]
@@ -103,7 +103,7 @@ SPECENS = {"large": ("large_model", {}), "we": ("we_sd", {"lambda": 0.3}), "cd":
 
 @pytest.fixture(scope="module")
 def shared_lm(tiny_dir, tiny_dir2):
-    from pipeline.likelihood import load_distributions
+    from pipeline.job.likelihood import load_distributions
 
     entries = {"a": {"name": "a", "source": str(tiny_dir)}, "b": {"name": "b", "source": str(tiny_dir2)}}
     return load_distributions(DISTRIBUTIONS, entries)
@@ -114,7 +114,7 @@ def test_shared_forwards_give_the_specens_models_loglikelihoods(shared_lm, tiny_
     from the same rows: the same log-likelihoods as the specens model's, one request at a time."""
     from lm_eval.api.instance import Instance
 
-    from pipeline.lm_eval_model import SpecEnsLM
+    from pipeline.job.lm_eval_model import SpecEnsLM
 
     args = [
         ("Question: what is 2 + 2?\nAnswer:", " 4"),
@@ -136,7 +136,7 @@ def test_shared_forwards_give_the_specens_models_loglikelihoods(shared_lm, tiny_
 def test_a_context_longer_than_the_window_is_cut_as_the_specens_model_cuts_it(shared_lm, tiny_dir, tiny_dir2):
     from lm_eval.api.instance import Instance
 
-    from pipeline.lm_eval_model import SpecEnsLM
+    from pipeline.job.lm_eval_model import SpecEnsLM
 
     args = [("One two three four five six", " seven eight"), ("One two three four five six", " nine")]
     requests = [Instance("loglikelihood", {}, a, i) for i, a in enumerate(args)]
@@ -155,8 +155,8 @@ def test_the_task_is_scored_by_lm_evals_own_metrics(shared_lm, tiny_dir, monkeyp
     the shared scoring, and each figure's interval."""
     import lm_eval
 
-    from pipeline.likelihood import lm_eval_task, score_task
-    from pipeline.lm_eval_model import SpecEnsLM
+    from pipeline.job.likelihood import lm_eval_task, score_task
+    from pipeline.job.lm_eval_model import SpecEnsLM
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     limit = 6
@@ -181,7 +181,7 @@ def test_the_task_is_scored_by_lm_evals_own_metrics(shared_lm, tiny_dir, monkeyp
 
 def test_a_task_that_is_not_multiple_choice_is_one_clear_line():
     from pipeline.errors import UserError
-    from pipeline.likelihood import lm_eval_task
+    from pipeline.job.likelihood import lm_eval_task
 
     with pytest.raises(UserError, match="humaneval_local.*generate_until.*expected one task of output type"):
         lm_eval_task("humaneval_local")
@@ -222,8 +222,8 @@ def _likelihood_file(results: Path) -> None:
 
 
 def test_the_quality_tables_give_each_figure_its_interval(tmp_path):
-    from pipeline.aggregate import TABLES
-    from pipeline.figures import collect
+    from pipeline.report.aggregate import TABLES
+    from pipeline.report.figures import collect
 
     tables = {t.name: t for t in TABLES}
 
@@ -255,7 +255,7 @@ def test_the_quality_tables_give_each_figure_its_interval(tmp_path):
 def synthetic_results(root: Path, config: str = "paper.yaml") -> Path:
     """A results tree of a config's cells (the paper grid's 384) as the aggregator reads it: grid.json, and per cell its
     samples (none: no ratio across cells) and a .speed.json with a side-by-side speed-up, some unstable."""
-    from pipeline.workflow import load_checked
+    from pipeline.experiment.checks import load_checked
 
     _, cells = load_checked(REPO / "config" / config)
     results = root / "results"
@@ -278,8 +278,8 @@ def test_the_paper_grids_speedup_plot_reads(tmp_path):
     import matplotlib.colors as mcolors
     from PIL import Image
 
-    from pipeline.figures import collect
-    from pipeline.plots import plot_speedup_vs_gamma, speedup_vs_gamma_figure
+    from pipeline.report.figures import collect
+    from pipeline.report.plots import plot_speedup_vs_gamma, speedup_vs_gamma_figure
 
     found = collect(synthetic_results(tmp_path))
     assert len(found.cells) == 385  # and the null cell
@@ -307,8 +307,8 @@ def test_the_paper_grids_speedup_plot_reads(tmp_path):
 
 
 def test_model_sets_that_share_no_model_are_loaded_apart():
-    from pipeline.likelihood import grid_distributions, model_groups
-    from pipeline.workflow import load_checked
+    from pipeline.experiment.checks import load_checked
+    from pipeline.job.likelihood import grid_distributions, model_groups
 
     _, cells = load_checked(REPO / "config" / "paper.yaml")
     groups = model_groups(grid_distributions(cells))
@@ -320,9 +320,9 @@ def test_model_sets_that_share_no_model_are_loaded_apart():
 
 
 def test_the_forecast_counts_the_likelihood_job():
-    from pipeline import estimate
-    from pipeline.preflight import inspect_config, models_to_prepare
-    from pipeline.workflow import load_checked
+    from pipeline.experiment import estimate
+    from pipeline.experiment.checks import load_checked
+    from pipeline.experiment.preflight import inspect_config, models_to_prepare
 
     config, cells = load_checked(REPO / "config" / "default.yaml")
     infos = inspect_config(config, models_to_prepare(config, cells), "float32")

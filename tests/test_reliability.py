@@ -186,7 +186,7 @@ def test_a_model_on_the_meta_device_is_refused():
 
 
 def test_a_config_that_is_not_utf8_is_one_line_naming_it(tmp_path):
-    from pipeline.config import ConfigError, load_config_file
+    from pipeline.experiment.config import ConfigError, load_config_file
 
     bad = tmp_path / "config.yaml"
     bad.write_bytes(b"methods:\n  - we\n\xff\xfe\n")
@@ -302,7 +302,7 @@ HOLDER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from pipeline.journal import journal_lock
+    from pipeline.job.journal import journal_lock
     with journal_lock(Path(sys.argv[1])):
         with open(sys.argv[1], "a") as f:
             f.write(sys.argv[2] + "\\n")
@@ -323,7 +323,7 @@ def hold(journal, line=""):
 
 def test_a_second_job_on_a_cell_being_generated_stops_at_once_naming_the_first(tmp_path):
     from pipeline.files import LockHeld
-    from pipeline.journal import journal_lock
+    from pipeline.job.journal import journal_lock
 
     journal = tmp_path / "cell.jsonl"
     proc = hold(journal)
@@ -343,7 +343,7 @@ def test_a_second_job_on_a_cell_being_generated_stops_at_once_naming_the_first(t
 
 def test_a_held_lock_with_binary_content_is_still_one_line(tmp_path):
     from pipeline.files import LockHeld
-    from pipeline.journal import journal_lock
+    from pipeline.job.journal import journal_lock
 
     journal = tmp_path / "cell.jsonl"
     proc = hold(journal)
@@ -359,9 +359,9 @@ def test_a_held_lock_with_binary_content_is_still_one_line(tmp_path):
 
 
 def test_run_cell_refuses_a_running_cell_and_takes_over_from_a_dead_job(tiny_dir, tmp_path, capsys):
-    from pipeline.cell import Cell
+    from pipeline.experiment.cell import Cell
     from pipeline.files import LockHeld
-    from pipeline.generate_job import run_cell
+    from pipeline.job.generate import run_cell
     from pipeline.models import ModelSpec
 
     cell = Cell(
@@ -391,7 +391,7 @@ def test_run_cell_refuses_a_running_cell_and_takes_over_from_a_dead_job(tiny_dir
 
 
 def test_the_config_check_refuses_prompts_beyond_a_models_context(tmp_path, smol_tokenizer, tiny_dir, capsys):
-    from pipeline.workflow import main as grid
+    from pipeline.experiment.checks import main as grid
 
     from .conftest import save_tiny
 

@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from pipeline import config_doc
-from pipeline.results_file import load_reported, paper_vs_ours
-from pipeline.tables import overall
+from pipeline.experiment import config_doc
+from pipeline.report.results_file import load_reported, paper_vs_ours
+from pipeline.report.tables import overall
 from tests.tiny_dag import ROOT
 
 
@@ -64,7 +64,9 @@ def test_the_papers_figures_file_cites_the_paper_and_says_where_each_figure_is()
 
 
 def test_config_readme_is_generated_from_the_schema():
-    assert (ROOT / "config" / "README.md").read_text() == config_doc.render_page(), "run python -m pipeline.config_doc"
+    assert (ROOT / "config" / "README.md").read_text() == config_doc.render_page(), (
+        "run python -m pipeline.experiment.config_doc"
+    )
     text = config_doc.render_page()
     schema = yaml.safe_load(config_doc.SCHEMA.read_text())
     for key in schema["properties"]:
@@ -84,7 +86,7 @@ def test_the_workflow_catalog_file_has_the_catalogs_keys():
 
 
 def test_the_speedup_csv_has_each_datasets_columns_then_the_overall():
-    from pipeline.tables import speedup_numbers as numbers
+    from pipeline.report.tables import speedup_numbers as numbers
 
     best = pd.DataFrame(
         {

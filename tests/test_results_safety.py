@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cell import Cell
+from pipeline.experiment.cell import Cell
 from pipeline.files import write_atomic
-from pipeline.generate_job import run_cell
-from pipeline.journal import Journal
+from pipeline.job.generate import run_cell
+from pipeline.job.journal import Journal
 from pipeline.models import ModelSpec
 from tests.conftest import cell_entry
 
@@ -224,7 +224,7 @@ BAD_CONFIGS = {
 
 @pytest.mark.parametrize("case", list(BAD_CONFIGS))
 def test_every_bad_config_value_is_one_line_naming_it(case, tmp_path, capsys):
-    from pipeline.workflow import main
+    from pipeline.experiment.checks import main
 
     (old, new), words = BAD_CONFIGS[case]
     assert old in DEFAULT
@@ -292,7 +292,7 @@ def scored_cell(tmp_path):
 
 
 def test_an_unreachable_server_costs_seconds_keeps_an_offline_copy_and_is_retried(scored_cell, tmp_path, monkeypatch):
-    from pipeline import tracking
+    from pipeline.report import tracking
 
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # nothing listens there
@@ -369,9 +369,9 @@ def test_result_files_get_the_mode_the_umask_gives(tmp_path, mask, mode):
 
 
 def test_datasets_only_on_the_hub_are_checked_when_the_job_runs_unless_offline(tmp_path, monkeypatch):
-    from pipeline.config import ConfigError, check_config
-    from pipeline.grid import expand_cells
-    from pipeline.workflow import check_local
+    from pipeline.experiment.checks import check_local
+    from pipeline.experiment.config import ConfigError, check_config
+    from pipeline.experiment.grid import expand_cells
 
     config = check_config(
         {
@@ -395,7 +395,7 @@ def test_the_lock_and_the_journal_never_write_through_what_they_did_not_make(tmp
     """A symbolic link, a directory or a pipe where the journal or its lock goes is refused in one line, and
     what a link points to is left as it was (it was truncated and overwritten with a pid line)."""
     from pipeline.files import ResultsError
-    from pipeline.journal import Journal, journal_lock
+    from pipeline.job.journal import Journal, journal_lock
 
     victim = tmp_path / "precious.txt"
     victim.write_text("keep me\n")
@@ -444,7 +444,7 @@ def alias_bomb(levels: int = 9) -> str:
     ids=["alias bomb", "5000 deep", "71 deep", "5000 digits", "30 digits", "itself"],
 )
 def test_a_config_too_large_deep_or_odd_to_read_is_one_line_at_once(tmp_path, text, message):
-    from pipeline.config import ConfigError, load_config_file
+    from pipeline.experiment.config import ConfigError, load_config_file
 
     path = tmp_path / "c.yaml"
     path.write_text(text)
@@ -455,7 +455,7 @@ def test_a_config_too_large_deep_or_odd_to_read_is_one_line_at_once(tmp_path, te
 
 
 def test_yaml_merge_keys_are_read_and_a_key_of_the_mapping_overrides_them(tmp_path):
-    from pipeline.config import ConfigError, load_config_file
+    from pipeline.experiment.config import ConfigError, load_config_file
 
     path = tmp_path / "c.yaml"
     path.write_text("base: &b {size: 3, chat: false}\ndatasets:\n  humaneval:\n    <<: *b\n    chat: true\n")

@@ -193,7 +193,7 @@ def test_plain_values_cross_the_pipes_and_nothing_else():
 
 
 def test_without_bubblewrap_one_line_and_guard_only_in_the_summary(tmp_path, monkeypatch, capsys):
-    from pipeline.scoring import score_file
+    from pipeline.job.scoring import score_file
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on it
     monkeypatch.setattr(sb, "_chosen", None)
@@ -210,7 +210,7 @@ def test_without_bubblewrap_one_line_and_guard_only_in_the_summary(tmp_path, mon
 
 @needs_bwrap
 def test_with_bubblewrap_the_summary_says_so(tmp_path, monkeypatch):
-    from pipeline.scoring import score_file
+    from pipeline.job.scoring import score_file
 
     monkeypatch.setattr(sb, "_chosen", None)
     example = get_task("humaneval").load("full")[0]

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.status import ERROR_LINE
+from pipeline.report.status import ERROR_LINE
 from tests.tiny_dag import ROOT, check_tables, job_counts, snakemake, tiny_config
 
 SCRIPT = ROOT / "scripts" / "slurm-local.sh"

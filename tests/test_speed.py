@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline import timing
-from pipeline.acceptance import decoding_metrics
-from pipeline.cell import Cell
 from pipeline.decoding import generate
-from pipeline.generate_job import run_cell
+from pipeline.experiment.cell import Cell
+from pipeline.job.generate import run_cell
+from pipeline.measure import timing
+from pipeline.measure.acceptance import decoding_metrics
+from pipeline.measure.speed import Policy, flags, ratio_interval, summarize
 from pipeline.models import ModelSpec
-from pipeline.speed import Policy, flags, ratio_interval, summarize
 
 from .conftest import perturbed, tiny_llama
 
@@ -157,7 +157,7 @@ class PlantedStalls:
     """Fake CPU pressure: runs listed in ``stalls`` (by call number) sleep and report the sleep as pressure."""
 
     def __init__(self, monkeypatch, stalls: set[int], seconds: float = 0.4):
-        import pipeline.generate_job as job
+        import pipeline.job.generate as job
 
         self.psi_us, self.calls, self.stalls, self.seconds = 0, 0, stalls, seconds
         monkeypatch.setattr(timing, "_psi_some_us", lambda: self.psi_us)
@@ -287,7 +287,7 @@ def test_greedy_cells_in_float32_match_their_baseline_exactly(cell, tmp_path):
 
 
 def test_a_mismatch_is_attributed_by_a_float64_recompute(tiny_dir, smol_tokenizer):
-    from pipeline.exactness import check, target_logprobs
+    from pipeline.job.exactness import check, target_logprobs
 
     specs = [ModelSpec("a", str(tiny_dir)), ModelSpec("b", str(tiny_dir))]
     prompt = smol_tokenizer("def add(a, b):").input_ids
@@ -342,7 +342,7 @@ def test_timing_settings_are_checked_before_use():
 
 
 def test_an_exactness_check_that_cannot_run_never_costs_the_cell(tiny_dir, monkeypatch):
-    from pipeline import exactness
+    from pipeline.job import exactness
 
     def no_memory(*args, **kwargs):
         raise MemoryError("a float64 copy needs 54.0 GiB, 20.0 GiB available")
@@ -372,8 +372,8 @@ def test_the_null_cell_times_the_large_model_against_itself_and_its_interval_cov
     its interval (at 99.9% here, so that a correct measurement fails this test one time in a thousand)."""
     import dataclasses
 
-    from pipeline.config import check_config
-    from pipeline.grid import expand_cells
+    from pipeline.experiment.config import check_config
+    from pipeline.experiment.grid import expand_cells
 
     from .tiny_dag import tiny_config
 

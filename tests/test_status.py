@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.cli import main
-from pipeline.status import failure_lines, rerun_unstable, status
+from pipeline.report.status import failure_lines, rerun_unstable, status
 
 CELLS = ["humaneval/pair/sd-T0-g2", "humaneval/pair/we-T0", "humaneval/pair/we_se-T0-g1-2", "humaneval/tiny/large-T0"]
 
@@ -106,7 +106,7 @@ def test_a_move_that_fails_midway_puts_every_file_back(results, monkeypatch, cap
     """All or none: the fourth file cannot move, the three moved before it are put back, one line says so."""
     import shutil
 
-    import pipeline.status as status_module
+    import pipeline.report.status as status_module
 
     before, real, calls = _files(results), shutil.move, []
 
@@ -126,7 +126,7 @@ def test_a_move_that_fails_midway_puts_every_file_back(results, monkeypatch, cap
 
 
 def test_a_directory_that_cannot_be_written_is_refused_before_anything_moves(results, monkeypatch, capsys):
-    import pipeline.status as status_module
+    import pipeline.report.status as status_module
 
     before, locked = _files(results), results / "logs" / "score" / "humaneval" / "pair"
     real = status_module.os.access
@@ -228,7 +228,7 @@ def test_any_results_directory_is_a_report_or_one_line_and_rerun_loses_nothing(f
     import tempfile
 
     from pipeline.errors import UserError
-    from pipeline.status import report
+    from pipeline.report.status import report
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "results"

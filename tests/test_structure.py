@@ -88,7 +88,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_cycles():
     known = modules()
     graph = {name: imports(name, file, known) for name, file in known.items()}
-    assert "pipeline.generate_job" in graph["pipeline.cli"]  # a function-level import is seen
+    assert "pipeline.job.generate" in graph["pipeline.cli"]  # a function-level import is seen
     assert cycles(graph) == []
 
 
@@ -104,7 +104,7 @@ def test_no_import_cycles_counting_annotation_only_imports():
     graph = {name: imports(name, file, known, annotations=True) for name, file in known.items()}
     assert "pipeline.decoding.member" in graph["pipeline.decoding.proposers"]  # a type-only import is seen
     assert "pipeline.decoding.member" in graph["pipeline.decoding.parallel"]
-    assert "pipeline.decoding.engine" in graph["pipeline.decoding.tree"]  # the loop annotates the Decoder it runs
+    assert "pipeline.decoding.engine" in graph["pipeline.decoding.tree.loop"]  # the loop annotates the Decoder it runs
     assert cycles(graph) == []
 
 
@@ -135,12 +135,17 @@ def test_layers_go_one_way():
 
 
 def test_the_layer_rule_finds_a_break():
-    graph = {"pipeline.models.sources": {"tasks"}, "tasks.base": {"pipeline.files", "pipeline.workflow"}}
+    graph = {"pipeline.models.sources": {"tasks"}, "tasks.base": {"pipeline.files", "pipeline.experiment.checks"}}
     assert layer_breaks({**graph, "pipeline.files": {"pipeline.errors", "tasks"}}) == [
         "pipeline.files (the base layer) imports tasks",
         "pipeline.models.sources imports tasks",
-        f"tasks.base imports pipeline.workflow, above the base layer {sorted(BASE)}",
+        f"tasks.base imports pipeline.experiment.checks, above the base layer {sorted(BASE)}",
     ]
+
+
+def defines(file: Path) -> bool:
+    """Whether a file defines a function or a class (a package's ``__init__`` that only names its folder does not)."""
+    return any(isinstance(n, (ast.FunctionDef, ast.ClassDef)) for n in ast.parse(file.read_text()).body)
 
 
 def test_every_module_has_a_home_in_the_tests_readme():
@@ -153,7 +158,7 @@ def test_every_module_has_a_home_in_the_tests_readme():
     modules = {
         p.relative_to(ROOT / "pipeline").as_posix()
         for p in (ROOT / "pipeline").rglob("*.py")
-        if p.name not in ("__init__.py", "__main__.py")
+        if p.name != "__main__.py" and (p.name != "__init__.py" or defines(p))
     }
     assert modules - set(rows) == set(), f"modules without a row in tests/README.md: {sorted(modules - set(rows))}"
     assert set(rows) - modules == set(), f"rows for modules that are gone: {sorted(set(rows) - modules)}"

@@ -1,4 +1,4 @@
-"""Token trees (``decoding/tree.py``, ``tree_verify.py``): exact for every speculative method.
+"""Token trees (``decoding/tree.py``, ``tree/verify.py``): exact for every speculative method.
 
 Greedy: every method with a static and a dynamic tree and each proposer kind
 emits its baseline's tokens. Sampling: the first two tokens follow the exact
@@ -16,10 +16,12 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.decoding import generate, tree_cache, tree_verify
+from pipeline.decoding import generate
 from pipeline.decoding.audit import Audit, AuditError
 from pipeline.decoding.spec import method_names, parse_method
-from pipeline.decoding.tree import Tree, parse_tree
+from pipeline.decoding.tree import cache as tree_cache
+from pipeline.decoding.tree import verify as tree_verify
+from pipeline.decoding.tree.loop import Tree, parse_tree
 from pipeline.errors import ArgumentError
 
 from .conftest import perturbed, tiny_llama, without_null
@@ -259,8 +261,8 @@ def test_the_audit_catches_a_stale_compaction(audit_trio, monkeypatch, temperatu
 
 
 def test_config_trees_become_cells_beside_the_chain():
-    from pipeline.config import ConfigError, check_config
-    from pipeline.grid import expand_cells
+    from pipeline.experiment.config import ConfigError, check_config
+    from pipeline.experiment.grid import expand_cells
 
     base = {
         "models": {"big": {}, "small": {}},
@@ -285,8 +287,8 @@ def test_config_trees_become_cells_beside_the_chain():
 
 
 def test_a_cell_refuses_a_tree_for_a_method_without_one():
-    from pipeline.cell import Cell
     from pipeline.errors import UserError
+    from pipeline.experiment.cell import Cell
 
     assert Cell.from_json({"models": ["m"], "method": "sd", "task": "humaneval", "tree": "3x2"}).tree == "3x2"
     with pytest.raises(UserError, match="a tree is for the sd"):
@@ -297,7 +299,7 @@ def test_a_cell_refuses_a_tree_for_a_method_without_one():
 
 
 def test_bench_rows_put_each_tree_beside_the_chain_of_its_node_budget():
-    from pipeline.bench_variants import same_budget_chain, select, variants
+    from pipeline.bench.variants import same_budget_chain, select, variants
 
     vs = select(variants([1], "draft", dynamic=[], trees=["3x2x1", "d8"]), ["sd", "we"], ["sd", "we_se"])
     labels = [v.label for v in vs]
@@ -308,7 +310,7 @@ def test_bench_rows_put_each_tree_beside_the_chain_of_its_node_budget():
 
 
 def test_the_cost_model_prices_nodes_at_the_fitted_per_token_cost():
-    from pipeline import tree_cost
+    from pipeline.measure import tree_cost
 
     # forwards of 1, 3 and 5 tokens: a = 10 ms, b = 2 ms per token
     assert tree_cost.fit({1: 12.0, 3: 16.0, 5: 20.0}) == (10.0, 2.0)

@@ -469,7 +469,7 @@ def test_the_union_audit_catches_a_crop_off_by_one(toks, hetero, monkeypatch):
 
 
 def test_union_bench_rows_and_a_sentencepiece_twin(toks, hetero):
-    from pipeline.union_bench import bench_union, render_table, sentencepiece_twin
+    from pipeline.bench.union import bench_union, render_table, sentencepiece_twin
 
     a = toks[0]
     twin = sentencepiece_twin(a)

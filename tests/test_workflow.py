@@ -14,11 +14,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from pipeline.cell import Cell
-from pipeline.config import ConfigError, check_config
 from pipeline.decoding.spec import method_names
-from pipeline.generate_job import cell_key
-from pipeline.grid import expand_cells
+from pipeline.experiment.cell import Cell
+from pipeline.experiment.config import ConfigError, check_config
+from pipeline.experiment.grid import expand_cells
+from pipeline.job.generate import cell_key
 from tests.conftest import cell_entry, without_null
 from tests.tiny_dag import check_report, check_tables, job_counts, snakemake, tiny_config
 
@@ -504,8 +504,8 @@ def test_rerun_unstable_measures_the_flagged_cells_again_and_nothing_else(tiny_r
 
 
 def test_without_side_by_side_runs_speedups_come_from_the_standard_cells(tiny_run, tmp_path):
-    from pipeline.aggregate import aggregate
-    from pipeline.speed import Policy, summarize
+    from pipeline.measure.speed import Policy, summarize
+    from pipeline.report.aggregate import aggregate
 
     work, _, _ = tiny_run
     results = tmp_path / "results"
@@ -532,7 +532,7 @@ def test_without_side_by_side_runs_speedups_come_from_the_standard_cells(tiny_ru
 def test_wandb_failure_never_loses_results(tiny_run, tmp_path, monkeypatch):
     import wandb
 
-    from pipeline.tracking import WandbFailed, log_cell
+    from pipeline.report.tracking import WandbFailed, log_cell
 
     work, _, _ = tiny_run
     src = work / "results" / "generations" / "humaneval" / "pair"
@@ -565,7 +565,7 @@ def test_logging_a_cell_again_resumes_its_wandb_run(tmp_path, monkeypatch):
     the run rather than adding one; job_type names the step, the method stays in the config."""
     import wandb
 
-    from pipeline.tracking import log_cell, log_experiment, run_id
+    from pipeline.report.tracking import log_cell, log_experiment, run_id
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     samples = tmp_path / "sd-T0-g2.jsonl"

@@ -12,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pipeline.config import check_config
-from pipeline.grid import expand_cells
+from pipeline.experiment.config import check_config
+from pipeline.experiment.grid import expand_cells
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -27,7 +27,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from pipeline.engine_bench import build  # noqa: E402
+from pipeline.bench.engines import build  # noqa: E402
 
 # (method, baseline, method arguments, gamma); we_p runs the members' forwards on their own CUDA streams
 METHODS = [
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from transformers import AutoTokenizer
 
-    from pipeline.generate_job import cell_from_dict, run_cell
+    from pipeline.job.generate import cell_from_dict, run_cell
 
     dtype = getattr(torch, args.dtype)
     tokenizer = AutoTokenizer.from_pretrained(args.carry / "tokenizer")

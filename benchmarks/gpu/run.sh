@@ -33,11 +33,11 @@ if part product; then
 fi
 if part speed; then
   # 3. tokens/s, the bandwidth bound and the cost of k new tokens, per size and engine, in bfloat16
-  timeout 400 $PY -m pipeline.engine_bench --device cuda --shapes llama-68m llama-1b llama-7b --dtype bfloat16 \
+  timeout 400 $PY -m pipeline.bench.engines --device cuda --shapes llama-68m llama-1b llama-7b --dtype bfloat16 \
     --engines eager compiled --repeats 5 --new-tokens 64 \
     --json "$OUT/engines.json" 2>&1 | grep -v "it/s\]" | tee "$OUT/engines.txt"
   # 4. oracle drafts against the cost model, in float32 (in bfloat16 sd's greedy tokens drift from the target's)
-  timeout 170 $PY -m pipeline.engine_bench --device cuda --shapes llama-68m llama-1b --dtype float32 \
+  timeout 170 $PY -m pipeline.bench.engines --device cuda --shapes llama-68m llama-1b --dtype float32 \
     --engines eager --repeats 3 --new-tokens 64 --ks 1 4 --pairs llama-1b:llama-68m --accept 0.5 0.8 0.95 --gamma 3 \
     --json "$OUT/pairs.json" 2>&1 | grep -v "it/s\]" | tee "$OUT/pairs.txt"
 fi

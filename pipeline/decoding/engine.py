@@ -29,7 +29,7 @@ once, ahead of its token, and decodes the runs of positions drawn for another
 member speculatively (``_mixture``, ``_verify_mixture``).
 
 A rejection discards every pending token and restarts the schedule. A method
-with a token tree hands ``run`` the tree's round loop (``tree.py``), which
+with a token tree hands ``run`` the tree's round loop (``tree/loop.py``), which
 drafts through the same proposers and commits with ``commit``.
 
 A dynamic gamma (``DynamicGamma``, ``_adapt_gammas``) changes a turn's gamma

@@ -48,7 +48,7 @@ class FeatureProposer:
         self.true_at: dict[int, int] = {}  # per drafted position: how many true features it was drafted from
         self._reading = True
         self._hook = runner.model.model.norm.register_forward_pre_hook(self._capture)
-        runner.followers.append(self)  # a token tree's compaction moves the features with the cache (tree_cache.py)
+        runner.followers.append(self)  # a token tree's compaction moves the features with the cache (tree/cache.py)
 
     @classmethod
     def for_decoder(cls, members, sampling: Sampling, generator: torch.Generator | None) -> FeatureProposer:
@@ -106,7 +106,7 @@ class FeatureProposer:
 
     def logits(self, context: list[int]) -> Tensor | None:
         """The head's logits row for the token after ``context`` (None: the target has computed no feature yet);
-        a token tree draws a node's children from it (``tree_draft.py``), as EAGLE-2 does."""
+        a token tree draws a node's children from it (``tree/draft.py``), as EAGLE-2 does."""
         pos = len(context)
         start = time.perf_counter()
         feature = self._advance(context, pos - 2) if pos >= 2 else None

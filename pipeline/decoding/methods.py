@@ -38,7 +38,7 @@ from .sampling import Sampling
 from .spec import DRAFT, is_int, parse_method
 from .static import make_runner
 from .stats import GenerationStats, ModelStats
-from .tree import check_tree_models, parse_tree, tree_loop
+from .tree.loop import check_tree_models, parse_tree, tree_loop
 
 Turn = tuple[tuple[str | int, ...], int]  # (proposers, chained: names or model indices; gamma)
 
@@ -202,7 +202,7 @@ def generate(
     lets each proposer's gamma move between rounds (``engine.DynamicGamma``; speculative methods only, the largest
     model's excepted: ``fixed_turns``). ``method_args``: the ensemble's parameters, ``first_proposer`` and
     ``proposer`` (``draft``, ``lookup``, ``lookup+draft``). ``tree`` drafts a token tree per round instead of a chain
-    (``tree.py``). Stop strings need a ``tokenizer``; tests pass an ``audit`` (``audit.py``) to have every
+    (``tree/loop.py``). Stop strings need a ``tokenizer``; tests pass an ``audit`` (``audit.py``) to have every
     distribution recomputed. Models with different tokenizers take ``tokenizers`` (one per model) and decode over
     the union of their vocabularies (docs/tokenizers.md): ``prompt_ids`` are the first model's ids, ``token_ids``
     union ids, ``pieces`` and ``text`` their text. Raises ``ValueError`` on any bad argument before decoding.

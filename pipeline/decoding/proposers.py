@@ -41,7 +41,7 @@ class Proposer(Protocol):
     def draft(self, tokens: list[int], committed: int) -> Proposal | None:
         """A proposal for the token at ``len(tokens)``, or None when it has none."""
 
-    # A token tree (tree_draft.py) asks a proposer for several candidates at a node through one of two optional
+    # A token tree (tree/draft.py) asks a proposer for several candidates at a node through one of two optional
     # methods; a proposer with neither drafts chains only, and a tree refuses it in one line (``drafts_trees``):
     #   continuations(context: list[int], limit: int) -> list[int]: up to ``limit`` distinct one-hot candidates
     #       for the token after ``context`` (a deterministic function of it, as prompt lookup's);

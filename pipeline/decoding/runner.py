@@ -4,7 +4,7 @@
 predict the token after each of the last ``keep`` of them; ``crop(length)``
 forgets everything after the first ``length`` tokens. Methods never touch
 model internals, so another engine is another runner. A token tree
-(``tree.py``) also needs ``extend_masked``: tokens at given positions under
+(``tree/loop.py``) also needs ``extend_masked``: tokens at given positions under
 a given attention mask, and the K/V of ``cache.layers`` to compact.
 """
 

@@ -20,7 +20,7 @@ What that takes, and how this runner does it:
   of two (``cache_len``), each size its own set of graphs, kept on the model
   for later generations.
 * A CUDA graph's outputs are overwritten by its next replay: rows are cloned.
-* Token trees (``tree_cache.py``) feed under a tree mask: ``extend_masked``
+* Token trees (``tree/cache.py``) feed under a tree mask: ``extend_masked``
   pads to a bucket of ``TREE_BUCKETS`` (up to 64 new tokens, each padding
   token seeing only itself) and runs graphs of their own taking the mask, over
   the whole cache, as an input (``compile_masked``: before decoding, by

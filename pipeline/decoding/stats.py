@@ -33,7 +33,7 @@ class GenerationStats:
     accepted: int = 0  # proposals accepted, all proposers together
     position_verified: list[int] = field(default_factory=list)  # [j]: blocks whose (j+1)-th proposal was checked
     position_accepted: list[int] = field(default_factory=list)  # [j]: ... and accepted
-    tree_nodes: int = 0  # token trees (tree.py): nodes verified, all rounds together
+    tree_nodes: int = 0  # token trees (tree/loop.py): nodes verified, all rounds together
     wall_time_s: float = 0.0  # with the device synchronised before the clock is read
     device_time_s: float | None = None  # on a GPU: CUDA events around the whole decode
     time_to_first_token_s: float | None = None

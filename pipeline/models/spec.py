@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from .. import ROOT
 from ..errors import UserError
 
 BUNDLED = "smollm2-135m-instruct"
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "config" / "default.yaml"  # names the default drafts
+DEFAULT_CONFIG = ROOT / "config" / "default.yaml"  # names the default drafts
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 

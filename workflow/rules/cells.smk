@@ -1,7 +1,7 @@
 # The grid as files: one cell file per cell (its settings for the jobs, its dimensions for W&B and
 # the tables), and grid.json, the index of the current config's cells. A changed cell rewrites its
 # file, and the cell's jobs rerun from it; the other cells' files stay as they are.
-# The files hold CellFile.to_json() (pipeline/cell.py); the run directives are left as they are, since
+# The files hold CellFile.to_json() (pipeline/experiment/cell.py); the run directives are left as they are, since
 # Snakemake reruns a rule whose code changed, and with it every cell of a results directory.
 
 

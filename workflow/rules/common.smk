@@ -14,11 +14,11 @@ min_version("8.0")
 ROOT = Path(workflow.basedir)
 sys.path.insert(0, str(ROOT))  # the pipeline package, also when it is not installed
 
-from pipeline.config import ConfigError, check_config, load_config_file, load_schema, model_entry
-from pipeline.grid import expand_cells
-from pipeline.preflight import models_to_prepare
-from pipeline.workflow import check_local
-from pipeline.likelihood import job_specs
+from pipeline.experiment.config import ConfigError, check_config, load_config_file, load_schema, model_entry
+from pipeline.experiment.grid import expand_cells
+from pipeline.experiment.preflight import models_to_prepare
+from pipeline.experiment.checks import check_local
+from pipeline.job.likelihood import job_specs
 
 try:
     for _file in workflow.overwrite_configfiles:  # Snakemake's YAML reader keeps the last of duplicate keys
@@ -112,7 +112,7 @@ HUB_MODELS = hub_models()
 
 def speed_mem_mb(wildcards, input):
     """The judge's memory: small, unless a greedy cell's outputs part from its baseline's somewhere; then the
-    float64 recompute (pipeline/exactness.py) loads each model on the CPU, one at a time: 8 bytes a parameter
+    float64 recompute (pipeline/job/exactness.py) loads each model on the CPU, one at a time: 8 bytes a parameter
     of the largest, and room for activations. Before the cell is generated (its judge submitted with its
     generation, in one group job) a greedy cell is sized for the recompute."""
     base = 2000

@@ -1,5 +1,5 @@
 # Quality by log-likelihood (likelihood_tasks): one job per lm-eval task, scoring it once under each distinct
-# distribution of the grids (a lossless accelerated method shares its ensemble's; pipeline/likelihood.py).
+# distribution of the grids (a lossless accelerated method shares its ensemble's; pipeline/job/likelihood.py).
 # Its spec is a param, so a change of the grid's distributions or the task's limit reruns it. It declares two
 # CPUs (their threads waiting passively, as generate's), so that it never runs beside a generation job being timed.
 

@@ -1,0 +1,5 @@
+import sys
+
+from .methods import main
+
+sys.exit(main())

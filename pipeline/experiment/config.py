@@ -1,0 +1,347 @@
+"""A workflow config: read (duplicate keys refused), checked against the schema and then by name, defaults
+filled in. Every problem is a ConfigError of one line naming the key, the value and what is accepted.
+``grid.py`` expands a checked config into cells; ``experiment/checks.py`` checks it against this machine.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .. import ROOT
+from ..errors import UserError
+from ..files import read_user_text, schema_validator
+from .preflight import own_tokenizer
+
+SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
+
+
+class ConfigError(UserError):
+    """A bad config value: one line naming the key, the value and what is accepted."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML that refuses a key given twice in one mapping (plain YAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == MERGE:  # a merge key (<<): its keys may be overridden by the mapping's own
+                continue
+            key = self.construct_object(key_node, deep=True)
+            where = f"line {key_node.start_mark.line + 1} of {key_node.start_mark.name}"
+            try:
+                hash(key)
+            except TypeError:
+                raise ConfigError(f"config key {key!r} ({where}) is not a plain value; keys are names") from None
+            if key in seen:
+                raise ConfigError(f"config key {key!r} is given twice ({where}); each key may appear once in a mapping")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+MERGE = "tag:yaml.org,2002:merge"
+MAX_VALUES = 100_000  # values of a config once its aliases are expanded (a config has hundreds)
+MAX_DEPTH = 64  # nesting (a config nests 5 deep)
+MAX_INT = 2**63  # an integer a config may hold, exclusive (its largest are seeds and sizes)
+
+
+def _expanded(root) -> tuple[int, int]:
+    """The number of values a YAML node graph holds once its aliases are expanded, and its depth, without
+    expanding it (each node once: an alias bomb is counted, not built); (inf, inf) for a graph that holds itself."""
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        children = (
+            [n for pair in node.value for n in pair]
+            if isinstance(node, yaml.MappingNode)
+            else (node.value if isinstance(node, yaml.SequenceNode) else [])
+        )
+        if done:
+            open_nodes.discard(id(node))
+            size[id(node)] = 1 + sum(size[id(c)] for c in children)
+            depth[id(node)] = 1 + max((depth[id(c)] for c in children), default=0)
+            continue
+        if id(node) in size:
+            continue
+        if id(node) in open_nodes:
+            return math.inf, math.inf
+        open_nodes.add(id(node))
+        stack.append((node, True))
+        stack += [(c, False) for c in children if id(c) not in size]  # an open one among them: a cycle, found above
+    return size[id(root)], depth[id(root)]
+
+
+def _big_int(value: Any, path: tuple = ()) -> tuple[tuple, int] | None:
+    """The path and value of the first integer of ``value`` too large for a config (|n| >= MAX_INT), or None."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= MAX_INT:
+        return path, value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    return next((found for k, v in items if (found := _big_int(v, (*path, k))) is not None), None)
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """A YAML or JSON config file, duplicate keys refused, its size, depth and integers bounded (an alias bomb
+    is counted before it is built); ConfigError names what is wrong."""
+    path = Path(path)
+    try:
+        loader = _StrictLoader(read_user_text(path, "config file"))
+        try:
+            node = loader.get_single_node()
+            values, depth = _expanded(node) if node is not None else (0, 0)
+            if values == math.inf:
+                raise ConfigError(
+                    f"config file {path}: an alias refers to a value that contains it (a value that holds itself)"
+                )
+            if values > MAX_VALUES or depth > MAX_DEPTH:
+                what = (
+                    f"nested {depth} deep" if depth > MAX_DEPTH else f"{values:,} values once its aliases are expanded"
+                )
+                raise ConfigError(
+                    f"config file {path}: {what}; a config holds at most {MAX_VALUES:,} values, nested at most "
+                    f"{MAX_DEPTH} deep"
+                )
+            data = None if node is None else loader.construct_document(node)
+        finally:
+            loader.dispose()
+    except UserError as err:
+        raise ConfigError(str(err)) from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
+    except RecursionError:
+        raise ConfigError(
+            f"config file {path}: nested too deep to read; a config nests at most {MAX_DEPTH} deep"
+        ) from None
+    except ValueError:  # an integer of more digits than Python converts (4,300)
+        raise ConfigError(
+            f"config file {path}: an integer of thousands of digits; a config's are below {MAX_INT:,}"
+        ) from None
+    if (found := _big_int(data)) is not None:
+        key = ".".join(map(str, found[0])) or "(top level)"
+        raise ConfigError(
+            f"config key {key}: {found[1]} is not accepted; expected an integer of at most {MAX_INT - 1:,} in size"
+        )
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a mapping of keys to values, got a {type(data).__name__}")
+    return data
+
+
+def load_schema(path: Path = SCHEMA) -> dict[str, Any]:
+    return yaml.safe_load(Path(path).read_text())
+
+
+def non_finite(value: Any, path: tuple = ()) -> tuple[tuple, float] | None:
+    """The first NaN or infinite number anywhere in ``value`` (its path and value), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path, value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        found = non_finite(v, (*path, k))
+        if found:
+            return found
+    return None
+
+
+def _key(path) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+BOUNDS = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<="}
+
+
+def _accepted(error, schema: dict[str, Any]) -> str:
+    """What the schema accepts where ``error`` happened, in words."""
+    sub = error.schema
+    if "$ref" in sub:  # follow one local reference for its description
+        node = schema
+        for part in sub["$ref"].lstrip("#/").split("/"):
+            node = node[part]
+        sub = {**node, **{k: v for k, v in sub.items() if k != "$ref"}}
+    v, vv = error.validator, error.validator_value
+    if v == "enum":
+        return "one of " + ", ".join("null" if x is None else str(x) for x in vv)
+    if v == "type":
+        return "a value of type " + (" or ".join(vv) if isinstance(vv, list) else vv)
+    if v in BOUNDS:
+        return f"a number {BOUNDS[v]} {vv}"
+    if v in ("minItems", "minProperties"):
+        return f"at least {vv} entr{'y' if vv == 1 else 'ies'}"
+    if v == "maxLength":
+        return f"at most {vv} characters"
+    if v == "pattern":
+        return "letters, digits and . _ + -, starting with a letter or digit"
+    if v == "required":
+        return "the keys " + ", ".join(vv)
+    if v in ("oneOf", "anyOf"):
+        texts = []
+        for option in vv:
+            if "enum" in option:
+                texts += [str(x) for x in option["enum"]]
+            elif option.get("type") == "integer":
+                texts.append("a positive integer" if option.get("minimum") == 1 else "an integer")
+            elif option.get("type") == "array":
+                texts.append("a list of positive integers")
+            else:
+                texts.append(option.get("type", "?"))
+        return ", ".join(texts[:-1]) + " or " + texts[-1] if len(texts) > 1 else texts[0]
+    return sub.get("description") or error.message
+
+
+def schema_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
+    """Every schema violation of ``config``, one line each (empty: valid)."""
+    lines = []
+    if bad := non_finite(config):
+        lines.append(f"config key {_key(bad[0])}: {bad[1]} is not accepted; expected a finite number")
+    for error in sorted(schema_validator(schema).iter_errors(config), key=lambda e: list(map(str, e.absolute_path))):
+        where = _key(error.absolute_path)
+        if error.validator == "additionalProperties":
+            allowed = sorted(error.schema.get("properties", {}))
+            extra = sorted(set(error.instance) - set(allowed))
+            place = "" if where == "(top level)" else f" in {where}"
+            lines.append(f"unknown config key {extra[0]!r}{place}; accepted: {', '.join(allowed)}")
+        elif error.validator == "required":
+            lines.append(f"config key {where}: {error.message}; it needs {_accepted(error, schema)}")
+        else:
+            value = json.dumps(error.instance, default=str)
+            value = value[:57] + "..." if len(value) > 60 else value
+            lines.append(f"config key {where}: {value} is not accepted; expected {_accepted(error, schema)}")
+    return lines
+
+
+def check_config(config: dict[str, Any], schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Validate ``config`` (schema, then names); return it with every default filled in. Raises ConfigError."""
+    from tasks import TASKS
+
+    from ..decoding.spec import accepted_args, method_names, proposer_kinds
+
+    schema = schema or load_schema()
+    if errors := schema_errors(config, schema):
+        raise ConfigError(errors[0])
+    config = fill_defaults(copy.deepcopy(config), schema)
+    proposers = {"proposer": config["proposer"]}  # the registered proposer kinds (decoding/proposers.py)
+    proposers |= {f"grids[{i}].proposer": g["proposer"] for i, g in enumerate(config["grids"]) if "proposer" in g}
+    for key, value in proposers.items():
+        if value not in proposer_kinds():
+            raise ConfigError(
+                f"config key {key}: {json.dumps(value)} is not accepted; expected one of " + ", ".join(proposer_kinds())
+            )
+    models = config["models"]
+    methods_ok = method_names()
+    for i, grid in enumerate(config["grids"]):
+        where = f"config key grids[{i}]"
+        for name, members in grid["model_sets"].items():
+            for j, m in enumerate(members):
+                text = f"{where}.model_sets.{name}[{j}]: model {m!r} is not defined under 'models'"
+                _known(m, models, text, "defined")
+        for j, method in enumerate(grid["methods"]):
+            _known(method, methods_ok, f"{where}.methods[{j}]: {method!r} is not a method")
+        for name in grid.get("datasets", config["datasets"]):
+            _known(name, sorted(TASKS), f"{where}.datasets: {name!r} is not a dataset")
+        usable = sorted(set().union(*(accepted_args(m) for m in grid["methods"])))
+        for key in grid.get("method_args", {}):
+            _known(key, usable, f"{where}.method_args.{key}: no method of grid {grid['name']!r} takes it")
+    usable = sorted({k for g in config["grids"] for m in g["methods"] for k in accepted_args(m)})
+    for key in config["method_args"]:  # the defaults of every grid: some method somewhere must take them
+        _known(key, usable, f"config key method_args.{key}: no method of any grid takes it")
+    for i, grid in enumerate(config["grids"]):  # the eagle proposer drafts from the large model's feature head
+        if "eagle" in grid.get("proposer", config["proposer"]).split("+"):
+            for name, members in grid["model_sets"].items():
+                if models[members[0]].get("eagle") is None:
+                    raise ConfigError(
+                        f"config key grids[{i}].proposer: eagle drafts from a feature head of the set's large model, "
+                        f"and models.{members[0]} (of set {name!r}) has none; give it eagle: {{}} (trained here) "
+                        "or eagle: <a head's directory>"
+                    )
+    names = [g["name"] for g in config["grids"]]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise ConfigError(f"config key grids: the grid name {dup!r} is used twice; grid names must be unique")
+    _check_teachers(models)
+    _check_results_dir(config["results"])
+    return config
+
+
+def _known(value: Any, accepted, problem: str, label: str = "accepted") -> None:
+    """Refuse ``value`` when it is not one of ``accepted``, listing them."""
+    if value not in accepted:
+        raise ConfigError(f"{problem}; {label}: {', '.join(accepted) or 'none'}")
+
+
+def _check_results_dir(results: str) -> None:
+    path = Path(results).expanduser().resolve()
+    if not results.strip() or path == Path(path.anchor):
+        raise ConfigError(
+            f"config key results: {results!r} is a filesystem root; give a directory of its own (default: results)"
+        )
+
+
+def _check_teachers(models: dict[str, Any]) -> None:
+    """A distilled model's recipe is one ``pipeline distill`` takes; its teacher is the bundled model or
+    another (not distilled) model of the config."""
+    import dataclasses
+
+    from pipeline.models import BUNDLED, ModelError, Recipe
+    from pipeline.models.student import StudentRecipe, recipe_from
+
+    for name, spec in models.items():
+        distill = spec.get("distill")
+        if distill is None:
+            continue
+        where = f"config key models.{name}.distill"
+        fields = {f.name: f for f in dataclasses.fields(StudentRecipe if own_tokenizer(spec) else Recipe)}
+        for key, value in distill.items():
+            if key in ("teacher", "tokenizer"):
+                continue
+            if key not in fields:
+                raise ConfigError(f"{where}: unknown key {key!r}; accepted: teacher, tokenizer, {', '.join(fields)}")
+            want_int = isinstance(fields[key].default, int)
+            ok = not isinstance(value, bool) and isinstance(value, int if want_int else int | float)
+            zero_ok = key in ("head_tokens", "seed", "warmup")
+            if not ok or value < 0 or (value == 0 and not zero_ok):
+                kind = "an integer" if want_int else "a number"
+                floor = ">= 0" if zero_ok else "> 0"
+                raise ConfigError(f"{where}.{key}: {value!r} is not accepted; expected {kind} {floor}")
+        if own_tokenizer(spec):  # a student with a tokenizer of its own: its tokenizer's settings
+            try:
+                recipe_from(distill, name)
+            except ModelError as err:
+                raise ConfigError(f"{where}: {err}") from None
+        teacher = distill.get("teacher", BUNDLED)
+        if not isinstance(teacher, str) or (teacher != BUNDLED and teacher not in models):
+            raise ConfigError(
+                f"{where}.teacher: {teacher!r} is not a model of this config; "
+                f"accepted: {', '.join(dict.fromkeys([BUNDLED, *models]))}"
+            )
+        if teacher in models and models[teacher].get("distill") is not None:
+            raise ConfigError(f"{where}.teacher: {teacher!r} is itself distilled; a teacher must be a full model")
+
+
+def model_entry(config: dict[str, Any], name: str) -> dict[str, Any]:
+    """A model of the config as ``pipeline prepare`` / ``generate`` take it (a teacher of the config
+    with its own source)."""
+    from pipeline.models.spec import config_entry
+
+    return config_entry(config["models"], name)
+
+
+def fill_defaults(config: dict[str, Any], schema: dict[str, Any], depth: int = 2) -> dict[str, Any]:
+    """Fill defaults from the schema, top level and one below (as Snakemake's ``validate(set_default=True)``)."""
+    for key, sub in schema["properties"].items():
+        if key not in config and "default" in sub:
+            config[key] = copy.deepcopy(sub["default"])
+        if depth > 1 and isinstance(config.get(key), dict) and "properties" in sub:
+            fill_defaults(config[key], sub, depth - 1)
+    return config

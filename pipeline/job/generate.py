@@ -1,0 +1,189 @@
+"""One grid cell's generation job: a model set, a method, a task, a gamma (docs/workflow.md, rule ``generate``).
+
+Samples are appended to a journal one by one (``journal.py``), so a job that dies resumes where it stopped. The
+job warms up before timing and runs the cell's baseline beside each sample (alternating which goes first), so the
+speed-up is a ratio measured side by side; a pair that was interfered with (``timing.py``) is run again, up to
+``timing.remeasure`` times, every attempt's timing kept (docs/speed.md, "Interference"). Hardware and library
+versions go to ``<out>.meta.json``, the speed judgement to ``<out>.speed.json`` (``judge.py``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tasks import get_task, render
+
+from ..decoding import generate
+from ..decoding.runner import engine_of
+from ..decoding.static import compile_ahead
+from ..decoding.tree.loop import parse_tree
+from ..errors import UserError
+from ..experiment.cell import Cell
+from ..files import writable_dir, write_atomic
+from ..measure.timing import Probe, provenance, run_record
+from ..models import decode_vocabulary, load_members
+from .journal import Journal, journal_lock
+from .judge import write_speed
+
+
+def environment() -> dict[str, Any]:
+    import transformers
+
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.is_available(),
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+STATS_KEYS = ("new_tokens", "wall_time_s", "forward_time_s", "rounds", "accepted", "models")
+
+
+def sample_check(cell: Cell):
+    """What a journal line must hold to count as one of this cell's samples."""
+
+    def stats_problem(stats: Any, where: str) -> str | None:
+        if not isinstance(stats, dict):
+            return f"no '{where}stats' object"
+        missing = [k for k in STATS_KEYS if k not in stats]
+        return f"'{where}stats' lacks {missing}" if missing else None
+
+    def check(row: dict[str, Any]) -> str | None:
+        if missing := [k for k in ("output", "token_ids", "stats") if k not in row]:
+            return f"missing fields {missing}"
+        if cell.baseline:
+            if not isinstance(row.get("baseline"), dict) or not {"output", "token_ids"} <= set(row["baseline"]):
+                return "no 'baseline' record (this cell runs its baseline beside each sample)"
+            return stats_problem(row["stats"], "") or stats_problem(row["baseline"].get("stats"), "baseline.")
+        return stats_problem(row["stats"], "")
+
+    return check
+
+
+def cell_key(cell: Cell) -> str:
+    """A short hash of everything that shapes the cell's samples (a journal is only resumed by its own cell).
+
+    How samples are timed and judged (``timing``) is left out: changing a threshold keeps the samples.
+    """
+    data = {k: v for k, v in cell.__dict__.items() if k not in ("timing", "policy")}
+    data["models"] = [m.__dict__ for m in cell.models]
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def run_cell(
+    cell: Cell, out: Path, progress: bool = True, journal: Path | None = None, speed: bool = True
+) -> dict[str, Any] | None:
+    """Generate every missing sample of ``cell`` into ``out``; return the speed summary.
+
+    Samples are appended to ``journal`` (default: ``out`` itself) as they are made; with a separate journal,
+    ``out`` appears only once the cell is complete (written from the journal), so a workflow manager that deletes
+    the outputs of a failed job never deletes generated samples. ``speed=False`` leaves the judge to its own rule.
+    """
+    out = Path(out)
+    journal = Path(journal) if journal else out
+    writable_dir(out.parent)
+    with journal_lock(journal):
+        return _run_cell(cell, out, progress, journal, speed)
+
+
+def _run_cell(cell: Cell, out: Path, progress: bool, journal: Path, speed: bool) -> dict[str, Any] | None:
+    """``run_cell``'s work, under the journal's lock."""
+    from tqdm import tqdm
+
+    task = get_task(cell.task)
+    examples = task.load(cell.size, cell.data_dir, cell.seed)
+    if cell.seed + len(examples) > 2**64:
+        raise UserError(f"seed={cell.seed}: the samples use seeds up to seed + {len(examples) - 1}, beyond 2**64-1")
+    log = Journal(journal, [ex.id for ex in examples], sample_check(cell))
+    done = log.recover()  # before the models load: a journal problem costs nothing
+    models, tokenizers = load_members(cell.models)
+    tokenizer = tokenizers[0]  # prompts are the first model's tokens
+    settings = {k: v for k, v in cell.__dict__.items() if k not in ("models", "policy")}
+    meta = {"environment": environment(), "cell": {**settings, "models": [m.name for m in cell.models]}}
+    write_atomic(out.with_suffix(".meta.json"), json.dumps(meta, indent=2, default=str) + "\n")
+    trees = {"tree": cell.tree} if cell.tree is not None else {}  # the method's own, never its baseline's
+    # every run of the cell: its models and settings (methods that do not speculate ignore gamma_schedule)
+    vocabulary = decode_vocabulary(models, tokenizers)  # different tokenizers: their union; padded heads: cropped
+    run = partial(
+        generate, models, eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer, **vocabulary, **cell.sampling()
+    )
+
+    rendered = [(ex, *render(task, ex, tokenizer, cell.chat)) for ex in examples]
+    prompts = {ex.id: tokenizer(prompt).input_ids for ex, prompt, _ in rendered}
+    first_ids = prompts[rendered[0][0].id]
+    run(
+        first_ids, cell.method, method_args=cell.method_args, seed=cell.seed, max_new_tokens=8, **trees
+    )  # warm-up, not recorded
+    if cell.baseline:
+        run(first_ids, cell.baseline, method_args=cell.baseline_args, seed=cell.seed, max_new_tokens=8)
+    nodes = parse_tree(cell.tree).nodes + 1 if cell.tree is not None else 0  # a tree's masked forwards too
+    compile_ahead(models, [len(p) + cell.max_new_tokens + 1 for p in prompts.values()], tree_tokens=nodes)
+    here = provenance(next(models[0].parameters()).device, {engine_of(m)[0] for m in models})
+    this_run = run_record()  # which run generated each sample: a resume or a requeue shows in the speed record
+    todo = [(i, r) for i, r in enumerate(rendered) if r[0].id not in done]
+    if done and progress:
+        print(f"resuming {journal}: {len(done)} of {len(rendered)} samples already generated", flush=True)
+        timed_on = {json.dumps(json.loads(line).get("provenance"), sort_keys=True) for line in done.values()}
+        if timed_on != {json.dumps(here, sort_keys=True)}:
+            print(f"warning: {journal} holds samples timed elsewhere; the cell will be flagged", flush=True)
+
+    stuck = 0  # consecutive pairs interfered on every attempt: the interference is persistent
+
+    def measure(i: int, ex, stops: list[str]) -> dict[str, Any]:
+        """One sample (and its baseline beside it), re-run while interfered, at most ``remeasure`` more times; run
+        once while two pairs or more in a row stayed interfered through every attempt (docs/speed.md)."""
+        nonlocal stuck
+        order = [("method", cell.method, cell.method_args, trees), ("baseline", cell.baseline, cell.baseline_args, {})]
+        order = [o for o in (order if i % 2 == 0 else order[::-1]) if o[1] is not None]
+        attempts, results = [], []
+        for _ in range(cell.policy.remeasure + 1 if stuck < 2 else 1):
+            outcome, timing = {}, {}
+            for role, method, args, extra in order:
+                with Probe() as probe:
+                    outcome[role] = run(
+                        prompts[ex.id], method, method_args=args, seed=cell.seed + i, stop_strings=stops, **extra
+                    )
+                timing[role] = {**probe.result, "interfered": cell.policy.thresholds.interfered(probe.result)}
+            attempts.append({"interfered": any(t["interfered"] for t in timing.values()), **timing})
+            results.append(outcome)
+            if not attempts[-1]["interfered"]:
+                break
+        counted = next((k for k, a in enumerate(attempts) if not a["interfered"]), None)
+        stuck = 0 if counted is not None else stuck + 1
+        if counted is None:  # interfered every time: the least interfered attempt counts, still flagged
+            counted = min(range(len(attempts)), key=lambda k: cell.policy.thresholds.worst(attempts[k]))
+        method, row = results[counted]["method"], {"id": ex.id}
+        if ex.meta.get("category"):
+            row["category"] = ex.meta["category"]
+        row.update(output=method.text, token_ids=method.token_ids, stats=method.stats.to_dict())
+        if getattr(method, "pieces", None) is not None:  # different tokenizers: union ids, and their text
+            row["pieces"] = method.pieces
+        if "baseline" in results[counted]:
+            b = results[counted]["baseline"]
+            row["baseline"] = {"output": b.text, "token_ids": b.token_ids, "stats": b.stats.to_dict()}
+        row["timing"] = {"attempts": attempts, "counted": counted}
+        row["provenance"], row["run"] = here, this_run
+        return row
+
+    with log.writer() as add:
+        for i, (ex, _, stops) in tqdm(todo, desc=f"{cell.method} {cell.task}", disable=not progress):
+            add(measure(i, ex, stops))
+    rows = log.finish(out)  # every sample, each id once, in the task's order
+    summary = write_speed(cell, out, rows, prompts) if speed else None
+    if journal != out:
+        journal.unlink()  # last: until here a crash leaves every sample in the journal
+    return summary

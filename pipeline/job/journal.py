@@ -1,0 +1,118 @@
+"""The generation journal: one JSON line per sample, appended and synced as samples are made.
+
+A job that dies resumes from it; recovery judges every line on its own, keeps good samples byte for byte and
+moves any other line to ``<journal>.rejected`` with its reason (docs/workflow.md: what a line must be).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from ..files import ResultsError, exclusive, open_own, writable_dir, write_atomic
+
+Check = Callable[[dict[str, Any]], str | None]  # a sample's problem in words, or None when it is valid
+
+
+def journal_lock(path: Path):
+    """One job per journal at a time (``files.exclusive`` on ``<journal>.lock``): a second job on a cell being
+    generated stops at once with one line naming the first; a job whose holder died takes over and resumes."""
+    return exclusive(Path(f"{path}.lock"), f"the cell journal {path}")
+
+
+class Journal:
+    def __init__(self, path: Path, ids: Iterable[str], check: Check):
+        self.path = Path(path)
+        self.ids = list(ids)
+        self._known = set(self.ids)
+        self.check = check
+        self.rejected = Path(f"{self.path}.rejected")
+        writable_dir(self.path.parent)
+
+    def _judge(self, line: bytes, seen: dict[str, bytes], torn: bool) -> tuple[str | None, str | None]:
+        """(id, None) for a good sample, (None, reason) for a line to reject."""
+        try:
+            row = json.loads(line)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return None, "a line torn by a crash mid-write" if torn else "not valid JSON"
+        if not isinstance(row, dict):
+            return None, f"a JSON {type(row).__name__}, not an object"
+        sample_id = row.get("id")
+        if not isinstance(sample_id, str):
+            return None, "no string 'id'"
+        if sample_id not in self._known:
+            return None, f"id {sample_id!r} is not an example of this cell"
+        if sample_id in seen:
+            return None, f"a second line for id {sample_id!r} (the first is kept)"
+        problem = self.check(row)
+        return (None, problem) if problem else (sample_id, None)
+
+    def recover(self) -> dict[str, bytes]:
+        """The good samples by id (each line's bytes, without its newline); the journal is repaired in place."""
+        if not self.path.exists():
+            return {}
+        data = self.path.read_bytes()
+        lines = data.split(b"\n")
+        unterminated = not data.endswith(b"\n") and data != b""
+        if not unterminated:
+            lines.pop()  # the empty piece after the final newline
+        kept: dict[str, bytes] = {}
+        rejects: list[tuple[int, bytes, str]] = []
+        blank = False
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                blank = True
+                continue
+            sample_id, reason = self._judge(line, kept, torn=unterminated and n == len(lines))
+            if sample_id is None:
+                rejects.append((n, line, reason or "invalid"))
+            else:
+                kept[sample_id] = line
+        if rejects or unterminated or blank:
+            self._set_aside(rejects)
+            write_atomic(self.path, b"".join(line + b"\n" for line in kept.values()))
+        return kept
+
+    def _set_aside(self, rejects: list[tuple[int, bytes, str]]) -> None:
+        if not rejects:
+            return
+        records = [
+            {"journal": str(self.path), "line": n, "reason": reason, "raw": raw.decode("utf-8", "surrogateescape")}
+            for n, raw, reason in rejects
+        ]
+        try:
+            with open_own(self.rejected, "a", "the journal's set-aside records") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in records))
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as err:
+            raise ResultsError(f"cannot write {self.rejected}: {err.strerror}; nothing was changed") from None
+        for n, _, reason in rejects:
+            print(f"warning: {self.path} line {n}: {reason}; moved to {self.rejected}", file=sys.stderr, flush=True)
+
+    @contextlib.contextmanager
+    def writer(self):
+        """A function that appends one sample to the journal and syncs it to disk."""
+        f = open_own(self.path, "a", "the journal")  # never through a link: one line instead
+
+        def add(row: dict[str, Any]) -> None:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+        with f:
+            yield add
+
+    def finish(self, out: Path) -> list[dict[str, Any]]:
+        """Write every sample to ``out`` in the task's order (atomically); return them. The journal stays."""
+        kept = self.recover()
+        if missing := [i for i in self.ids if i not in kept]:
+            raise ResultsError(f"{self.path}: {len(missing)} samples missing (first: {missing[0]!r})")
+        ordered = [kept[i] for i in self.ids]
+        write_atomic(out, b"".join(line + b"\n" for line in ordered))
+        return [json.loads(line) for line in ordered]

@@ -1,0 +1,48 @@
+"""The speed judge: a finished cell's samples judged into ``<out>.speed.json`` (``speed.summarize``, with the
+exactness of a greedy cell against its baseline, ``exactness.py``), and how interfered a timed attempt was.
+
+The generation job calls it once its samples are complete; the workflow runs it as its own rule (``pipeline
+speed``), so that changing how speed is judged never regenerates a sample.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tasks import get_task, render
+
+from ..experiment.cell import Cell
+from ..files import read_jsonl, write_atomic
+from ..measure.speed import summarize
+
+
+def prompt_ids(cell: Cell) -> dict[str, list[int]]:
+    """Each example's prompt as token ids, as the generation job rendered it."""
+    from transformers import AutoTokenizer
+
+    from ..models import resolve
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve(cell.models[0]))
+    task = get_task(cell.task)
+    examples = task.load(cell.size, cell.data_dir, cell.seed)
+    return {ex.id: tokenizer(render(task, ex, tokenizer, cell.chat)[0]).input_ids for ex in examples}
+
+
+def write_speed(
+    cell: Cell, out: Path, rows: list[dict[str, Any]] | None = None, prompts: dict[str, list[int]] | None = None
+) -> dict[str, Any]:
+    """Judge a finished cell's samples (``speed.summarize``, exactness at T=0) into ``<out>.speed.json``."""
+    out = Path(out)
+    rows = read_jsonl(out) if rows is None else rows
+    exact = None
+    if cell.baseline and cell.temperature == 0:
+        from .exactness import check
+
+        mismatched = any(r["token_ids"] != r["baseline"]["token_ids"] for r in rows)
+        prompts = prompts if prompts is not None or not mismatched else prompt_ids(cell)
+        exact = check(rows, prompts or {}, cell.models, cell.baseline, cell.baseline_args, cell.policy.near_tie_nats)
+    summary = summarize(rows, cell.policy, exact)
+    write_atomic(out.with_suffix(".speed.json"), json.dumps(summary, indent=2) + "\n")
+    return summary

@@ -1,0 +1,275 @@
+"""An experiment's figures in one long frame, read once from its files (``collect`` returns ``Collected``).
+
+``cells``: one row per finished cell of the grid, its dims (``grid_dims``), ``T``, ``unstable`` and ``flags``.
+``figures``: one row per figure (``FIGURE``): its cell, metric (a speed record's name, ``q:<name>`` for a task
+metric, ``speedup_vs_standard``/``speedup_vs_large`` across cells, ``speedup_vs_peer``), category (a Spec-Bench
+category, the peer, or the model/position of a list such as ``tau_by_model``; empty for the whole cell), value (as
+read), its interval (low, high; NaN without one) and whether it is unstable. ``scored``: the log-likelihood
+figures, per distribution. ``reported``: the paper's figures, when they name this experiment.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ..experiment.cell import Dims
+from ..files import ResultsError, read_jsonl, read_user_json
+from ..measure.intervals import bootstrap_interval
+from ..measure.speed import Policy, halfwidth, paired_speedup, relative_speedup
+from .results_file import RATIOS, load_reported
+
+ROW = ["model_set", "method", "T"]
+NULL_LABEL = "{method} vs itself (null)"  # how the tables name the null cell (grid.null_cell)
+CELL = [*ROW, "gamma", "dataset"]  # one cell of a table
+FIGURE = ["cell", "metric", "category", "value", "low", "high", "unstable"]
+SPEED = (  # a speed record's own figures
+    "samples new_tokens tokens_per_s baseline_tokens_per_s speedup_side_by_side tau tau_by_model acceptance_rate "
+    "draft_acceptance_rate position_acceptance predicted_speedup pairs_interfered pairs_remeasured overhead "
+    "union_size union_map_s"
+).split()
+LISTS = ("tau_by_model", "position_acceptance")  # one figure per model of the set / per position of a block
+EXACTNESS = {"exact_match": "rate", "mismatches_numerics": "numerics", "mismatches_bug": "bugs"}
+EXACTNESS["mismatches_unchecked"] = "unchecked"
+
+
+@dataclass
+class Collected:
+    cells: pd.DataFrame
+    figures: pd.DataFrame
+    scored: pd.DataFrame
+    confidence: float
+    reported: dict[str, Any] | None
+    drafts: pd.DataFrame  # the distilled models the grid uses: how each was trained, how well it proposes
+    beside: pd.DataFrame  # what ran beside each cell's timed pairs (``beside_runs``)
+
+
+def _record(path: Path, what: str, kind: type = dict) -> Any:
+    """A results file the aggregate reads; one line naming it when it is damaged (its job makes it again once it
+    is deleted)."""
+    found = read_user_json(path, what)
+    if not isinstance(found, kind):
+        shape = "an object" if kind is dict else "a list"
+        raise ResultsError(f"{what} {path} is not {shape} of JSON; delete it and run the workflow again")
+    return found
+
+
+def grid_dims(results: Path) -> list[dict[str, Any]]:
+    """The dims of each cell of the grid (``grid.json``, written by the workflow), in the grid's order, read
+    through the one type of a cell's dimensions (``cell.Dims``), in grid.json's key order (cells.csv's columns)."""
+    return [{**d, **Dims.from_json(d).to_json()} for d in _record(results / "grid.json", "the grid index", list)]
+
+
+def cell_figures(cell: str, speed: dict[str, Any], summary: dict[str, Any]) -> list[tuple]:
+    """A cell's figures: its speed record's (``.speed.json``) and its task metrics' (``.summary.json``)."""
+    out, unstable, exact = [], bool(speed.get("unstable")), speed.get("exactness") or {}
+
+    def add(metric, value, low=None, high=None, category="", unstable=unstable):
+        if value is not None or metric in LISTS:  # a list's missing figure kept in its place (shown "-")
+            out.append((cell, metric, category, value, low, high, unstable))
+
+    def side_by_side(record):  # a speed-up measured beside its baseline in the same job, with its interval
+        return record.get("speedup_side_by_side"), record.get("speedup_ci_low"), record.get("speedup_ci_high")
+
+    for metric in SPEED:
+        if metric in LISTS:
+            for i, value in enumerate(speed.get(metric) or [], 1):
+                add(metric, value, category=str(i))
+        else:
+            add(metric, *(side_by_side(speed) if metric == "speedup_side_by_side" else [speed.get(metric)]))
+    for metric, key in EXACTNESS.items() if exact else ():
+        add(metric, exact.get(key, None if key == "rate" else 0))
+    for c, part in (speed.get("by_category") or {}).items():
+        add("speedup_side_by_side", *side_by_side(part), category=c)
+        add("tokens_per_s", part["tokens_per_s"], category=c)
+        add("tau", part.get("tau"), category=c)
+    quality = {k: v for k, v in summary.items() if k not in ("task", "samples") and isinstance(v, int | float)}
+    bounds = {f"{k}{s}" for k in quality for s in ("_low", "_high")}
+    for k, v in quality.items():
+        if k not in bounds:
+            add(f"q:{k}", v, quality.get(f"{k}_low"), quality.get(f"{k}_high"), unstable=False)
+    return out
+
+
+def collect(results: Path, reported: dict[str, Any] | None = None) -> Collected:
+    """Every figure of the grid's finished cells (those with a ``.speed.json``); ``reported``: the paper's
+    figures (default: config/paper_reported.yaml)."""
+    results = Path(results)
+    records, rows, speeds, samples, policy = [], [], {}, {}, Policy()
+    for dims in grid_dims(results):
+        base = results / "generations" / f"{dims['id']}.jsonl"
+        if not base.with_suffix(".speed.json").exists():
+            continue
+        speed = speeds[dims["id"]] = _record(base.with_suffix(".speed.json"), "the speed record")
+        policy = Policy.from_dict(speed.get("policy"))  # the cells' own: one config judged them all
+        samples[dims["id"]] = read_jsonl(base)
+        summary = base.with_suffix(".summary.json")
+        rows += cell_figures(dims["id"], speed, _record(summary, "the score summary") if summary.exists() else {})
+        record = {k: v for k, v in dims.items() if k != "models"} | {"models": " + ".join(dims["models"])}
+        if dims.get("control") == "null":  # the run's own control, a row of its own in every table (grid.null_cell)
+            record |= {"method": NULL_LABEL.format(method=dims["method"]), "kind": "null"}
+        records.append(record | {"unstable": bool(speed.get("unstable")), "flags": "; ".join(speed.get("flags", []))})
+    cells = pd.DataFrame.from_records(records)
+    if not cells.empty:
+        cells["gamma"] = cells["gamma"].fillna("")
+        cells["T"] = cells["temperature"].map(lambda t: f"{t:g}")
+        rows += ratios(cells, rows, samples, policy) + over_peers(cells, samples, speeds)
+    figures = pd.DataFrame(rows, columns=FIGURE, dtype=object).astype({"low": float, "high": float, "unstable": bool})
+    reported = load_reported() if reported is None else reported
+    named = reported.get("experiment") in set(cells.get("experiment", []))
+    scores = scored(cells, results)
+    reported = reported if named else None
+    return Collected(cells, figures, scores, policy.confidence, reported, drafts(results), beside_runs(speeds))
+
+
+BESIDE = ["cell", "process", "pairs", "interfered", "cpu_s"]
+
+
+def beside_runs(speeds: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    """What took CPU time beside each cell's timed pairs (``.speed.json``'s ``beside``, ``speed.beside_pairs``):
+    one row per cell and process; ``process`` ``""``: every timed pair of the cell."""
+    rows = []
+    for cell, speed in speeds.items():
+        if "beside" not in speed:
+            continue
+        rows.append([cell, "", speed.get("samples", 0), speed.get("pairs_interfered", 0), 0.0])
+        rows += [[cell, p, v["pairs"], v["interfered"], v["cpu_s"]] for p, v in speed["beside"].items()]
+    return pd.DataFrame(rows, columns=BESIDE)
+
+
+DRAFT_FACTS = (  # a distilled model's record (``models/<name>.json``, ``distilled``) -> the drafts table's columns
+    "teacher loss steps agreement agreement_with_lookup acceptance_t1 acceptance_t1_with_lookup agreement_prefix "
+    "eval_tokens eval_positions final_loss threads train_seconds total_seconds"
+).split()
+
+
+def drafts(results: Path) -> pd.DataFrame:
+    """One row per distilled model or feature head prepared for the grid (``models/*.json``: ``distilled``,
+    ``feature_head``)."""
+    rows = []
+    for path in sorted((results / "models").glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+            made = [(path.stem, record.get("distilled")), (f"{path.stem} (eagle)", record.get("feature_head"))]
+        except (OSError, ValueError, AttributeError):
+            continue  # not a model record: the preparation's own files are checked where they are written
+        for name, facts in made:
+            if isinstance(facts, dict):
+                facts = {**facts, "loss": (facts.get("recipe") or {}).get("loss", "ce")}
+                rows.append(
+                    {"model": name, "kind": facts.get("kind", "draft")} | {k: facts.get(k) for k in DRAFT_FACTS}
+                )
+    return pd.DataFrame.from_records(rows, columns=["model", "kind", *DRAFT_FACTS])
+
+
+def ratios(cells: pd.DataFrame, rows: list[tuple], samples: dict[str, list], policy: Policy) -> list[tuple]:
+    """Speed-ups over the standard method (side by side when measured) and over the large model's own cell. A
+    ratio across cells (prompts paired by id) is unstable when either cell is, or when its interval is too wide."""
+    key = ["dataset", "temperature"]
+    large = cells[cells["method"] == "large_model"].set_index([*key, "model_set"])["id"]
+    plain = cells[cells["kind"] == "plain"].set_index([*key, "model_set", "method"])["id"]
+    unstable = cells.set_index("id")["unstable"]
+    side_by_side = {f[0]: f[3:6] for f in rows if f[1] == "speedup_side_by_side" and not f[2]}
+
+    def across(r, ref):  # the cell's speed over another cell's on the prompts both ran (paired by id)
+        if not isinstance(ref, str):
+            return None
+        other = {x["id"]: x["stats"] for x in samples[ref]}
+        found = paired_speedup([(x["stats"], other[x["id"]]) for x in samples[r["id"]] if x["id"] in other], policy)
+        if found is None:
+            return None
+        hw = halfwidth(*found[:3])
+        return (*found[:3], bool(r["unstable"] or unstable[ref] or (hw is not None and hw > policy.max_halfwidth)))
+
+    def vs_large(r):
+        return across(r, large.get((r["dataset"], r["temperature"], r["large_model"])))
+
+    def vs_standard(r):
+        if not isinstance(r["standard"], str):
+            return None
+        if r["kind"] == "plain":
+            return 1.0, None, None, bool(r["unstable"])  # an ensemble is its own standard
+        if r["id"] in side_by_side:
+            return (*side_by_side[r["id"]], bool(r["unstable"]))
+        if r["standard"] == "large_model":
+            return vs_large(r)
+        return across(r, plain.get((r["dataset"], r["temperature"], r["model_set"], r["standard"])))
+
+    found = [
+        (name, r["id"], fn(r))
+        for name, fn in (("speedup_vs_large", vs_large), ("speedup_vs_standard", vs_standard))
+        for _, r in cells.iterrows()
+    ]
+    return [(cell, name, "", *v) for name, cell, v in found if v is not None]
+
+
+def over_peers(cells: pd.DataFrame, samples: dict[str, list], speeds: dict[str, dict]) -> list[tuple]:
+    """Ours over transformers' own methods (``hf_*``, the category): each speculative cell of ours against each
+    peer cell of the same model set, dataset and T, as the ratio of their side-by-side speed-ups."""
+    peers, ours = cells[cells["kind"] == "peer"], cells[cells["kind"].isin(["sd", "se"])]
+    out, key = [], ["model_set", "dataset", "temperature"]
+    for _, p in peers.iterrows():
+        policy = Policy.from_dict(speeds[p["id"]].get("policy"))
+        for _, o in ours[(ours[key] == p[key]).all(axis=1)].iterrows():
+            if (ratio := relative_speedup(samples[o["id"]], samples[p["id"]], policy)) is not None:
+                peer, unstable = f"{p['method']} (γ={p['gamma']})", bool(o["unstable"] or p["unstable"])
+                out.append((o["id"], "speedup_vs_peer", peer, *ratio, unstable))
+    return out
+
+
+def scored(cells: pd.DataFrame, results: Path) -> pd.DataFrame:
+    """The log-likelihood figures (``likelihood/<task>.json``) of each distribution the grid's cells draw from,
+    with the methods that share it and its first cell's place (the rows follow the grid); an ensemble's figures
+    minus its large model's on the same questions (``<task> <metric> - large``) with a paired bootstrap interval."""
+    order: dict[str, int] = {}  # each method of a set by its first cell
+    for i, use in enumerate(f"{m} ({s})" for m, s in zip(cells.get("method", []), cells.get("model_set", []))):
+        order.setdefault(use, i)
+    rows = []
+    for path in sorted((results / "likelihood").glob("*.json")):
+        found = json.loads(path.read_text())
+        for key, score in found["scores"].items():
+            uses = sorted((u for u in score.get("uses", []) if u in order), key=order.get)
+            if not uses:
+                continue  # a distribution of another config's grid
+            head, task = (key, "; ".join(uses), order[uses[0]]), found["task"]
+            for metric, f in score["metrics"].items():
+                rows.append((*head, f"{task} {metric} (n={found['questions']})", f["value"], f["low"], f["high"]))
+            ref = found["scores"].get(score.get("models", [key])[0])
+            for metric, values in score["per_question"].items() if ref is not None and ref is not score else ():
+                diff = [a - b for a, b in zip(values, ref["per_question"][metric])]
+                rows.append((*head, f"{task} {metric} - large", sum(diff) / len(diff), *bootstrap_interval(diff)))
+    return pd.DataFrame(rows, columns=["distribution", "methods", "first", "metric", "value", "low", "high"])
+
+
+def joined(values) -> str | None:
+    """Per-model or per-position figures as one text: ``2.50 1.25``, ``-`` for a missing one."""
+    return " ".join("-" if v is None else f"{v:.2f}" for v in values) if values else None
+
+
+def parts(found: Collected) -> dict[str, dict[tuple[str, str], Any]]:
+    """cell -> (metric, category) -> its figure."""
+    out: dict[str, dict[tuple[str, str], Any]] = {cell: {} for cell in found.cells.get("id", [])}
+    for f in found.figures.itertuples(index=False):
+        out[f.cell][(f.metric, f.category)] = f
+    return out
+
+
+def per_cell(found: Collected, metrics) -> pd.DataFrame:
+    """The cells' rows with each of ``metrics`` (its whole-cell figure) as columns: ``<metric>``, its interval
+    (``_low``, ``_high``) where the metric has one, a ratio's ``_unstable``; a list's figures joined in one text."""
+    bounded = {*RATIOS, "speedup_side_by_side", *found.figures["metric"][found.figures["low"].notna()]}
+    records = []
+    for mine in parts(found).values():
+        record = {}
+        for m, f in ((m, mine.get((m, ""))) for m in metrics):
+            record[m] = joined([g.value for (n, _), g in mine.items() if n == m]) if m in LISTS else f and f.value
+            record |= {f"{m}_low": f and f.low, f"{m}_high": f and f.high} if m in bounded else {}
+            record |= {f"{m}_unstable": bool(f and f.unstable)} if m in RATIOS else {}
+        records.append(record)
+    wide = pd.DataFrame.from_records(records, index=found.cells.index)
+    floats = [c for c in wide.columns if c in RATIOS or c.endswith(("_low", "_high"))]
+    return pd.concat([found.cells, wide.astype(dict.fromkeys(floats, float))], axis=1)

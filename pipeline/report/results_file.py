@@ -1,0 +1,191 @@
+"""One machine-readable file per experiment, ``results/<exp>/results.json`` (docs/workflow.md: every cell's speed,
+quality and config, and the versions, commit and machine that made them), and the paper beside ours
+(``paper_vs_ours``: the speed-ups of ``config/paper_reported.yaml`` beside ours, with whether each lies in our
+interval).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fnmatch
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from .. import ROOT
+
+LIBRARIES = ("torch", "transformers", "snakemake", "lm_eval", "wandb", "pandas", "numpy", "scipy")
+SPEED_KEYS = (
+    "samples new_tokens wall_time_s tokens_per_s baseline_tokens_per_s speedup_side_by_side speedup_ci_low "
+    "speedup_ci_high speedup_ci_method confidence tau tau_by_model acceptance_rate draft_acceptance_rate "
+    "predicted_speedup overhead union_size union_map_s pairs_interfered pairs_remeasured unstable flags provenance"
+).split()
+RATIOS = ("speedup_vs_standard", "speedup_vs_large")  # computed across cells by the aggregate step
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready: NaN to None, numpy scalars to Python ones, recursively."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, str):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def versions() -> dict[str, str | None]:
+    """Installed versions of the libraries the results depend on (None: not installed)."""
+    out = {}
+    for name in LIBRARIES:
+        try:
+            out[name] = metadata.version(name.replace("_", "-"))
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def git_state(root: Path = ROOT) -> dict[str, Any]:
+    """The commit of the checkout and whether its tree had uncommitted changes (None outside a git checkout)."""
+
+    def git(*args: str) -> str | None:
+        try:
+            run = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return run.stdout if run.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit.strip() if commit else None, "dirty": None if status is None else bool(status.strip())}
+
+
+def machine() -> dict[str, Any]:
+    """The machine the results were aggregated on (each cell's own timing host is in its speed record)."""
+    cpu = None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpus: list[str] = []
+    if shutil.which("nvidia-smi"):
+        try:
+            run = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+            )
+            gpus = [g.strip() for g in run.stdout.splitlines() if g.strip()] if run.returncode == 0 else []
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu": cpu or platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "gpus": gpus,
+    }
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def cell_record(results: Path, row: pd.Series) -> dict[str, Any]:
+    """One cell of ``results.json``: its speed, quality and config (``row``: its row of cells.csv)."""
+    base = results / "generations" / f"{row['id']}.jsonl"
+    speed = _read(base.with_suffix(".speed.json")) or {}
+    record = {k: speed.get(k) for k in SPEED_KEYS}
+    for name in RATIOS:
+        for suffix in ("", "_low", "_high", "_unstable"):
+            record[name + suffix] = row.get(name + suffix)
+    summary = _read(base.with_suffix(".summary.json")) or {}
+    quality = {k: v for k, v in summary.items() if k != "samples"}
+    cell_file = _read(results / "cells" / f"{row['id']}.json") or {}
+    dims = cell_file.get("dims") or {k: row.get(k) for k in ("dataset", "model_set", "method", "temperature", "gamma")}
+    return {"id": row["id"], "dims": dims, "speed": record, "quality": quality, "config": cell_file.get("cell")}
+
+
+def results_document(results: Path, df: pd.DataFrame) -> dict[str, Any]:
+    """Everything ``results.json`` holds (``df``: the cells' rows, as ``figures.per_cell`` gives them)."""
+    experiment = str(df["experiment"].iloc[0]) if "experiment" in df else None
+    return _plain(
+        {
+            "experiment": experiment,
+            "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "confidence": df.attrs.get("confidence"),
+            "cells": [cell_record(results, row) for _, row in df.iterrows()],
+            "versions": versions(),
+            "git": git_state(),
+            "machine": machine(),
+        }
+    )
+
+
+def write_results_file(results: Path, df: pd.DataFrame) -> Path:
+    from ..files import write_atomic
+
+    path = results / "results.json"
+    write_atomic(path, json.dumps(results_document(results, df), indent=1, allow_nan=False) + "\n")
+    return path
+
+
+# ---- the paper beside ours --------------------------------------------------------------------------
+
+
+def load_reported(path: Path = ROOT / "config" / "paper_reported.yaml") -> dict[str, Any]:
+    return yaml.safe_load(Path(path).read_text())
+
+
+def paper_vs_ours(speed: pd.DataFrame, reported: dict[str, Any]) -> pd.DataFrame:
+    """Each figure the paper reports beside ours (``speed``: the speed-up table's numbers, one row per model set x
+    method x T, columns per dataset). A figure names a method (a glob: ``*_se``), and may name a model set, a T
+    and a dataset (absent: every one); it is a single speed-up (``speedup``) or a range (``low``, ``high``).
+    ``paper_in_our_interval``: whether the paper's figure lies in our interval; ``ours_in_paper_range``: whether
+    our estimate lies in the paper's range. A figure without a number stays empty."""
+    rows = []
+    table = speed.reset_index()
+    datasets = [c.removesuffix("_low") for c in table.columns if c.endswith("_low") and c != "Overall_low"]
+    for fig in reported.get("figures", []):
+        for _, r in table[table["method"].map(lambda m, f=fig: fnmatch.fnmatch(m, f["method"]))].iterrows():
+            if fig.get("model_set") not in (None, r["model_set"]) or fig.get("T") not in (None, str(r["T"])):
+                continue
+            for ds in datasets if fig.get("dataset") is None else [fig["dataset"]]:
+                ours, low, high = (r.get(f"{ds}{s}") for s in ("", "_low", "_high"))
+                if ours is None or pd.isna(ours):
+                    continue
+                paper, p_low, p_high = fig.get("speedup"), fig.get("low"), fig.get("high")
+                inside = bool(pd.notna(low) and pd.notna(high) and low <= paper <= high) if paper is not None else None
+                in_range = bool(p_low <= ours <= p_high) if p_low is not None and p_high is not None else None
+                rows.append(
+                    {
+                        "model_set": r["model_set"],
+                        "method": r["method"],
+                        "T": r["T"],
+                        "dataset": ds,
+                        "paper": paper,
+                        "paper_low": p_low,
+                        "paper_high": p_high,
+                        "paper_source": fig.get("source"),
+                        "ours": ours,
+                        "ours_low": low,
+                        "ours_high": high,
+                        "paper_in_our_interval": inside,
+                        "ours_in_paper_range": in_range,
+                    }
+                )
+    if not rows:
+        return pd.DataFrame()
+    return pd.DataFrame(rows).set_index(["model_set", "method", "T", "dataset"])

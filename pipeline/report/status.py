@@ -1,0 +1,209 @@
+"""Where an experiment stands, from its results directory alone: ``pipeline status RESULTS`` and
+``pipeline rerun RESULTS --unstable``.
+
+A cell is *done* when it is judged and scored (``.speed.json``, ``.summary.json``); *running* when its
+generation's journal exists without the final ``.jsonl``, or a step's log exists, its output does not, and
+the log ends without an error; *failed* when a step's log ends in an error and its output is missing (the
+cause: the log's error line); *pending* otherwise. A cell whose speed judge raised flags is *unstable*
+(done, but measured under interference or with too wide an interval; ``rerun_unstable`` sets them aside).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import UserError
+
+# a cell's steps in order: the rule's log directory and the file its success leaves
+STEPS = (("generate", ".jsonl"), ("speed", ".speed.json"), ("score", ".summary.json"), ("wandb", ".wandb.json"))
+# every file a cell's jobs write next to its samples
+CELL_FILES = (".jsonl", ".meta.json", ".speed.json", ".scores.jsonl", ".summary.json", ".wandb.json")
+CELL_FILES += (".wandb.failed.json",)
+# the aggregate tables the default target asks for (an unchanged table would not make the workflow rerun a cell)
+TABLES = ("tables/cells.csv", "tables/summary.md")
+ERROR_LINE = re.compile(r"^(error\b|[\w.]*(Error|Exception)\b|Killed|Traceback)|\bout of memory\b", re.I)
+
+
+@dataclass
+class Status:
+    done: list[str] = field(default_factory=list)
+    running: list[str] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)  # cell (or "model <name>") -> its one-line cause
+    unstable: dict[str, str] = field(default_factory=dict)  # cell -> its flags
+
+
+def cause(log: Path) -> str | None:
+    """The one-line cause a failed job's log gives: its last error line (None when it names no error)."""
+    try:
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return None
+    return next((line[:300] for line in reversed(lines) if ERROR_LINE.search(line)), None)
+
+
+def cell_ids(results: Path) -> list[str]:
+    """The cells of a results directory, from its index (grid.json, written by the workflow)."""
+    index = Path(results) / "grid.json"
+    try:
+        ids = [dims["id"] for dims in json.loads(index.read_bytes())]
+    except (OSError, ValueError, KeyError, TypeError) as err:  # ValueError: not JSON, or not UTF-8
+        said = f"{type(err).__name__}: {err}"
+        raise UserError(f"results directory {results}: no readable grid.json ({said[:120]})") from None
+    for cell in ids:
+        parts = Path(cell).parts if isinstance(cell, str) else ()
+        if not parts or Path(cell).is_absolute() or ".." in parts or "\0" in cell or cell != Path(cell).as_posix():
+            shown = repr(cell) if len(repr(cell)) <= 80 else repr(cell)[:77] + "..."
+            raise UserError(
+                f"{index}: cell id {shown} is not a path inside the results directory (expected names such as "
+                "humaneval/pair/sd-T0-g2); the file is not the workflow's"
+            )
+    return ids
+
+
+def flags(speed: Path) -> list[str]:
+    """The speed judge's flags of a cell (empty when it has none or is not judged yet). A ``.speed.json`` that
+    is there but is no speed record (damaged, not JSON, not an object) is a flag of its own: its cell cannot be
+    trusted until judged again (``rerun --unstable`` sets it aside)."""
+    if not speed.exists():
+        return []
+    try:
+        record = json.loads(speed.read_bytes())
+    except (OSError, ValueError) as err:  # ValueError: not JSON, or not UTF-8
+        return [f"{speed.name} cannot be read ({type(err).__name__}); judge the cell again"]
+    found = record.get("flags") if isinstance(record, dict) else None
+    if not isinstance(record, dict) or not isinstance(found or [], list):
+        return [f"{speed.name} is not a speed record (a JSON {type(record).__name__}); judge the cell again"]
+    return [str(f) for f in found or []]
+
+
+def model_failures(results: Path) -> dict[str, str]:
+    """``model <name>`` -> cause, for each model whose fetch or preparation failed."""
+    failed = {}
+    for log in sorted((results / "logs" / "prepare").glob("*.log")):
+        name = log.name.removesuffix(".log").removesuffix(".fetch")
+        if not (results / "models" / f"{name}.json").exists() and (why := cause(log)):
+            failed.setdefault(f"model {name}", why)
+    return failed
+
+
+def status(results: Path) -> Status:
+    results = Path(results)
+    gen, logs = results / "generations", results / "logs"
+    out = Status(failed=model_failures(results))
+    for cell in cell_ids(results):
+        base = gen / cell
+        if found := flags(base.with_name(base.name + ".speed.json")):
+            out.unstable[cell] = "; ".join(found)
+        journal = (results / "journal" / cell).parent.glob(f"{Path(cell).name}-*.jsonl")
+        state = "running" if any(journal) else "pending"
+        for step, made in STEPS:  # the first step without its output and with a log tells where the cell is
+            log = logs / step / f"{cell}.log"
+            if base.with_name(base.name + made).exists() or not log.exists():
+                continue
+            if why := cause(log):
+                out.failed[cell] = f"{step}: {why}"
+                state = "failed"
+            else:
+                state = "running"
+            break
+        if state == "failed":
+            continue
+        if all(base.with_name(base.name + s).exists() for s in (".speed.json", ".summary.json")):
+            state = "done"
+        getattr(out, state).append(cell)
+    return out
+
+
+def failure_lines(results: Path) -> list[str]:
+    """One line per failed model or cell (``model <name>: <cause>``, ``cell <id>: <step>: <cause>``): what the
+    workflow prints when it fails."""
+    try:
+        failed = status(results).failed
+    except UserError:  # before the grid was written: the models only
+        failed = model_failures(Path(results))
+    return [f"{name if name.startswith('model ') else 'cell ' + name}: {why}" for name, why in failed.items()]
+
+
+def report(results: Path) -> str:
+    """``pipeline status``: counts, then each failed cell with its cause and each unstable cell with its flags."""
+    s = status(results)
+    cells = len(s.done) + len(s.running) + len(s.pending) + len([c for c in s.failed if not c.startswith("model ")])
+    lines = [
+        f"{cells} cells: {len(s.done)} done, {len(s.running)} running, {len(s.failed)} failed, "
+        f"{len(s.pending)} pending; {len(s.unstable)} flagged unstable"
+    ]
+    lines += [f"failed  {name}: {why}" for name, why in s.failed.items()]
+    lines += [f"running {cell}" for cell in s.running]
+    lines += [f"unstable {cell}: {why}" for cell, why in s.unstable.items()]
+    if s.unstable:
+        lines.append(f"to measure the unstable cells again: pipeline rerun {results} --unstable, then the workflow")
+    return "\n".join(lines)
+
+
+def rerun_unstable(results: Path) -> list[str]:
+    """Move the flagged cells' files (generations, judgements, scores, W&B records, logs) under
+    ``RESULTS/rerun/<time>/``, with the aggregate tables they were in; the workflow then runs those cells and
+    the aggregate steps again, and nothing else. Returns the cells.
+
+    All or none: every directory a file leaves or enters is checked writable before anything moves, a move
+    across filesystems copies then deletes (``shutil.move``), and a move that fails puts back every file
+    already moved before its one-line ``UserError``: a cell is never left half set aside."""
+    results = Path(results)
+    flagged = list(status(results).unstable)
+    aside = results / "rerun" / time.strftime("%Y%m%d-%H%M%S")
+    sources: dict[Path, None] = {}
+    for cell in flagged:
+        sources.update(dict.fromkeys(results / "generations" / f"{cell}{suffix}" for suffix in CELL_FILES))
+        sources.update(dict.fromkeys(results / "logs" / step / f"{cell}.log" for step, _ in STEPS))
+        sources.update(dict.fromkeys(results / table for table in TABLES))  # the default target: the workflow reruns
+    moves = [(path, aside / path.relative_to(results)) for path in sources if os.path.lexists(path)]
+    if not moves:
+        return flagged
+    _check_writable([results, *{src.parent for src, _ in moves}])
+    done: list[tuple[Path, Path]] = []
+    try:
+        for src, dst in moves:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(src, dst)
+            done.append((src, dst))
+    except OSError as err:
+        if os.path.lexists(src) and os.path.lexists(dst):  # a copy across filesystems cut short: not moved
+            with contextlib.suppress(OSError):
+                if dst.is_dir() and not dst.is_symlink():
+                    shutil.rmtree(dst)
+                else:
+                    dst.unlink()
+        back = _put_back(done, aside)
+        said = f" ({back} could not be put back: they are under {aside})" if back else "; nothing was moved"
+        raise UserError(f"rerun: cannot move {src} to {aside}: {err.strerror or err}{said}") from None
+    return flagged
+
+
+def _check_writable(directories: list[Path]) -> None:
+    """Refuse, before anything moves, a directory that a set-aside file leaves or enters and cannot be written."""
+    for directory in dict.fromkeys(directories):
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise UserError(f"rerun: cannot write {directory} (read-only?); nothing was moved")
+
+
+def _put_back(done: list[tuple[Path, Path]], aside: Path) -> int:
+    """Move files back where they were, newest first, and remove the directories left empty under ``aside``;
+    the number of files that could not be put back."""
+    failed = 0
+    for src, dst in reversed(done):
+        try:
+            shutil.move(dst, src)
+        except OSError:
+            failed += 1
+    for directory in sorted((d for d in aside.rglob("*") if d.is_dir()), reverse=True) + [aside]:
+        with contextlib.suppress(OSError):  # not empty: something stayed there
+            directory.rmdir()
+    return failed
