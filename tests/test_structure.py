@@ -143,6 +143,44 @@ def test_the_layer_rule_finds_a_break():
     ]
 
 
+# The rooms of `pipeline/` (and `tasks/`), bottom floor first: a module imports only its own room and the floors
+# below (docs/extending.md, "Layout"). A token tree (`decoding/tree/`) is part of the decoder.
+FLOORS = ("base", "tasks", "decoding", "models", "measure", "experiment", "job", "report", "bench", "cli")
+
+
+def room(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] == "tasks":
+        return "tasks"
+    if len(parts) == 1 or module in BASE:
+        return "base"
+    return "cli" if parts[1] == "__main__" else parts[1]
+
+
+def arrows_up(graph: dict[str, set[str]]) -> list[str]:
+    return [
+        f"{name} ({room(name)}) imports {target} ({room(target)}), a floor above"
+        for name, targets in sorted(graph.items())
+        for target in sorted(targets)
+        if FLOORS.index(room(target)) > FLOORS.index(room(name))
+    ]
+
+
+def test_rooms_import_only_their_own_and_the_floors_below():
+    known = modules()
+    assert {room(name) for name in known} == set(FLOORS)  # every room has its floor, every floor a room
+    graph = {name: imports(name, file, known, annotations=True) for name, file in known.items()}
+    assert "pipeline.experiment.cell" in graph["pipeline.job.generate"]  # a job reads its cell, a floor below
+    assert arrows_up(graph) == []
+
+
+def test_the_floor_rule_finds_an_arrow_up():
+    graph = {"pipeline.experiment.estimate": {"pipeline.bench.engines", "pipeline.measure.cost"}}
+    assert arrows_up(graph) == [
+        "pipeline.experiment.estimate (experiment) imports pipeline.bench.engines (bench), a floor above"
+    ]
+
+
 def defines(file: Path) -> bool:
     """Whether a file defines a function or a class (a package's ``__init__`` that only names its folder does not)."""
     return any(isinstance(n, (ast.FunctionDef, ast.ClassDef)) for n in ast.parse(file.read_text()).body)

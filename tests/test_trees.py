@@ -310,25 +310,23 @@ def test_bench_rows_put_each_tree_beside_the_chain_of_its_node_budget():
 
 
 def test_the_cost_model_prices_nodes_at_the_fitted_per_token_cost():
-    from pipeline.measure import tree_cost
+    from pipeline.measure import cost
 
     # forwards of 1, 3 and 5 tokens: a = 10 ms, b = 2 ms per token
-    assert tree_cost.fit({1: 12.0, 3: 16.0, 5: 20.0}) == (10.0, 2.0)
+    assert cost.fit({1: 12.0, 3: 16.0, 5: 20.0}) == (10.0, 2.0)
     free = (0.010, 0.0)
     # nodes free, no draft cost: the speed-up is τ
-    assert tree_cost.round_speedup(2.5, 15, 3, 3, free, (0.0, 0.0)) == 2.5
+    assert cost.round_speedup(2.5, 15, 3, 3, free, (0.0, 0.0)) == 2.5
     dear = (0.010, 0.002)
-    assert tree_cost.round_speedup(2.5, 15, 3, 3, dear, (0.0, 0.0)) < tree_cost.round_speedup(
-        2.5, 3, 3, 1, dear, (0, 0)
-    )
-    need = tree_cost.tau_needed(1.35, 15, 3, 3, dear, (0.001, 0.0))
-    assert abs(tree_cost.round_speedup(need, 15, 3, 3, dear, (0.001, 0.0)) - 1.35) < 1e-12
+    assert cost.round_speedup(2.5, 15, 3, 3, dear, (0.0, 0.0)) < cost.round_speedup(2.5, 3, 3, 1, dear, (0, 0))
+    need = cost.tau_needed(1.35, 15, 3, 3, dear, (0.001, 0.0))
+    assert abs(cost.round_speedup(need, 15, 3, 3, dear, (0.001, 0.0)) - 1.35) < 1e-12
     rows = [
         {"label": "chain", "tau": 1.8, "nodes": 3, "depth": 3, "width": 1},
         {"label": "tree", "tau": 2.6, "nodes": 15, "depth": 3, "width": 3},
     ]
-    assert tree_cost.best_budget(rows, free, (0.001, 0.0))["best"]["label"] == "tree"
-    assert tree_cost.best_budget(rows, (0.010, 0.004), (0.001, 0.0))["best"]["label"] == "chain"
+    assert cost.best_budget(rows, free, (0.001, 0.0))["best"]["label"] == "tree"
+    assert cost.best_budget(rows, (0.010, 0.004), (0.001, 0.0))["best"]["label"] == "chain"
 
 
 # ---- proposers registered by users take part in trees through the protocol, or are refused ----------------------

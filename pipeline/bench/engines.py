@@ -51,6 +51,7 @@ from torch import nn
 
 from ..decoding import generate
 from ..decoding.runner import ENGINES, set_engine
+from ..measure.cost import chain_speedup
 from ..measure.forward_timing import Contender, compiling, interleaved
 from ..measure.speed import fmt as speed_fmt
 from ..measure.speed import series_speedup
@@ -158,12 +159,6 @@ def oracle_pair(target: nn.Module, draft: nn.Module, a: float, gamma: int, promp
     return statistics.median(ratios), min(ratios), max(ratios), statistics.median(overhead), statistics.mean(accepted)
 
 
-def predicted(a: float, gamma: int, target_cost: dict[int, float], draft_cost: dict[int, float]) -> float:
-    tokens = (1 - a ** (gamma + 1)) / (1 - a) if a < 1 else gamma + 1
-    k = min(target_cost, key=lambda x: abs(x - (gamma + 1)))
-    return tokens * target_cost[1] / (gamma * draft_cost[1] + target_cost[k])
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipeline.bench.engines", description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", nargs="+", default=["bundled"], choices=["bundled", "draft", *SHAPES])
@@ -252,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         for a, gamma in product(args.accept, args.gamma):
             with compiling(engine):
                 med, low, high, over, acc = oracle_pair(target, draft, a, gamma, 64, args.new_tokens, 5)
-            pred = predicted(a, gamma, t_cost, d_cost) if t_cost and d_cost else None
+            pred = chain_speedup(a, gamma, t_cost, d_cost) if t_cost and d_cost else None
             report["pairs"].append(
                 {
                     "pair": pair,

@@ -12,7 +12,7 @@ from typing import Any
 
 from pipeline.bench.variants import Variant, same_budget_chain
 from pipeline.decoding.spec import PEERS, parse_method
-from pipeline.measure.acceptance import predicted_speedup
+from pipeline.measure.cost import predicted_speedup
 from pipeline.measure.speed import fmt as speed_fmt
 from pipeline.measure.speed import series_speedup, speedup_ratio
 
@@ -122,20 +122,20 @@ def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
 def tree_costs(
     vs: list[Variant], totals: dict[str, Totals], target, draft, goal: float = 1.35, repeats: int = 5
 ) -> list[str]:
-    """With tree rows in the sd group: the cost model (``tree_cost.py``) at forward costs timed now (k = 1 up
+    """With tree rows in the sd group: the cost model (``cost.py``) at forward costs timed now (k = 1 up
     to the largest round), each sd row's predicted speed-up from its measured τ and round shape, the best, and
     the τ the best tree's shape needs for ``goal``."""
-    from pipeline.measure import tree_cost
+    from pipeline.measure import cost
     from pipeline.measure.forward_timing import forward_costs
 
     group = [v for v in vs if v.group == vs[0].group and v.method == "sd"]
     if not any(v.tree for v in group):
         return []
-    rows = [{"label": v.label, **(tree_cost.shape_of(totals[v.label].stats) or {})} for v in group]
+    rows = [{"label": v.label, **(cost.shape_of(totals[v.label].stats) or {})} for v in group]
     top = max(2, round(max(r.get("nodes", 1) for r in rows)) + 1)
     ks = sorted({1, 2, (1 + top) // 2, top})
-    costs = [tree_cost.fit(forward_costs(m, "eager", ks, context=128, repeats=repeats)) for m in (target, draft)]
-    found = tree_cost.best_budget(rows, *costs)
+    costs = [cost.fit(forward_costs(m, "eager", ks, context=128, repeats=repeats)) for m in (target, draft)]
+    found = cost.best_budget(rows, *costs)
     if found is None:
         return []
     (at, bt), (ad, bd) = costs
@@ -155,7 +155,7 @@ def tree_costs(
     trees = [r for r in found["rows"] if " t" in r["label"]]
     if trees:
         top = max(trees, key=lambda r: r["predicted"])
-        need = tree_cost.tau_needed(goal, top["nodes"], top["depth"], top["width"], *costs)
+        need = cost.tau_needed(goal, top["nodes"], top["depth"], top["width"], *costs)
         lines.append(f"{top['label']} needs τ {need:.2f} for {goal:.2f}x at these costs (measured {top['tau']:.2f})")
     return lines
 

@@ -1,6 +1,6 @@
 """A config's cost before it is submitted: jobs per rule and GPU-hours of its generation jobs (docs/cluster.md,
 "Before submitting"). A forward costs at least ``bytes read / bandwidth`` (decoding one sequence is bound by memory
-bandwidth); a speculative method's tokens per forward come from ``bench.engines.predicted`` at an assumed
+bandwidth); a speculative method's tokens per forward come from ``measure.cost.chain_speedup`` at an assumed
 acceptance rate; the parameter counts are the preflight's (config.json shapes, no weights).
 """
 
@@ -139,8 +139,8 @@ def prompts(cell: Cell) -> int:
 
 def token_seconds(method: str, t: list[float], gamma: Any, proposer: str, acceptance: float) -> float:
     """Seconds per generated token of ``method`` over members whose forwards cost ``t`` seconds each."""
-    from ..bench.engines import predicted
     from ..decoding.spec import parse_method
+    from ..measure.cost import chain_speedup
 
     spec = parse_method(method)
     if method in ("large_model", "small_model"):  # one model of the set (a speculative cell's baseline)
@@ -154,7 +154,7 @@ def token_seconds(method: str, t: list[float], gamma: Any, proposer: str, accept
         target = t[0] if spec.name == "sd" else sum(t) / len(t) if spec.mixture else sum(t)
         draft = min(t) if "draft" in proposer.split("+") and len(t) > 1 else 0.0
     g = gamma[-1] if isinstance(gamma, list) else gamma  # a *_se list: the small model's gamma
-    return target / predicted(acceptance, g, {1: target}, {1: draft})
+    return target / chain_speedup(acceptance, g, {1: target}, {1: draft})
 
 
 def forecast(config, cells, infos, gpu: Gpu, efficiency: float, floor_ms: float, acceptance: float) -> dict:

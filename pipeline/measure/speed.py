@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import UserError
-from .acceptance import decoding_metrics, predicted_speedup, union_metrics
+from .acceptance import decoding_metrics, union_metrics
+from .cost import predicted_speedup
 from .timing import Thresholds
 
 
