@@ -4,6 +4,7 @@ declared tables rendered from it."""
 from __future__ import annotations
 
 import json
+import types
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,27 @@ def test_a_damaged_speed_record_stops_the_aggregate_in_one_line(tmp_path, capsys
     assert main(["aggregate", str(results)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"the speed record {speed}" in err[0], err
+
+
+def test_the_reports_captions_are_generated_from_the_tables_captions_and_render(monkeypatch):
+    """Each table's caption is written once (report/captions.py); the Snakemake report's captions are generated
+    from it, render as reStructuredText without a warning, and state the config's confidence."""
+    import jinja2
+    from docutils.core import publish_parts
+
+    from pipeline.report import captions
+
+    assert captions.main(["--check"]) == 0, "run python -m pipeline.report.captions"
+    template = (captions.REPORT_DIR / "speedup_vs_standard.rst").read_text()
+    for config, shown in (({}, "95% interval"), ({"timing": {"confidence": 0.9}}, "90% interval")):
+        snakemake = types.SimpleNamespace(config=config, output=types.SimpleNamespace(speedup_html="t.html"))
+        text = jinja2.Template(template).render(snakemake=snakemake)
+        assert shown in text and ":file: t.html" in text
+    for name in captions.REPORTED:
+        text = (captions.REPORT_DIR / f"{name}.rst").read_text().split("\n.. raw::")[0]
+        settings = {"report_level": 2, "halt_level": 2}  # a warning raises
+        rendered = jinja2.Template(text).render(snakemake=snakemake)
+        html = publish_parts(rendered, writer_name="html", settings_overrides=settings)
+        assert "<p>" in html["body"] and "``" not in html["body"]
+    monkeypatch.setitem(captions.CAPTIONS, "flags", "Another caption.\n")
+    assert captions.main(["--check"]) == 1

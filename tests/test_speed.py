@@ -286,6 +286,48 @@ def test_greedy_cells_in_float32_match_their_baseline_exactly(cell, tmp_path):
     assert summary["exactness"] == {"compared": 4, "identical": 4, "rate": 1.0, "mismatches": []}
 
 
+def test_the_judge_reads_each_prompt_from_its_sample_and_renders_none(cell, tmp_path, monkeypatch):
+    """Each sample holds its prompt's ids as the generation job fed them; judging the file again (``pipeline
+    speed``) with a mismatch to attribute reads them there, and a file written before samples held them is
+    rendered again, to the same ids."""
+    from pipeline.files import read_jsonl
+    from pipeline.job import judge
+
+    out = tmp_path / "cell.jsonl"
+    run_cell(cell, out, progress=False)
+    rows = read_jsonl(out)
+    rendered = judge.prompt_ids(cell, [{k: v for k, v in r.items() if k != "prompt_ids"} for r in rows])
+    assert {r["id"]: r["prompt_ids"] for r in rows} == rendered and all(rendered.values())
+    first = rows[0]["baseline"]["token_ids"][0]
+    rows[0]["token_ids"] = [first + 1, *rows[0]["token_ids"][1:]]  # a mismatch at position 0
+
+    def no_render(*args):
+        raise AssertionError("the judge rendered a prompt again")
+
+    monkeypatch.setattr(judge, "get_task", no_render)
+    exact = judge.write_speed(cell, out, rows)["exactness"]
+    assert exact["identical"] == 3 and exact["mismatches"][0]["position"] == 0
+    assert exact["mismatches"][0]["attribution"] in ("bug", "numerics") and exact["mismatches"][0]["gap_nats"] >= 0
+
+
+def test_wandb_logs_a_samples_own_ratio_apart_from_the_cells_speedup(cell, tmp_path):
+    """The cell's speed-up is a ratio of totals with its interval; a sample's tokens/s over its baseline's is another
+    statistic, logged per sample under a name of its own."""
+    from types import SimpleNamespace
+
+    from pipeline.report import tracking
+
+    out = tmp_path / "cell.jsonl"
+    run_cell(cell, out, progress=False)
+    run = SimpleNamespace(logged=[], summary={}, config=SimpleNamespace(update=lambda *a, **k: None))
+    run.log = run.logged.append
+    tracking._log_cell(out, {}, run)
+    history = {k.split("/", 1)[1] for entry in run.logged for k in entry if k.startswith("sample/")}
+    summary = {k.split("/", 1)[1] for k in run.summary}
+    assert "tokens_per_s_ratio" in history and "speedup_side_by_side" in summary
+    assert not any("speedup" in name for name in history), history
+
+
 def test_a_mismatch_is_attributed_by_a_float64_recompute(tiny_dir, smol_tokenizer):
     from pipeline.job.exactness import check, target_logprobs
 

@@ -166,7 +166,7 @@ def _run_cell(cell: Cell, out: Path, progress: bool, journal: Path, speed: bool)
         stuck = 0 if counted is not None else stuck + 1
         if counted is None:  # interfered every time: the least interfered attempt counts, still flagged
             counted = min(range(len(attempts)), key=lambda k: cell.policy.thresholds.worst(attempts[k]))
-        method, row = results[counted]["method"], {"id": ex.id}
+        method, row = results[counted]["method"], {"id": ex.id, "prompt_ids": prompts[ex.id]}
         if ex.meta.get("category"):
             row["category"] = ex.meta["category"]
         row.update(output=method.text, token_ids=method.token_ids, stats=method.stats.to_dict())

@@ -1,5 +1,7 @@
 """The speed judge: a finished cell's samples judged into ``<out>.speed.json`` (``speed.summarize``, with the
-exactness of a greedy cell against its baseline, ``exactness.py``), and how interfered a timed attempt was.
+exactness of a greedy cell against its baseline, ``exactness.py``). A sample holds its prompt's token ids, as the
+generation job fed them (``prompt_ids``); the judge reads them there and renders a prompt again only for a file
+written before samples held them.
 
 The generation job calls it once its samples are complete; the workflow runs it as its own rule (``pipeline
 speed``), so that changing how speed is judged never regenerates a sample.
@@ -18,8 +20,11 @@ from ..files import read_jsonl, write_atomic
 from ..measure.speed import summarize
 
 
-def prompt_ids(cell: Cell) -> dict[str, list[int]]:
-    """Each example's prompt as token ids, as the generation job rendered it."""
+def prompt_ids(cell: Cell, rows: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """Each sample's prompt as token ids, as the generation job fed them: read from the samples, rendered again
+    only where a sample does not hold them (a file written before samples held them)."""
+    if all("prompt_ids" in r for r in rows):
+        return {r["id"]: r["prompt_ids"] for r in rows}
     from transformers import AutoTokenizer
 
     from ..models import resolve
@@ -41,7 +46,7 @@ def write_speed(
         from .exactness import check
 
         mismatched = any(r["token_ids"] != r["baseline"]["token_ids"] for r in rows)
-        prompts = prompts if prompts is not None or not mismatched else prompt_ids(cell)
+        prompts = prompts if prompts is not None or not mismatched else prompt_ids(cell, rows)
         exact = check(rows, prompts or {}, cell.models, cell.baseline, cell.baseline_args, cell.policy.near_tie_nats)
     summary = summarize(rows, cell.policy, exact)
     write_atomic(out.with_suffix(".speed.json"), json.dumps(summary, indent=2) + "\n")

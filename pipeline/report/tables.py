@@ -27,10 +27,6 @@ PER_DATASET = {
     "_flags": "flags",
 }
 OVERALL = "Overall"
-OVERALL_NOTE = (
-    "Overall: the mean over the row's datasets (Spec-Bench's Overall column), its interval from the datasets' "
-    "taken as independent. The CSV adds per dataset γ, τ, tokens/s and flags.\n"
-)
 
 
 def overall(values, lows, highs) -> tuple[float, float | None, float | None]:

@@ -225,7 +225,8 @@ def _log_cell(samples: Path, config: dict[str, Any], run) -> None:
         base = row.get("baseline", {})
         b = base.get("stats", {})
         if b.get("wall_time_s") and b.get("new_tokens") and tps:
-            metrics["sample/speedup_side_by_side"] = tps / (b["new_tokens"] / b["wall_time_s"])
+            # a sample's own ratio, not the cell's speed-up (a ratio of totals, ``speed/speedup_side_by_side``)
+            metrics["sample/tokens_per_s_ratio"] = tps / (b["new_tokens"] / b["wall_time_s"])
         run.log(metrics)
         score = json.dumps({k: v for k, v in scores.get(row["id"], {}).items() if k != "id"})
         table.add_data(row["id"], row["output"], st["new_tokens"], tps, st.get("tau"), base.get("output"), score)
