@@ -26,6 +26,7 @@ from ..decoding.static import compile_ahead
 from ..decoding.tree.loop import parse_tree
 from ..errors import UserError
 from ..experiment.cell import Cell
+from ..experiment.layout import beside
 from ..files import writable_dir, write_atomic
 from ..measure.timing import Probe, provenance, run_record
 from ..models import decode_vocabulary, load_members
@@ -114,7 +115,7 @@ def _run_cell(cell: Cell, out: Path, progress: bool, journal: Path, speed: bool)
     tokenizer = tokenizers[0]  # prompts are the first model's tokens
     settings = {k: v for k, v in cell.__dict__.items() if k not in ("models", "policy")}
     meta = {"environment": environment(), "cell": {**settings, "models": [m.name for m in cell.models]}}
-    write_atomic(out.with_suffix(".meta.json"), json.dumps(meta, indent=2, default=str) + "\n")
+    write_atomic(beside(out, "meta"), json.dumps(meta, indent=2, default=str) + "\n")
     trees = {"tree": cell.tree} if cell.tree is not None else {}  # the method's own, never its baseline's
     # every run of the cell: its models and settings (methods that do not speculate ignore gamma_schedule)
     vocabulary = decode_vocabulary(models, tokenizers)  # different tokenizers: their union; padded heads: cropped

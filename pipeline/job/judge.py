@@ -16,6 +16,7 @@ from typing import Any
 from tasks import get_task, render
 
 from ..experiment.cell import Cell
+from ..experiment.layout import beside
 from ..files import read_jsonl, write_atomic
 from ..measure.speed import summarize
 
@@ -49,5 +50,5 @@ def write_speed(
         prompts = prompts if prompts is not None or not mismatched else prompt_ids(cell, rows)
         exact = check(rows, prompts or {}, cell.models, cell.baseline, cell.baseline_args, cell.policy.near_tie_nats)
     summary = summarize(rows, cell.policy, exact)
-    write_atomic(out.with_suffix(".speed.json"), json.dumps(summary, indent=2) + "\n")
+    write_atomic(beside(out, "speed"), json.dumps(summary, indent=2) + "\n")
     return summary

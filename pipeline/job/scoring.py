@@ -15,6 +15,7 @@ from typing import Any
 
 from tasks import TaskError, get_task
 
+from ..experiment.layout import beside
 from ..files import read_user_text, schema_problems, write_atomic
 from ..measure.intervals import interval, per_example
 
@@ -64,8 +65,8 @@ def score_file(path: Path, task_name: str, data_dir: str | Path | None = None, w
     with ThreadPoolExecutor(max_workers=workers) as pool:
         scores = list(pool.map(lambda r: task.score(examples[r["id"]], r["output"]), rows))
     lines = "".join(json.dumps({"id": r["id"], **s}) + "\n" for r, s in zip(rows, scores))
-    write_atomic(path.with_suffix(".scores.jsonl"), lines)
+    write_atomic(beside(path, "scores"), lines)
     ids = [r["id"] for r in rows]
     summary = {"task": task_name, "samples": len(rows), **task.aggregate(scores, ids), **intervals(scores, ids)}
-    write_atomic(path.with_suffix(".summary.json"), json.dumps(summary, indent=2) + "\n")
+    write_atomic(beside(path, "summary"), json.dumps(summary, indent=2) + "\n")
     return summary

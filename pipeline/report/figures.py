@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from ..experiment.cell import Dims
+from ..experiment.layout import beside, cell_path
 from ..files import ResultsError, read_jsonl, read_user_json
 from ..measure.intervals import bootstrap_interval
 from ..measure.speed import Policy, halfwidth, paired_speedup, relative_speedup
@@ -101,13 +102,13 @@ def collect(results: Path, reported: dict[str, Any] | None = None) -> Collected:
     results = Path(results)
     records, rows, speeds, samples, policy = [], [], {}, {}, Policy()
     for dims in grid_dims(results):
-        base = results / "generations" / f"{dims['id']}.jsonl"
-        if not base.with_suffix(".speed.json").exists():
+        base = cell_path(results, dims["id"])
+        if not beside(base, "speed").exists():
             continue
-        speed = speeds[dims["id"]] = _record(base.with_suffix(".speed.json"), "the speed record")
+        speed = speeds[dims["id"]] = _record(beside(base, "speed"), "the speed record")
         policy = Policy.from_dict(speed.get("policy"))  # the cells' own: one config judged them all
         samples[dims["id"]] = read_jsonl(base)
-        summary = base.with_suffix(".summary.json")
+        summary = beside(base, "summary")
         rows += cell_figures(dims["id"], speed, _record(summary, "the score summary") if summary.exists() else {})
         record = {k: v for k, v in dims.items() if k != "models"} | {"models": " + ".join(dims["models"])}
         if dims.get("control") == "null":  # the run's own control, a row of its own in every table (grid.null_cell)

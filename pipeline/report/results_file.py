@@ -22,6 +22,7 @@ import pandas as pd
 import yaml
 
 from .. import ROOT
+from ..experiment.layout import cell_path
 
 LIBRARIES = ("torch", "transformers", "snakemake", "lm_eval", "wandb", "pandas", "numpy", "scipy")
 SPEED_KEYS = (
@@ -105,13 +106,12 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 def cell_record(results: Path, row: pd.Series) -> dict[str, Any]:
     """One cell of ``results.json``: its speed, quality and config (``row``: its row of cells.csv)."""
-    base = results / "generations" / f"{row['id']}.jsonl"
-    speed = _read(base.with_suffix(".speed.json")) or {}
+    speed = _read(cell_path(results, row["id"], "speed")) or {}
     record = {k: speed.get(k) for k in SPEED_KEYS}
     for name in RATIOS:
         for suffix in ("", "_low", "_high", "_unstable"):
             record[name + suffix] = row.get(name + suffix)
-    summary = _read(base.with_suffix(".summary.json")) or {}
+    summary = _read(cell_path(results, row["id"], "summary")) or {}
     quality = {k: v for k, v in summary.items() if k != "samples"}
     cell_file = _read(results / "cells" / f"{row['id']}.json") or {}
     dims = cell_file.get("dims") or {k: row.get(k) for k in ("dataset", "model_set", "method", "temperature", "gamma")}

@@ -20,12 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UserError
+from ..experiment.layout import CELL_FILES, cell_path
 
 # a cell's steps in order: the rule's log directory and the file its success leaves
-STEPS = (("generate", ".jsonl"), ("speed", ".speed.json"), ("score", ".summary.json"), ("wandb", ".wandb.json"))
-# every file a cell's jobs write next to its samples
-CELL_FILES = (".jsonl", ".meta.json", ".speed.json", ".scores.jsonl", ".summary.json", ".wandb.json")
-CELL_FILES += (".wandb.failed.json",)
+STEPS = (("generate", "samples"), ("speed", "speed"), ("score", "summary"), ("wandb", "wandb"))
 # the aggregate tables the default target asks for (an unchanged table would not make the workflow rerun a cell)
 TABLES = ("tables/cells.csv", "tables/summary.md")
 ERROR_LINE = re.compile(r"^(error\b|[\w.]*(Error|Exception)\b|Killed|Traceback)|\bout of memory\b", re.I)
@@ -96,17 +94,16 @@ def model_failures(results: Path) -> dict[str, str]:
 
 def status(results: Path) -> Status:
     results = Path(results)
-    gen, logs = results / "generations", results / "logs"
+    logs = results / "logs"
     out = Status(failed=model_failures(results))
     for cell in cell_ids(results):
-        base = gen / cell
-        if found := flags(base.with_name(base.name + ".speed.json")):
+        if found := flags(cell_path(results, cell, "speed")):
             out.unstable[cell] = "; ".join(found)
         journal = (results / "journal" / cell).parent.glob(f"{Path(cell).name}-*.jsonl")
         state = "running" if any(journal) else "pending"
         for step, made in STEPS:  # the first step without its output and with a log tells where the cell is
             log = logs / step / f"{cell}.log"
-            if base.with_name(base.name + made).exists() or not log.exists():
+            if cell_path(results, cell, made).exists() or not log.exists():
                 continue
             if why := cause(log):
                 out.failed[cell] = f"{step}: {why}"
@@ -116,7 +113,7 @@ def status(results: Path) -> Status:
             break
         if state == "failed":
             continue
-        if all(base.with_name(base.name + s).exists() for s in (".speed.json", ".summary.json")):
+        if all(cell_path(results, cell, kind).exists() for kind in ("speed", "summary")):
             state = "done"
         getattr(out, state).append(cell)
     return out
@@ -161,7 +158,7 @@ def rerun_unstable(results: Path) -> list[str]:
     aside = results / "rerun" / time.strftime("%Y%m%d-%H%M%S")
     sources: dict[Path, None] = {}
     for cell in flagged:
-        sources.update(dict.fromkeys(results / "generations" / f"{cell}{suffix}" for suffix in CELL_FILES))
+        sources.update(dict.fromkeys(cell_path(results, cell, kind) for kind in CELL_FILES))
         sources.update(dict.fromkeys(results / "logs" / step / f"{cell}.log" for step, _ in STEPS))
         sources.update(dict.fromkeys(results / table for table in TABLES))  # the default target: the workflow reruns
     moves = [(path, aside / path.relative_to(results)) for path in sources if os.path.lexists(path)]

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import one_line
+from ..experiment.layout import beside
 from ..files import read_jsonl, write_atomic
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ def resolve_mode(mode: str) -> str:
 def cell_metrics(samples: Path) -> dict[str, Any]:
     """Summary metrics of a cell from its files: speed with its interval and flags (``.speed.json``),
     exactness, and quality (``.summary.json``)."""
-    speed = json.loads(samples.with_suffix(".speed.json").read_text())
+    speed = json.loads(beside(samples, "speed").read_text())
     out = {f"speed/{k}": v for k, v in speed.items() if isinstance(v, int | float)}
     if speed.get("flags") is not None:
         out["speed/flags"] = "; ".join(speed["flags"])
@@ -49,7 +50,7 @@ def cell_metrics(samples: Path) -> dict[str, Any]:
         out["exactness/rate"] = exact["rate"]
         out["exactness/numerics"] = exact.get("numerics", 0)
         out["exactness/bugs"] = exact.get("bugs", 0)
-    summary_path = samples.with_suffix(".summary.json")
+    summary_path = beside(samples, "summary")
     if summary_path.exists():
         quality = json.loads(summary_path.read_text())
         out.update({f"quality/{k}": v for k, v in quality.items() if isinstance(v, int | float) and k != "samples"})
@@ -208,7 +209,7 @@ def _log_cell(samples: Path, config: dict[str, Any], run) -> None:
     import wandb
 
     rows = read_jsonl(samples)
-    scores_path = samples.with_suffix(".scores.jsonl")
+    scores_path = beside(samples, "scores")
     scores = {r["id"]: r for r in read_jsonl(scores_path)} if scores_path.exists() else {}
     run.config.update(config, allow_val_change=True)
     table = wandb.Table(columns=["id", "output", "new_tokens", "tokens_per_s", "tau", "baseline_output", "score"])

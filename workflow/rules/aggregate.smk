@@ -14,8 +14,8 @@ table_report = lambda name, label: report(
 rule aggregate:
     input:
         grid=f"{RESULTS}/grid.json",
-        speed=[f"{GEN}/{c}.speed.json" for c in CELLS],
-        summary=[f"{GEN}/{c}.summary.json" for c in CELLS],
+        speed=[CELL("speed", c) for c in CELLS],
+        summary=[CELL("summary", c) for c in CELLS],
         likelihood=[f"{RESULTS}/likelihood/{t}.json" for t in LIKELIHOOD],
         models=[f"{RESULTS}/models/{m}.json" for m in MODELS],  # the drafts table: how each was trained
     output:

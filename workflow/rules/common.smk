@@ -16,6 +16,7 @@ sys.path.insert(0, str(ROOT))  # the pipeline package, also when it is not insta
 
 from pipeline.experiment.config import ConfigError, check_config, load_config_file, load_schema, model_entry
 from pipeline.experiment.grid import expand_cells
+from pipeline.experiment.layout import cell_path
 from pipeline.experiment.preflight import models_to_prepare
 from pipeline.experiment.checks import check_local
 from pipeline.job.likelihood import job_specs
@@ -52,8 +53,12 @@ CELL_FILE = f"{RESULTS}/cells/{{cell}}.json"  # one cell's settings and dimensio
 WANDB = _checked["wandb"]
 TIMING = json.dumps(_checked["timing"], sort_keys=True)  # how samples are timed and judged
 MODELS = models_to_prepare(_checked, CELLS)
-GEN = f"{RESULTS}/generations"
 LIKELIHOOD = job_specs(_checked, CELLS)  # task -> its likelihood job's spec
+
+
+def CELL(kind, cell="{cell}"):
+    """A cell's file of kind ``kind`` (pipeline/experiment/layout.py), for a cell or the ``{cell}`` wildcard."""
+    return str(cell_path(RESULTS, cell, kind))
 
 
 wildcard_constraints:

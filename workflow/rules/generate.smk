@@ -12,8 +12,8 @@ rule generate:
         cell=CELL_FILE,
         timing=ancient(f"{RESULTS}/timing.json"),
     output:
-        samples=f"{GEN}/{{cell}}.jsonl",
-        meta=f"{GEN}/{{cell}}.meta.json",
+        samples=CELL("samples"),
+        meta=CELL("meta"),
     log:
         f"{RESULTS}/logs/generate/{{cell}}.log",
     group:

@@ -6,10 +6,10 @@
 
 rule score:
     input:
-        samples=f"{GEN}/{{cell}}.jsonl",
+        samples=CELL("samples"),
     output:
-        scores=f"{GEN}/{{cell}}.scores.jsonl",
-        summary=f"{GEN}/{{cell}}.summary.json",
+        scores=CELL("scores"),
+        summary=CELL("summary"),
     log:
         f"{RESULTS}/logs/score/{{cell}}.log",
     group:

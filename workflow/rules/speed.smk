@@ -19,12 +19,12 @@ rule timing:
 
 rule speed:
     input:
-        samples=f"{GEN}/{{cell}}.jsonl",
+        samples=CELL("samples"),
         cell=CELL_FILE,
         timing=f"{RESULTS}/timing.json",
         models=lambda w: [f"{RESULTS}/models/{m}.json" for m in cell_dims(w).models],
     output:
-        f"{GEN}/{{cell}}.speed.json",
+        CELL("speed"),
     log:
         f"{RESULTS}/logs/speed/{{cell}}.log",
     group:

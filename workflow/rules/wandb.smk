@@ -15,13 +15,13 @@ WANDB_ARGS = (
 
 rule wandb_log:
     input:
-        samples=f"{GEN}/{{cell}}.jsonl",
+        samples=CELL("samples"),
         cell=CELL_FILE,
-        speed=f"{GEN}/{{cell}}.speed.json",
-        summary=f"{GEN}/{{cell}}.summary.json",
-        scores=f"{GEN}/{{cell}}.scores.jsonl",
+        speed=CELL("speed"),
+        summary=CELL("summary"),
+        scores=CELL("scores"),
     output:
-        f"{GEN}/{{cell}}.wandb.json",
+        CELL("wandb"),
     log:
         f"{RESULTS}/logs/wandb/{{cell}}.log",
     localrule: True
@@ -37,7 +37,7 @@ rule wandb_log:
 
 rule wandb_experiment:
     input:
-        cells=[f"{GEN}/{c}.wandb.json" for c in CELLS],
+        cells=[CELL("wandb", c) for c in CELLS],
         table=f"{RESULTS}/tables/cells.csv",
         summary=f"{RESULTS}/tables/summary.md",
     output:
