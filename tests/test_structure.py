@@ -205,3 +205,33 @@ def test_every_module_has_a_home_in_the_tests_readme():
     assert named - files == set(), f"tests/README.md names files that do not exist: {sorted(named - files)}"
     tests = {f for f in files if f.startswith("test_")}
     assert tests - named == set(), f"test files tests/README.md does not name: {sorted(tests - named)}"
+
+
+def cell_file_literals(text: str, python: bool) -> list[str]:
+    """String literals that spell a cell file's suffix as a path (``".speed.json"``, ``f"{id}.scores.jsonl"``),
+    prose with spaces left out; in Python, docstrings left out."""
+    from pipeline.experiment.layout import CELL_FILES
+
+    suffixes = [s for s in CELL_FILES.values() if s != ".jsonl"]  # the samples' is every JSONL file's
+    if python:
+        tree = ast.parse(text)
+        docstrings = {
+            id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)
+        }
+        strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and id(n) not in docstrings]
+    else:
+        import re
+
+        strings = re.findall(r'"([^"\n]*)"', text)
+    return [s for s in strings if isinstance(s, str) and " " not in s and s.endswith(tuple(suffixes))]
+
+
+def test_a_cells_file_names_are_written_in_one_place():
+    """pipeline/experiment/layout.py names a cell's files; the rules and the modules take them from there."""
+    found = {}
+    for file in [*ROOT.glob("pipeline/**/*.py"), *ROOT.glob("workflow/rules/*.smk"), ROOT / "Snakefile"]:
+        if file.name != "layout.py" and (hits := cell_file_literals(file.read_text(), file.suffix == ".py")):
+            found[file.relative_to(ROOT).as_posix()] = hits
+    assert found == {}
+    assert cell_file_literals('x = base.with_suffix(".speed.json")\n', True) == [".speed.json"]
+    assert cell_file_literals('        f"{GEN}/{{cell}}.summary.json",\n', False) == ["{GEN}/{{cell}}.summary.json"]
