@@ -188,10 +188,10 @@ FLAGS = {  # estimate's numeric flags and the range each accepts
 
 def flag_type(flag: str):
     """The function that parses ``flag`` of ``pipeline estimate`` (what argparse calls on its text)."""
-    from pipeline import cli  # noqa: F401 (registers every subcommand)
-    from pipeline.cli.commands import SUBCOMMANDS
+    from pipeline.cli import PARSER
+    from pipeline.cli.commands import subparser
 
-    parser = SUBCOMMANDS.choices["estimate"]
+    parser = subparser(PARSER, "estimate")
     return next(a.type for a in parser._actions if flag in a.option_strings)
 
 

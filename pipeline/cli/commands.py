@@ -1,6 +1,5 @@
-"""The ``pipeline`` command's registry: each subcommand is a function registered with ``@command``, and
-``main`` runs the one named (``cli/__init__.py`` imports the modules that register them; ``pipeline --help``
-lists them in the order registered)."""
+"""How a ``pipeline`` subcommand is declared (``@command``: its name, help and arguments, kept on the function)
+and how the command runs one (``build``, ``run``); the subcommands themselves are listed in ``cli/__init__.py``."""
 
 from __future__ import annotations
 
@@ -8,14 +7,20 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UserError
 
-PARSER = argparse.ArgumentParser(prog="pipeline", description="Fast LLM ensembles through speculation")
-SUBCOMMANDS = PARSER.add_subparsers(dest="command", required=True)
-COMMANDS: dict[str, tuple[Callable, bool]] = {}  # name -> (run, passthrough: it takes its own command line, untouched)
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    arguments: tuple[tuple[tuple, dict], ...]
+    passthrough: bool  # it takes its own command line, untouched: ``run(argv)``
+    run: Callable
 
 
 def arg(*flags, **options) -> tuple[tuple, dict]:
@@ -28,17 +33,30 @@ def named_options(args: argparse.Namespace, names: str) -> dict:
 
 
 def command(name: str, help: str, *arguments: tuple[tuple, dict], passthrough: bool = False):
-    """Register the decorated function as subcommand ``name`` with its arguments: ``run(args) -> exit code``, a
-    passthrough command's ``run(argv) -> exit code``."""
-    sub = SUBCOMMANDS.add_parser(name, help=help, add_help=not passthrough)
-    for flags, options in arguments or [(("rest",), {"nargs": argparse.REMAINDER})]:
-        sub.add_argument(*flags, **options)
+    """Declare the decorated function subcommand ``name`` with its arguments: ``run(args) -> exit code``, a
+    passthrough command's ``run(argv) -> exit code``. It runs once listed in ``cli/__init__.py``."""
 
-    def register(run: Callable) -> Callable:
-        COMMANDS[name] = run, passthrough
+    def declare(run: Callable) -> Callable:
+        run.command = Command(name, help, arguments, passthrough, run)
         return run
 
-    return register
+    return declare
+
+
+def build(functions: Sequence[Callable]) -> argparse.ArgumentParser:
+    """The command's parser, its subcommands in the order given."""
+    parser = argparse.ArgumentParser(prog="pipeline", description="Fast LLM ensembles through speculation")
+    subcommands = parser.add_subparsers(dest="command", required=True)
+    for spec in (f.command for f in functions):
+        sub = subcommands.add_parser(spec.name, help=spec.help, add_help=not spec.passthrough)
+        for flags, options in spec.arguments or [(("rest",), {"nargs": argparse.REMAINDER})]:
+            sub.add_argument(*flags, **options)
+    return parser
+
+
+def subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """Subcommand ``name``'s parser."""
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
 
 
 def inline_json(text: str, what: str) -> Any:
@@ -83,17 +101,19 @@ def name_text(text: str) -> str:
 THREADS = arg("--threads", type=int, help="CPU threads for torch")
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(parser: argparse.ArgumentParser, functions: Sequence[Callable], argv: list[str] | None = None) -> int:
+    """Run the subcommand ``argv`` names; a user's mistake is one line and exit code 2."""
     argv = sys.argv[1:] if argv is None else argv
+    specs = {f.command.name: f.command for f in functions}
     try:
-        if argv and argv[0] in COMMANDS and COMMANDS[argv[0]][1]:
-            return COMMANDS[argv[0]][0](argv[1:])
-        args = PARSER.parse_args(argv)
+        if argv and argv[0] in specs and specs[argv[0]].passthrough:
+            return specs[argv[0]].run(argv[1:])
+        args = parser.parse_args(argv)
         if getattr(args, "threads", None):
             import torch
 
             torch.set_num_threads(args.threads)
-        return COMMANDS[args.command][0](args)
+        return specs[args.command].run(args)
     except UserError as err:  # a user's mistake: one line, no traceback (a bug keeps its traceback)
         print(f"error: {err}", file=sys.stderr)
         return 2
