@@ -31,6 +31,35 @@ def pair():
     return [target, perturbed(target, 0.1, seed=31)]
 
 
+# ---- a method's forms ---------------------------------------------------------------------
+
+
+def test_every_name_parsing_and_reserved_suffix_comes_from_the_forms_table():
+    """forms.FORMS is the one table: each ensemble's names are its forms' suffixes (a mixture's only for a mixture
+    ensemble), each parses back to its form, and no ensemble can be registered under a name ending in one."""
+    from pipeline.decoding.ensemble import ENSEMBLES
+    from pipeline.decoding.forms import FORMS, SUFFIXES
+    from pipeline.decoding.spec import method_names
+
+    names = set(method_names())
+    for name, ensemble in ENSEMBLES.items():
+        for form in FORMS:
+            if form.suffix is None:
+                continue
+            takes = not form.mixture or ensemble.mixture
+            assert (name + form.suffix in names) == takes, (name, form.kind)
+            if takes:
+                assert parse_method(name + form.suffix).form is form
+            else:
+                with pytest.raises(ArgumentError, match="unknown method"):
+                    parse_method(name + form.suffix)
+    assert set(SUFFIXES) == {"_p", "_sd", "_se", "_me", "_me_sd"}
+    for suffix in SUFFIXES:
+        with pytest.raises(ArgumentError, match="name taken or not a plain identifier"):
+            register_ensemble("mine" + suffix)(lambda logits, sampling: logits[0])
+    assert parse_method("we_me_sd").base == "we" and parse_method("sd").kind == "sd"
+
+
 # ---- parallel ensembles ------------------------------------------------------------------
 
 

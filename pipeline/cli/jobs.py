@@ -199,4 +199,3 @@ def cmd_score(args: argparse.Namespace) -> int:
 
     print(json.dumps(score_file(args.file, args.task, args.data_dir, workers=args.workers), indent=2))
     return 0
-

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ArgumentError
+from .forms import SUFFIXES
 from .sampling import Sampling, probs
 
 EnsembleFn = Callable[..., Tensor]
@@ -52,7 +53,7 @@ def register_ensemble(name: str, **options: Any) -> Callable[[EnsembleFn], Ensem
     """Register an ensemble function under ``name`` (a decorator); ``options`` are ``Ensemble``'s fields."""
 
     def decorator(fn: EnsembleFn) -> EnsembleFn:
-        if name in ENSEMBLES or name.endswith(("_sd", "_se", "_me", "_p")) or not name.isidentifier():
+        if name in ENSEMBLES or name.endswith(SUFFIXES) or not name.isidentifier():
             raise ArgumentError(f"cannot register ensemble {name!r}: name taken or not a plain identifier")
         if options.get("mixture") and "weights" not in options.get("params", {}):
             raise ArgumentError(f"cannot register ensemble {name!r} as a mixture: it takes no 'weights'")

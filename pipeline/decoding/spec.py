@@ -1,7 +1,7 @@
 """Method names, parsed once: what a method is and what it needs of a model set.
 
-A name is ``large_model``, ``small_model``, ``sd``, a registered ensemble ``E`` or one of its forms (``SUFFIXES``:
-``E_p``, ``E_sd``, ``E_se``, and for a mixture ensemble ``E_me``, ``E_me_sd``; ``MethodSpec.kind`` says what each
+A name is ``large_model``, ``small_model``, ``sd``, a registered ensemble ``E`` or one of its forms (``forms.py``:
+``E_p``, ``E_sd``, ``E_se``, and for a mixture ensemble ``E_me``, ``E_me_sd``; ``MethodSpec.form`` says what each
 does), or a peer, one of transformers' own speculative methods run beside ours (``PEERS``, ``peers.py``). The
 decoder and the workflow both check a method against a model set with :meth:`MethodSpec.check`, so the two never
 disagree; each method's contract is in ``docs/algorithms.md``.
@@ -16,10 +16,10 @@ from typing import Any
 from ..errors import ArgumentError
 from . import feature, lookup  # noqa: F401  (register the built-in "eagle" and "lookup" proposers)
 from .ensemble import ENSEMBLES, Ensemble
+from .forms import KINDS, Form, ensemble_forms, split
 from .proposers import DRAFT, NAMED_PROPOSERS
 
 SINGLE_METHODS = ("large_model", "small_model")
-SUFFIXES = {"_sd": "sd", "_se": "se", "_me": "me", "_p": "parallel"}  # an ensemble's name + suffix: its kind
 # transformers' own methods: name -> (the method it speeds up, what proposes: the set's draft or prompt
 # lookup, our method it is measured against)
 PEERS = {
@@ -43,42 +43,43 @@ def proposer_kinds() -> tuple[str, ...]:
 class MethodSpec:
     name: str
     base: str  # the method it is or speeds up: large_model, small_model or an ensemble's name
-    # "plain", "parallel" (plain, the members' forwards run concurrently), "sd" (one proposer, the others
-    # verify), "se" (every model proposes in turn), "peer", "me" (a mixture draw: one member per position)
-    # or "me_sd" (the same, speculative)
-    kind: str
+    form: Form  # what it does (forms.py): its kind and the properties below
     ensemble: Ensemble | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.form.kind
 
     @property
     def speculative(self) -> bool:
         """Proposes and verifies: takes gamma (and, but for the peers, a proposer)."""
-        return self.kind not in ("plain", "parallel", "me")
+        return self.form.speculative
 
     @property
     def own_loop(self) -> bool:
         """Speculates in our own loop (``sd``, ``E_sd``, ``E_se``): a dynamic gamma schedule and a token tree
         apply (the peers run transformers' loop; a mixture's drafter drafts runs of positions)."""
-        return self.kind in ("sd", "se")
+        return self.form.own_loop
 
     @property
     def in_turn(self) -> bool:
         """Every model proposes in turn (``E_se``): it takes one gamma per model."""
-        return self.kind == "se"
+        return self.form.in_turn
 
     @property
     def peer(self) -> bool:
         """One of transformers' own methods (``peers.py``), run beside ours."""
-        return self.kind == "peer"
+        return self.form.peer
 
     @property
     def mixture(self) -> bool:
         """Draws one member per position, the token from it alone (``E_me``, ``E_me_sd``)."""
-        return self.kind in ("me", "me_sd")
+        return self.form.mixture
 
     @property
     def parallel(self) -> bool:
         """The standard ensemble with the members' forwards run concurrently (``E_p``)."""
-        return self.kind == "parallel"
+        return self.form.parallel
 
     @property
     def greedy_ok(self) -> bool:
@@ -88,7 +89,7 @@ class MethodSpec:
     @property
     def baseline(self) -> str | None:
         """The standard method it speeds up (run beside it, side by side); None for a standard method."""
-        return self.base if self.kind != "plain" else None
+        return self.base if self.form is not KINDS["plain"] else None
 
     @property
     def standard(self) -> str | None:
@@ -209,29 +210,24 @@ class MethodSpec:
 def method_names() -> list[str]:
     """Every accepted method name, registered ensembles included."""
     names = [*SINGLE_METHODS, "sd"]
-    for name in ENSEMBLES:
-        names += [name, f"{name}_p", f"{name}_sd", f"{name}_se"]
-        if ENSEMBLES[name].mixture:
-            names += [f"{name}_me", f"{name}_me_sd"]
+    for name, ensemble in ENSEMBLES.items():
+        names += [name + form.suffix for form in ensemble_forms(ensemble.mixture)]
     return names + list(PEERS)
 
 
 def parse_method(name: str) -> MethodSpec:
     """The spec of a method name (raises ArgumentError for an unknown one)."""
     if name in SINGLE_METHODS:
-        return MethodSpec(name, name, "plain")
+        return MethodSpec(name, name, KINDS["plain"])
     if name == "sd":
-        return MethodSpec(name, "large_model", "sd")
+        return MethodSpec(name, "large_model", KINDS["sd"])
     if name in PEERS:
         base = PEERS[name][0]
-        return MethodSpec(name, base, "peer", ENSEMBLES.get(base))
-    if name.endswith("_me_sd"):
-        base, kind = name.removesuffix("_me_sd"), "me_sd"
-    else:
-        base, kind = next(((name[: -len(s)], k) for s, k in SUFFIXES.items() if name.endswith(s)), (name, "plain"))
-    if base not in ENSEMBLES or (kind.startswith("me") and not ENSEMBLES[base].mixture):
+        return MethodSpec(name, base, KINDS["peer"], ENSEMBLES.get(base))
+    base, form = split(name)
+    if base not in ENSEMBLES or form not in ensemble_forms(ENSEMBLES[base].mixture):
         raise ArgumentError(f"unknown method {name!r}; accepted: {', '.join(method_names())}")
-    return MethodSpec(name, base, kind, ENSEMBLES[base])
+    return MethodSpec(name, base, form, ENSEMBLES[base])
 
 
 def accepted_args(method: str) -> dict[str, Any]:
