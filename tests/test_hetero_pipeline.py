@@ -196,9 +196,9 @@ def test_union_figures_in_the_speed_summary():
         return {"stats": {**stats, "union_map_s": union_map_s}}
 
     mixed = summarize([row(5000, 0.01), row(5000, 0.02)])
-    assert mixed["union_size"] == 5000 and mixed["union_map_s"] == pytest.approx(0.03)
+    assert mixed.union_size == 5000 and mixed.union_map_s == pytest.approx(0.03)
     shared = summarize([row(0, 0.0)])
-    assert shared["union_size"] is None and shared["union_map_s"] is None
+    assert shared.union_size is None and shared.union_map_s is None
 
 
 # ---- over the union decoder -----------------------------------------------------------------------

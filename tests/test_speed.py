@@ -201,17 +201,46 @@ def test_a_pair_interfered_every_time_flags_the_cell(cell, tmp_path, monkeypatch
     assert summary["pairs_interfered"] == 1
     assert not any("interfered" in f for f in summary["flags"])  # 1 of 4 = 25%: at the bound, not over it
     strict = summarize(rows, Policy(max_interfered=0.2, resamples=500))
-    assert strict["unstable"] and "1 of 4 pairs interfered after re-measuring" in strict["flags"]
+    assert strict.unstable and "1 of 4 pairs interfered after re-measuring" in strict.flags
+
+
+def test_the_speed_record_is_one_type_with_one_json_form(cell, tmp_path):
+    """SpeedSummary is the .speed.json: it reads back what it wrote; the figures, cells.csv's columns and
+    results.json's speed record are each a tagged part of it, in its order; a cell without a baseline writes no
+    speed-up; an unknown key is one line."""
+    from pipeline.errors import UserError
+    from pipeline.measure.speed import SpeedSummary
+    from pipeline.report.aggregate import CELLS_CSV
+    from pipeline.report.figures import SPEED
+    from pipeline.report.results_file import SPEED_KEYS
+
+    out = tmp_path / "cell.jsonl"
+    written = run_cell(cell, out, progress=False)
+    on_disk = json.loads(out.with_suffix(".speed.json").read_text())
+    assert written == on_disk and SpeedSummary.from_json(on_disk).to_json() == on_disk
+    assert list(on_disk) == [k for k in SpeedSummary.__dataclass_fields__ if k in on_disk]
+    names = list(SpeedSummary.__dataclass_fields__)
+    for shown in (SPEED, SPEED_KEYS, [c for c in CELLS_CSV if c in names]):
+        assert set(shown) <= set(names) and list(shown) == sorted(shown, key=names.index)
+    assert "exact_match" in CELLS_CSV and "speedup_ci_method" in SPEED_KEYS and "position_acceptance" in SPEED
+    alone = summarize([{k: v for k, v in r.items() if k != "baseline"} for r in read_rows(out)]).to_json()
+    assert "speedup_side_by_side" not in alone and "predicted_speedup" not in alone and alone["samples"] == 4
+    with pytest.raises(UserError, match="unknown speed record keys \\['speedup'\\]"):
+        SpeedSummary.from_json({**on_disk, "speedup": 2.0})
+
+
+def read_rows(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def test_samples_timed_on_different_machines_are_never_silently_pooled(cell, tmp_path, capsys):
     out = tmp_path / "cell.jsonl"
     run_cell(cell, out, progress=False)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert summarize(rows, cell.policy)["provenance"]["host"]  # one machine: its provenance
+    assert summarize(rows, cell.policy).provenance["host"]  # one machine: its provenance
     rows[0]["provenance"] = {**rows[0]["provenance"], "host": "another-node"}
     summary = summarize(rows, cell.policy)
-    assert summary["unstable"] and "samples timed on 2 different machines or settings" in summary["flags"]
+    assert summary.unstable and "samples timed on 2 different machines or settings" in summary.flags
     # a resume on another machine warns, and the finished cell is flagged
     journal = tmp_path / "journal.jsonl"
     journal.write_text(json.dumps(rows[0]) + "\n")
@@ -362,7 +391,7 @@ def test_speed_is_reported_per_category():
         return {"id": f"{cat}{wm}", "category": cat, "stats": stats, "baseline": {"stats": base}}
 
     rows = [row("qa", 10, 1.0, 2.0), row("qa", 10, 1.1, 2.0), row("rag", 10, 2.0, 2.0), row("rag", 10, 2.2, 2.0)]
-    cats = summarize(rows, Policy(resamples=200))["by_category"]
+    cats = summarize(rows, Policy(resamples=200)).by_category
     assert set(cats) == {"qa", "rag"}
     assert cats["qa"]["speedup_side_by_side"] == pytest.approx(4.0 / 2.1) and cats["qa"]["samples"] == 2
     assert cats["rag"]["speedup_side_by_side"] == pytest.approx(4.0 / 4.2)

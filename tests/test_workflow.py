@@ -517,7 +517,7 @@ def test_without_side_by_side_runs_speedups_come_from_the_standard_cells(tiny_ru
         rows = [json.loads(line) for line in path.read_text().splitlines()]
         rows = [{k: v for k, v in r.items() if k != "baseline"} for r in rows]
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        path.with_suffix(".speed.json").write_text(json.dumps(summarize(rows, Policy())))
+        path.with_suffix(".speed.json").write_text(json.dumps(summarize(rows, Policy()).to_json()))
     aggregate(results)
     df = pd.read_csv(results / "tables" / "cells.csv").set_index("id")
     assert df["speedup_side_by_side"].isna().all()

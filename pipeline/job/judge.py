@@ -49,6 +49,6 @@ def write_speed(
         mismatched = any(r["token_ids"] != r["baseline"]["token_ids"] for r in rows)
         prompts = prompts if prompts is not None or not mismatched else prompt_ids(cell, rows)
         exact = check(rows, prompts or {}, cell.models, cell.baseline, cell.baseline_args, cell.policy.near_tie_nats)
-    summary = summarize(rows, cell.policy, exact)
+    summary = summarize(rows, cell.policy, exact).to_json()
     write_atomic(beside(out, "speed"), json.dumps(summary, indent=2) + "\n")
     return summary

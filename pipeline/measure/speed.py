@@ -10,7 +10,7 @@ import json
 import math
 import warnings
 from collections import defaultdict
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -211,7 +211,81 @@ def _side_by_side(rows: list[dict[str, Any]], policy: Policy) -> dict[str, Any]:
     }
 
 
-def summarize(rows: list[dict[str, Any]], policy: Policy = Policy(), exactness: dict | None = None) -> dict[str, Any]:
+def _shown(*where: str, optional: bool = False, columns: tuple[str, ...] = ()) -> Any:
+    """A field of ``SpeedSummary``: where it is shown (``figure``: the long frame of figures; ``column``: cells.csv,
+    as ``columns`` where it is shown as several; ``published``: results.json's speed record) and whether its JSON
+    form leaves it out when there is nothing to say (a cell without a baseline has no speed-up)."""
+    return field(default=None, metadata={"shown": where, "optional": optional, "columns": columns})
+
+
+@dataclass(frozen=True)
+class SpeedSummary:
+    """A cell's speed record, its ``.speed.json`` (``summarize``): speed, interval, τ, acceptance, interference,
+    flags. One JSON form (``to_json`` / ``from_json``), its keys in the order of the fields; which of them the
+    figures, cells.csv and results.json show is said here, by each field (``figures``, ``columns``,
+    ``published``)."""
+
+    samples: int = _shown("figure", "column", "published")
+    new_tokens: int = _shown("figure", "column", "published")
+    wall_time_s: float = _shown("published")
+    tokens_per_s: float | None = _shown("figure", "column", "published")
+    baseline_tokens_per_s: float | None = _shown("figure", "column", "published", optional=True)
+    speedup_side_by_side: float | None = _shown("figure", "column", "published", optional=True)
+    speedup_ci_low: float | None = _shown("column", "published", optional=True)
+    speedup_ci_high: float | None = _shown("column", "published", optional=True)
+    speedup_ci_method: str | None = _shown("published", optional=True)
+    speedup_halfwidth: float | None = _shown(optional=True)
+    tau: float | None = _shown("figure", "column", "published")
+    tau_by_model: list | None = _shown("figure", "column", "published")
+    acceptance_rate: float | None = _shown("figure", "column", "published")
+    draft_acceptance_rate: float | None = _shown("figure", "column", "published")
+    position_acceptance: list | None = _shown("figure", "column")
+    predicted_speedup: float | None = _shown("figure", "column", "published", optional=True)
+    exactness: dict | None = _shown(
+        "column",
+        optional=True,
+        columns=("exact_match", "mismatches_numerics", "mismatches_bug", "mismatches_unchecked"),
+    )
+    pairs_interfered: int = _shown("figure", "column", "published")
+    pairs_remeasured: int = _shown("figure", "column", "published")
+    overhead: float | None = _shown("figure", "column", "published")
+    union_size: int | None = _shown("figure", "column", "published")
+    union_map_s: float | None = _shown("figure", "column", "published")
+    confidence: float = _shown("published")
+    policy: dict | None = _shown()
+    beside: dict | None = _shown()
+    provenance: Any = _shown("published")
+    runs: list | None = _shown()
+    by_category: dict | None = _shown(optional=True)
+    unstable: bool = _shown("column", "published")
+    flags: list | None = _shown("column", "published")
+
+    @classmethod
+    def shown(cls, where: str) -> tuple[str, ...]:
+        """The names shown ``where`` (``figure``, ``column``, ``published``), in order; a field shown as several
+        columns gives their names."""
+        return tuple(
+            name
+            for f in fields(cls)
+            if where in f.metadata["shown"]
+            for name in (f.metadata["columns"] if where == "column" and f.metadata["columns"] else (f.name,))
+        )
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SpeedSummary:
+        if unknown := sorted(set(data) - set(cls.__dataclass_fields__)):
+            raise UserError(f"unknown speed record keys {unknown}; accepted: {', '.join(cls.__dataclass_fields__)}")
+        return cls(**data)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if not (f.metadata["optional"] and getattr(self, f.name) is None)
+        }
+
+
+def summarize(rows: list[dict[str, Any]], policy: Policy = Policy(), exactness: dict | None = None) -> SpeedSummary:
     """A cell's speed summary (its ``.speed.json``): speed, interval, τ, acceptance, interference, flags."""
     stats = [r["stats"] for r in rows]
     tokens = sum(s["new_tokens"] for s in stats)
@@ -258,7 +332,7 @@ def summarize(rows: list[dict[str, Any]], policy: Policy = Policy(), exactness: 
         }
     summary["flags"] = flags(summary, policy)
     summary["unstable"] = bool(summary["flags"])
-    return summary
+    return SpeedSummary.from_json(summary)
 
 
 def runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -13,20 +13,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..files import ResultsError, write_atomic
+from ..measure.speed import SpeedSummary
 from . import tables as layout
 from .captions import CAPTIONS, PEERS
 from .figures import DRAFT_FACTS, RATIOS, Collected, collect, per_cell
 from .plots import plot_predicted, plot_speedup_vs_gamma
 from .results_file import write_results_file
 
-CELLS_CSV = (  # a cell's figures in cells.csv, in order, after its dimensions
-    "samples new_tokens tokens_per_s baseline_tokens_per_s speedup_side_by_side speedup_ci_low speedup_ci_high tau "
-    "tau_by_model acceptance_rate draft_acceptance_rate position_acceptance predicted_speedup exact_match "
-    "mismatches_numerics mismatches_bug mismatches_unchecked pairs_interfered pairs_remeasured overhead union_size "
-    "union_map_s unstable flags"
-)
+CELLS_CSV = SpeedSummary.shown("column")  # a cell's figures in cells.csv, in order, after its dimensions
 TABLES = [  # (name, layout, metrics or cell columns, title, ...), in summary.md's order; captions: CAPTIONS
-    layout.Table("cells", layout.every_figure, tuple(CELLS_CSV.split()), files=("csv",), index=()),
+    layout.Table("cells", layout.every_figure, CELLS_CSV, files=("csv",), index=()),
     layout.Table("speedup_vs_standard", layout.best, ("speedup_vs_standard",), "Speed-up over the standard method"),
     layout.Table("paper_vs_ours", layout.beside_paper, ("speedup_vs_standard",), "The paper beside ours"),
     layout.Table("ours_vs_peers", layout.over_peers, ("speedup_vs_peer",), "Ours over transformers' methods"),
@@ -127,4 +123,4 @@ def aggregate(results: Path, reported: dict | None = None) -> list[Path]:
     write_atomic(out / "summary.md", "\n".join(s for s in sections if s))
     ratios = per_cell(found, RATIOS)  # what results.json adds to each cell's own records
     ratios.attrs["confidence"] = found.confidence
-    return [*written, out / "summary.md", write_results_file(results, ratios)]
+    return [*written, out / "summary.md", write_results_file(results, ratios, found.records)]

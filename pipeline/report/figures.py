@@ -21,18 +21,14 @@ from ..experiment.cell import Dims
 from ..experiment.layout import beside, cell_path
 from ..files import ResultsError, read_jsonl, read_user_json
 from ..measure.intervals import bootstrap_interval
-from ..measure.speed import Policy, halfwidth, paired_speedup, relative_speedup
+from ..measure.speed import Policy, SpeedSummary, halfwidth, paired_speedup, relative_speedup
 from .results_file import RATIOS, load_reported
 
 ROW = ["model_set", "method", "T"]
 NULL_LABEL = "{method} vs itself (null)"  # how the tables name the null cell (grid.null_cell)
 CELL = [*ROW, "gamma", "dataset"]  # one cell of a table
 FIGURE = ["cell", "metric", "category", "value", "low", "high", "unstable"]
-SPEED = (  # a speed record's own figures
-    "samples new_tokens tokens_per_s baseline_tokens_per_s speedup_side_by_side tau tau_by_model acceptance_rate "
-    "draft_acceptance_rate position_acceptance predicted_speedup pairs_interfered pairs_remeasured overhead "
-    "union_size union_map_s"
-).split()
+SPEED = SpeedSummary.shown("figure")  # a speed record's own figures
 LISTS = ("tau_by_model", "position_acceptance")  # one figure per model of the set / per position of a block
 EXACTNESS = {"exact_match": "rate", "mismatches_numerics": "numerics", "mismatches_bug": "bugs"}
 EXACTNESS["mismatches_unchecked"] = "unchecked"
@@ -47,6 +43,7 @@ class Collected:
     reported: dict[str, Any] | None
     drafts: pd.DataFrame  # the distilled models the grid uses: how each was trained, how well it proposes
     beside: pd.DataFrame  # what ran beside each cell's timed pairs (``beside_runs``)
+    records: dict[str, dict[str, Any]]  # each finished cell's speed record and score summary, as read once
 
 
 def _record(path: Path, what: str, kind: type = dict) -> Any:
@@ -100,7 +97,7 @@ def collect(results: Path, reported: dict[str, Any] | None = None) -> Collected:
     """Every figure of the grid's finished cells (those with a ``.speed.json``); ``reported``: the paper's
     figures (default: config/paper_reported.yaml)."""
     results = Path(results)
-    records, rows, speeds, samples, policy = [], [], {}, {}, Policy()
+    records, rows, speeds, samples, policy, read = [], [], {}, {}, Policy(), {}
     for dims in grid_dims(results):
         base = cell_path(results, dims["id"])
         if not beside(base, "speed").exists():
@@ -109,7 +106,9 @@ def collect(results: Path, reported: dict[str, Any] | None = None) -> Collected:
         policy = Policy.from_dict(speed.get("policy"))  # the cells' own: one config judged them all
         samples[dims["id"]] = read_jsonl(base)
         summary = beside(base, "summary")
-        rows += cell_figures(dims["id"], speed, _record(summary, "the score summary") if summary.exists() else {})
+        quality = _record(summary, "the score summary") if summary.exists() else {}
+        read[dims["id"]] = {"speed": speed, "quality": quality}
+        rows += cell_figures(dims["id"], speed, quality)
         record = {k: v for k, v in dims.items() if k != "models"} | {"models": " + ".join(dims["models"])}
         if dims.get("control") == "null":  # the run's own control, a row of its own in every table (grid.null_cell)
             record |= {"method": NULL_LABEL.format(method=dims["method"]), "kind": "null"}
@@ -124,7 +123,8 @@ def collect(results: Path, reported: dict[str, Any] | None = None) -> Collected:
     named = reported.get("experiment") in set(cells.get("experiment", []))
     scores = scored(cells, results)
     reported = reported if named else None
-    return Collected(cells, figures, scores, policy.confidence, reported, drafts(results), beside_runs(speeds))
+    beside_ = beside_runs(speeds)
+    return Collected(cells, figures, scores, policy.confidence, reported, drafts(results), beside_, read)
 
 
 BESIDE = ["cell", "process", "pairs", "interfered", "cpu_s"]

@@ -22,14 +22,10 @@ import pandas as pd
 import yaml
 
 from .. import ROOT
-from ..experiment.layout import cell_path
+from ..measure.speed import SpeedSummary
 
 LIBRARIES = ("torch", "transformers", "snakemake", "lm_eval", "wandb", "pandas", "numpy", "scipy")
-SPEED_KEYS = (
-    "samples new_tokens wall_time_s tokens_per_s baseline_tokens_per_s speedup_side_by_side speedup_ci_low "
-    "speedup_ci_high speedup_ci_method confidence tau tau_by_model acceptance_rate draft_acceptance_rate "
-    "predicted_speedup overhead union_size union_map_s pairs_interfered pairs_remeasured unstable flags provenance"
-).split()
+SPEED_KEYS = SpeedSummary.shown("published")
 RATIOS = ("speedup_vs_standard", "speedup_vs_large")  # computed across cells by the aggregate step
 
 
@@ -104,29 +100,30 @@ def _read(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def cell_record(results: Path, row: pd.Series) -> dict[str, Any]:
-    """One cell of ``results.json``: its speed, quality and config (``row``: its row of cells.csv)."""
-    speed = _read(cell_path(results, row["id"], "speed")) or {}
+def cell_record(results: Path, row: pd.Series, read: dict[str, Any]) -> dict[str, Any]:
+    """One cell of ``results.json``: its speed, quality and config (``row``: its row of cells.csv; ``read``: its
+    speed record and score summary as the aggregate read them, ``Collected.records``)."""
+    speed = read.get("speed") or {}
     record = {k: speed.get(k) for k in SPEED_KEYS}
     for name in RATIOS:
         for suffix in ("", "_low", "_high", "_unstable"):
             record[name + suffix] = row.get(name + suffix)
-    summary = _read(cell_path(results, row["id"], "summary")) or {}
-    quality = {k: v for k, v in summary.items() if k != "samples"}
+    quality = {k: v for k, v in (read.get("quality") or {}).items() if k != "samples"}
     cell_file = _read(results / "cells" / f"{row['id']}.json") or {}
     dims = cell_file.get("dims") or {k: row.get(k) for k in ("dataset", "model_set", "method", "temperature", "gamma")}
     return {"id": row["id"], "dims": dims, "speed": record, "quality": quality, "config": cell_file.get("cell")}
 
 
-def results_document(results: Path, df: pd.DataFrame) -> dict[str, Any]:
-    """Everything ``results.json`` holds (``df``: the cells' rows, as ``figures.per_cell`` gives them)."""
+def results_document(results: Path, df: pd.DataFrame, records: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Everything ``results.json`` holds (``df``: the cells' rows, as ``figures.per_cell`` gives them; ``records``:
+    each cell's files as the aggregate read them, ``Collected.records``)."""
     experiment = str(df["experiment"].iloc[0]) if "experiment" in df else None
     return _plain(
         {
             "experiment": experiment,
             "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "confidence": df.attrs.get("confidence"),
-            "cells": [cell_record(results, row) for _, row in df.iterrows()],
+            "cells": [cell_record(results, row, records.get(row["id"], {})) for _, row in df.iterrows()],
             "versions": versions(),
             "git": git_state(),
             "machine": machine(),
@@ -134,11 +131,11 @@ def results_document(results: Path, df: pd.DataFrame) -> dict[str, Any]:
     )
 
 
-def write_results_file(results: Path, df: pd.DataFrame) -> Path:
+def write_results_file(results: Path, df: pd.DataFrame, records: dict[str, dict[str, Any]]) -> Path:
     from ..files import write_atomic
 
     path = results / "results.json"
-    write_atomic(path, json.dumps(results_document(results, df), indent=1, allow_nan=False) + "\n")
+    write_atomic(path, json.dumps(results_document(results, df, records), indent=1, allow_nan=False) + "\n")
     return path
 
 
