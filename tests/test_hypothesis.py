@@ -1,12 +1,10 @@
-"""Property-based tests of the three public surfaces: the config check, the decoder's ``generate`` and the
-journal reader. Every outcome is a result or one ``UserError`` line, never another exception, never a lost
-sample. Derandomised and without an example database, so every run (and CI) tries the same examples."""
+"""Property-based tests of two public surfaces: the config check and the decoder's ``generate`` (the journal
+reader's are in test_journal.py). Every outcome is a result or one ``UserError`` line, never another exception.
+Derandomised and without an example database, so every run (and CI) tries the same examples."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import io
 import json
 import math
 import tempfile
@@ -22,7 +20,6 @@ from pipeline.decoding.spec import method_names, parse_method
 from pipeline.errors import ArgumentError, UserError
 from pipeline.experiment.config import check_config, load_config_file, load_schema
 from pipeline.experiment.grid import expand_cells
-from pipeline.job.journal import Journal
 
 from .conftest import perturbed, tiny_llama
 
@@ -216,57 +213,3 @@ def test_every_generate_call_is_a_result_or_one_argument_error(kwargs):
         assert out.token_ids.index(kwargs["eos_token_id"]) == len(out.token_ids) - 1  # it stops on EOS
     stats = json.loads(json.dumps(out.stats.__dict__, default=lambda o: o.__dict__))
     assert "NaN" not in json.dumps(stats), stats
-
-
-# ---- the journal reader -------------------------------------------------------------------------------------
-
-IDS = [f"e{i}" for i in range(4)]
-
-
-def good(sample_id: str, n: int) -> bytes:
-    return json.dumps({"id": sample_id, "output": f"out {n}", "token_ids": [n]}).encode()
-
-
-def needs_output(row):
-    return None if isinstance(row.get("output"), str) else "no output"
-
-
-NEAR_MISSES = [  # JSON, but not one of the cell's samples
-    b'{"id": "zz", "output": "x"}',
-    b'{"id": "e1"}',
-    b'{"id": 1, "output": "x"}',
-    b'{"output": "x"}',
-    b'["e1", "x"]',
-    b'"e1"',
-    b'{"id": "e2", "output": 7}',
-    b"null",
-]
-pieces = st.lists(
-    st.one_of(
-        st.tuples(st.just("good"), st.sampled_from(IDS), st.integers(0, 9)),
-        st.tuples(st.just("bytes"), st.binary(max_size=30).map(lambda b: b.replace(b"\n", b"")), st.just(0)),
-        st.tuples(st.just("bytes"), st.sampled_from(NEAR_MISSES), st.just(0)),
-    ),
-    max_size=8,
-)
-
-
-@settings(TRIED, max_examples=200)
-@given(pieces, st.booleans())
-def test_the_journal_keeps_every_good_line_and_nothing_else(lines, final_newline):
-    data = [good(a, n) if kind == "good" else a for kind, a, n in lines]
-    raw = b"\n".join(data) + (b"\n" if final_newline and data else b"")
-    expected: dict[str, bytes] = {}
-    for kind, a, n in lines:
-        if kind == "good":
-            expected.setdefault(a, good(a, n))
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "cell.jsonl"
-        path.write_bytes(raw)
-        journal = Journal(path, IDS, needs_output)
-        with contextlib.redirect_stderr(io.StringIO()):  # each rejected line is reported there
-            kept = journal.recover()
-        event("handled: lines set aside" if any(k != "good" for k, _, _ in lines) else "handled: clean")
-        assert kept == expected  # every good line, byte for byte, the first of each id; nothing else
-        assert path.read_bytes() in (raw, b"".join(line + b"\n" for line in kept.values()))
-        assert journal.recover() == expected  # a repaired journal reads the same again

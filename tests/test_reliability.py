@@ -7,10 +7,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
-import textwrap
-import time
 
 import pytest
 import torch
@@ -21,6 +17,7 @@ from pipeline.decoding.member import Member
 from pipeline.errors import ArgumentError, UserError
 
 from .conftest import perturbed, tiny_llama
+from .test_journal import hold
 
 VOCAB = 32  # tiny_llama's vocabulary
 
@@ -297,65 +294,6 @@ def test_prepare_failures_are_one_line(tmp_path, capsys, tiny_dir):
 
 
 # ---- one generation job per cell ---------------------------------------------------------------------------
-
-HOLDER = textwrap.dedent(
-    """
-    import sys, time
-    from pathlib import Path
-    from pipeline.job.journal import journal_lock
-    with journal_lock(Path(sys.argv[1])):
-        with open(sys.argv[1], "a") as f:
-            f.write(sys.argv[2] + "\\n")
-        print("held", flush=True)
-        time.sleep(120)
-    """
-)
-
-
-def hold(journal, line=""):
-    """A real second process that takes the cell's lock (and appends ``line`` to the journal), then sleeps."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(journal), line], stdout=subprocess.PIPE, text=True, cwd=os.getcwd()
-    )
-    assert proc.stdout.readline().strip() == "held"
-    return proc
-
-
-def test_a_second_job_on_a_cell_being_generated_stops_at_once_naming_the_first(tmp_path):
-    from pipeline.files import LockHeld
-    from pipeline.job.journal import journal_lock
-
-    journal = tmp_path / "cell.jsonl"
-    proc = hold(journal)
-    try:
-        start = time.perf_counter()
-        held = rf"cell journal {journal} is in use by pid {proc.pid} on \S+"
-        with pytest.raises(LockHeld, match=held), journal_lock(journal):
-            pass
-        assert time.perf_counter() - start < 1
-    finally:
-        proc.kill()
-        proc.wait()
-    with journal_lock(journal):  # the holder died: its lock went with it
-        assert (tmp_path / "cell.jsonl.lock").read_text().startswith(f"pid {os.getpid()} ")
-    assert not (tmp_path / "cell.jsonl.lock").exists()
-
-
-def test_a_held_lock_with_binary_content_is_still_one_line(tmp_path):
-    from pipeline.files import LockHeld
-    from pipeline.job.journal import journal_lock
-
-    journal = tmp_path / "cell.jsonl"
-    proc = hold(journal)
-    try:
-        (tmp_path / "cell.jsonl.lock").write_bytes(b"\xff\xfe\x00\x1b[2J" * 5000)  # the same file, still locked
-        with pytest.raises(LockHeld) as caught, journal_lock(journal):
-            pass
-        message = str(caught.value)
-        assert "\n" not in message and len(message) < 500 and f"cell journal {journal} is in use by" in message
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def test_run_cell_refuses_a_running_cell_and_takes_over_from_a_dead_job(tiny_dir, tmp_path, capsys):

@@ -1,4 +1,5 @@
-"""Results are never lost or silently wrong: journal recovery, values checked before use, W&B retries, file modes."""
+"""Results are never lost or silently wrong: the generation job's samples, values checked before use, W&B retries,
+file modes (the journal's own recovery: test_journal.py)."""
 
 from __future__ import annotations
 
@@ -17,80 +18,10 @@ import pytest
 from pipeline.experiment.cell import Cell
 from pipeline.files import write_atomic
 from pipeline.job.generate import run_cell
-from pipeline.job.journal import Journal
 from pipeline.models import ModelSpec
 from tests.conftest import cell_entry
 
 ROOT = Path(__file__).resolve().parent.parent
-IDS = [f"e{i}" for i in range(10)]
-
-
-def sample(i: int) -> bytes:
-    return json.dumps({"id": f"e{i}", "output": f"out {i}", "n": i}).encode()
-
-
-def needs_output(row):
-    return None if "output" in row else "missing fields ['output']"
-
-
-def recover(path: Path, data: bytes) -> tuple[dict[str, bytes], list[dict]]:
-    path.write_bytes(data)
-    kept = Journal(path, IDS, needs_output).recover()
-    rejected = Path(f"{path}.rejected")
-    return kept, [json.loads(line) for line in rejected.read_text().splitlines()] if rejected.exists() else []
-
-
-# ---- journals ---------------------------------------------------------------------------------------
-
-
-def test_a_corrupt_line_in_the_middle_costs_only_itself(tmp_path):
-    good = [sample(i) for i in range(10)]
-    data = b"\n".join(good[:3] + [b'{"id": "e3", "outp'] + good[4:]) + b"\n"
-    kept, rejected = recover(tmp_path / "j.jsonl", data)
-    assert list(kept) == [f"e{i}" for i in range(10) if i != 3]  # 9 of 10 kept, not 3
-    assert all(kept[f"e{i}"] == good[i] for i in range(10) if i != 3)  # byte for byte
-    assert [r["line"] for r in rejected] == [4] and rejected[0]["reason"] == "not valid JSON"
-    assert rejected[0]["raw"] == '{"id": "e3", "outp'
-    assert (tmp_path / "j.jsonl").read_bytes() == b"".join(g + b"\n" for i, g in enumerate(good) if i != 3)
-
-
-def test_a_complete_last_line_without_newline_is_repaired_not_glued(tmp_path):
-    path = tmp_path / "j.jsonl"
-    kept, rejected = recover(path, sample(0) + b"\n" + sample(1))
-    assert list(kept) == ["e0", "e1"] and not rejected
-    assert path.read_bytes() == sample(0) + b"\n" + sample(1) + b"\n"
-    journal = Journal(path, IDS, needs_output)
-    with journal.writer() as add:
-        add({"id": "e2", "output": "out 2", "n": 2})
-    assert list(journal.recover()) == ["e0", "e1", "e2"]  # the next sample is a line of its own
-
-
-def test_a_line_torn_by_a_crash_is_set_aside(tmp_path):
-    kept, rejected = recover(tmp_path / "j.jsonl", sample(0) + b"\n" + sample(1)[:12])
-    assert list(kept) == ["e0"] and rejected[0]["reason"] == "a line torn by a crash mid-write"
-
-
-@pytest.mark.parametrize(
-    "line, reason",
-    [
-        (b"[1, 2, 3]", "a JSON list, not an object"),
-        (b'"just a string"', "a JSON str, not an object"),
-        (b'{"output": "no id"}', "no string 'id'"),
-        (b'{"id": 7, "output": "x"}', "no string 'id'"),
-        (b'{"id": "HumanEval/999", "output": "x"}', "id 'HumanEval/999' is not an example of this cell"),
-        (b'{"id": "e0", "output": "again"}', "a second line for id 'e0' (the first is kept)"),
-        (b'{"id": "e5"}', "missing fields ['output']"),
-        (b"\xff\xfe not utf-8", "not valid JSON"),
-    ],
-)
-def test_every_kind_of_bad_line_is_rejected_with_its_reason(tmp_path, line, reason):
-    data = sample(0) + b"\n" + line + b"\n" + sample(1) + b"\n" + line  # also as the last, unterminated line
-    kept, rejected = recover(tmp_path / "j.jsonl", data)
-    assert kept == {"e0": sample(0), "e1": sample(1)}
-    assert [r["reason"] for r in rejected][0] == reason
-    assert len(rejected) == 2  # both copies; neither stops the lines after it
-    raw = rejected[0]["raw"].encode("utf-8", "surrogateescape")
-    assert raw == line  # set aside byte for byte
 
 
 def test_the_generation_job_keeps_every_good_sample_and_writes_each_id_once(tiny_dir, tmp_path, capsys):
@@ -388,40 +319,6 @@ def test_datasets_only_on_the_hub_are_checked_when_the_job_runs_unless_offline(t
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
     with pytest.raises(ConfigError, match=r"datasets.gsm8k: no data for task 'gsm8k'.*gsm8k/test.jsonl not found"):
         check_local(config, cells)
-
-
-@pytest.mark.parametrize("kind", ["link", "directory", "fifo"])
-def test_the_lock_and_the_journal_never_write_through_what_they_did_not_make(tmp_path, kind):
-    """A symbolic link, a directory or a pipe where the journal or its lock goes is refused in one line, and
-    what a link points to is left as it was (it was truncated and overwritten with a pid line)."""
-    from pipeline.files import ResultsError
-    from pipeline.job.journal import Journal, journal_lock
-
-    victim = tmp_path / "precious.txt"
-    victim.write_text("keep me\n")
-    journal = tmp_path / "cell.jsonl"
-    for target in (Path(f"{journal}.lock"), journal):
-        if kind == "link":
-            target.symlink_to(victim)
-        elif kind == "directory":
-            target.mkdir()
-        else:
-            os.mkfifo(target)
-        with pytest.raises(
-            ResultsError, match=r"cannot write the (lock of the cell journal|journal) .*: it is "
-        ) as err:
-            if target == journal:
-                with Journal(journal, ["a"], lambda row: None).writer() as add:
-                    add({"id": "a"})
-            else:
-                with journal_lock(journal):
-                    pass
-        assert "\n" not in str(err.value) and "remove it" in str(err.value)
-        assert victim.read_text() == "keep me\n"
-        if kind == "directory":
-            target.rmdir()
-        else:
-            target.unlink()
 
 
 def alias_bomb(levels: int = 9) -> str:
