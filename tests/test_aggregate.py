@@ -4,6 +4,7 @@ declared tables rendered from it."""
 from __future__ import annotations
 
 import json
+import re
 import types
 from pathlib import Path
 
@@ -147,6 +148,8 @@ def test_the_reports_captions_are_generated_from_the_tables_captions_and_render(
     from pipeline.report import captions
 
     assert captions.main(["--check"]) == 0, "run python -m pipeline.report.captions"
+    rule = (captions.ROOT / "workflow" / "rules" / "aggregate.smk").read_text()
+    assert re.findall(r'table_report\("(\w+)"', rule) == list(captions.REPORTED)  # the report's tables, each captioned
     template = (captions.REPORT_DIR / "speedup_vs_standard.rst").read_text()
     for config, shown in (({}, "95% interval"), ({"timing": {"confidence": 0.9}}, "90% interval")):
         snakemake = types.SimpleNamespace(config=config, output=types.SimpleNamespace(speedup_html="t.html"))

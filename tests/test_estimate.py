@@ -1,4 +1,4 @@
-"""The cost forecast: the bandwidth bound per forward, engine_bench's cost model for speculative methods,
+"""The cost forecast: the bandwidth bound per forward, the cost model's chain (measure/cost.py) for speculative methods,
 job counts per rule, the paper's grid on an A100 and the default run against its measured time."""
 
 from __future__ import annotations

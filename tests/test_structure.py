@@ -254,3 +254,23 @@ def test_every_declared_subcommand_is_listed_once():
         declared |= {f for _, f in inspect.getmembers(module, inspect.isfunction) if hasattr(f, "command")}
     assert len(declared) >= 18 and declared == set(cli.SUBCOMMANDS)
     assert len({f.command.name for f in cli.SUBCOMMANDS}) == len(cli.SUBCOMMANDS)
+
+
+def test_every_name_the_scripts_import_from_the_project_exists():
+    """benchmarks/ and scripts/ run outside the tests (on a GPU machine, by hand): each name they import from
+    `pipeline` or `tasks`, at the top or inside a function, exists, so a move or a rename cannot strand them."""
+    import importlib
+
+    missing, seen = [], 0
+    for file in [*ROOT.glob("benchmarks/**/*.py"), *ROOT.glob("scripts/*.py")]:
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module.split(".")[0] in PACKAGES:
+                module = importlib.import_module(node.module)
+                for alias in node.names:
+                    seen += 1
+                    if not hasattr(module, alias.name):
+                        try:
+                            importlib.import_module(f"{node.module}.{alias.name}")
+                        except ImportError:
+                            missing.append(f"{file.relative_to(ROOT)}: from {node.module} import {alias.name}")
+    assert seen >= 5 and missing == []

@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from transformers import AutoTokenizer
 
-    from pipeline.job.generate import cell_from_dict, run_cell
+    from pipeline.experiment.cell import Cell
+    from pipeline.job.generate import run_cell
 
     dtype = getattr(torch, args.dtype)
     tokenizer = AutoTokenizer.from_pretrained(args.carry / "tokenizer")
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             }
             out = args.out / engine / f"{method}.jsonl"
             start = time.perf_counter()
-            summary = run_cell(cell_from_dict(cell), out, progress=False)
+            summary = run_cell(Cell.from_json(cell), out, progress=False)
             rows = [json.loads(line) for line in out.read_text().splitlines()]
             exact = sum(r["token_ids"] == r["baseline"]["token_ids"] for r in rows)
             results.append(

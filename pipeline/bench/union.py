@@ -23,6 +23,7 @@ import torch
 
 from pipeline.bench.table import measure
 from pipeline.decoding import generate
+from pipeline.decoding.spec import parse_method
 from pipeline.decoding.union import byte_level_table
 from pipeline.measure.speed import fmt, series_speedup
 
@@ -92,7 +93,7 @@ def bench_union(
     args = {"weights": list(weights)} if weights is not None else {}
     cheap = min(range(len(models)), key=lambda i: sum(p.numel() for p in models[i].parameters()))
     turns = [gamma if i == cheap else 1 for i in range(len(models))]  # *_se: the cheapest model drafts gamma
-    kw = {m: {"gamma": list(turns) if m.endswith("_se") else gamma} for m in methods}
+    kw = {m: {"gamma": list(turns) if parse_method(m).in_turn else gamma} for m in methods}
     eos = tokenizers[0].eos_token_id
 
     def run(m: str, ids: list[int], n: int, seed: int):

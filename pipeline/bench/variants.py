@@ -6,6 +6,14 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
 
+from pipeline.decoding.forms import FORMS
+from pipeline.decoding.spec import parse_method
+
+
+def in_turn(method: str) -> bool:
+    """Every model proposes in turn (``E_se``): it takes one gamma per model."""
+    return parse_method(method).in_turn
+
 
 @dataclass
 class Variant:
@@ -17,7 +25,7 @@ class Variant:
     method_args: dict = field(default_factory=dict)
     baseline: bool = False
     gamma_schedule: str = "fixed"
-    tree: str | None = None  # a token tree per round (decoding/tree.py)
+    tree: str | None = None  # a token tree per round (decoding/tree/)
 
 
 def variants(
@@ -41,7 +49,7 @@ def variants(
         out = []
         for schedule, starts, tag in (("fixed", gammas, ""), ("dynamic", dynamic, " dyn")):
             for m, g in product(methods, starts):
-                gamma, shown = ([1, g], f"[1,{g}]") if m.endswith("_se") else (g, g)
+                gamma, shown = ([1, g], f"[1,{g}]") if in_turn(m) else (g, g)
                 out.append(Variant(group, f"{m}{tag} g={shown}", m, gamma, temperature, args, gamma_schedule=schedule))
         return out + tree_variants(group, methods, temperature, args, trees, [v.label for v in out])
 
@@ -49,7 +57,9 @@ def variants(
         """An ensemble's group: the ensemble (its baseline), its speculative methods, its parallel form."""
         group = f"{name} T={temperature:g}"
         out = [Variant(group, name, name, temperature=temperature, method_args=args, baseline=True)]
-        out += speculative(group, [f"{name}_sd", f"{name}_se"], temperature, {**args, **spec})
+        out += speculative(
+            group, [name + f.suffix for f in FORMS if f.own_loop and f.suffix], temperature, {**args, **spec}
+        )
         if parallel:
             out.append(Variant(group, f"{name}_p", f"{name}_p", temperature=temperature, method_args=args))
         return out
@@ -80,7 +90,7 @@ def tree_variants(
     out: list[Variant] = []
     for m, value in product(methods, trees):
         shape = parse_tree(value)
-        se = m.endswith("_se")
+        se = in_turn(m)
         chain = ([1, shape.nodes], f"[1,{shape.nodes}]") if se else (shape.nodes, shape.nodes)
         label = f"{m} g={chain[1]}"
         if label not in taken + [v.label for v in out]:
@@ -107,5 +117,5 @@ def same_budget_chain(v: Variant, vs: list[Variant]) -> Variant | None:
     from pipeline.decoding.tree.loop import parse_tree
 
     nodes = parse_tree(v.tree).nodes
-    gamma = [1, nodes] if v.method.endswith("_se") else nodes
+    gamma = [1, nodes] if in_turn(v.method) else nodes
     return next((w for w in vs if (w.group, w.method, w.gamma, w.tree) == (v.group, v.method, gamma, None)), None)

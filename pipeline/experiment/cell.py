@@ -42,7 +42,7 @@ class Cell:
     gamma_schedule: str = "fixed"
     baseline: str | None = None  # a method run beside each sample, e.g. "we" for "we_se"
     baseline_args: dict[str, Any] = field(default_factory=dict)
-    tree: Any = None  # a token tree per round (decoding/tree.py), None: a chain
+    tree: Any = None  # a token tree per round (decoding/tree/), None: a chain
     timing: dict[str, Any] = field(default_factory=dict)  # speed.Policy: how samples are timed and judged
 
     def __post_init__(self):  # the decoder's own checks, before anything loads

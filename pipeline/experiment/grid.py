@@ -199,7 +199,7 @@ def _gammas(sweep: list[Any], spec: MethodSpec, n: int, grid: str) -> list[Any]:
 
 
 def _trees(sweep: list[Any], spec: MethodSpec, grid: str) -> list[Any]:
-    """The grid's trees (``decoding/tree.py``) for ``spec``: each checked; None (a chain) only for the methods
+    """The grid's trees (``decoding/tree/``) for ``spec``: each checked; None (a chain) only for the methods
     that cannot take one."""
     from ..decoding.tree.loop import parse_tree
 

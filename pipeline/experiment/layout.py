@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 GENERATIONS = "generations"  # under the results directory: every cell's files, ``<cell id><suffix>``
+FAILED = ".failed.json"  # beside a W&B outcome (``.wandb.json``, the experiment's ``wandb.json``): a failed logging
 # what a cell's steps write beside its samples, in the order they run (the rule in brackets)
 CELL_FILES = {
     "samples": ".jsonl",  # the samples, one JSON line each (generate)
@@ -15,7 +16,7 @@ CELL_FILES = {
     "scores": ".scores.jsonl",  # each sample's scores (score)
     "summary": ".summary.json",  # the quality summary (score)
     "wandb": ".wandb.json",  # the W&B outcome (wandb_log)
-    "wandb_failed": ".wandb.failed.json",  # a failed W&B logging, kept for the retry (wandb_log)
+    "wandb_failed": ".wandb" + FAILED,  # a failed W&B logging, kept for the retry (wandb_log)
 }
 
 

@@ -66,9 +66,9 @@ def round_speedup(tau: float, nodes: float, depth: float, width: float, target: 
     return speedup(tau, at + bt * (nodes + 1) + depth * (ad + bd * width), at + bt)
 
 
-def tau_needed(speedup: float, nodes: float, depth: float, width: float, target: tuple, draft: tuple) -> float:
-    """The τ a round of that shape needs for ``speedup`` at these costs."""
-    return speedup / round_speedup(1.0, nodes, depth, width, target, draft)
+def tau_needed(goal: float, nodes: float, depth: float, width: float, target: tuple, draft: tuple) -> float:
+    """The τ a round of that shape needs for a speed-up of ``goal`` at these costs."""
+    return goal / round_speedup(1.0, nodes, depth, width, target, draft)
 
 
 def best_budget(rows: Sequence[dict[str, Any]], target: tuple, draft: tuple) -> dict[str, Any] | None:

@@ -222,7 +222,7 @@ def _shown(*where: str, optional: bool = False, columns: tuple[str, ...] = ()) -
 class SpeedSummary:
     """A cell's speed record, its ``.speed.json`` (``summarize``): speed, interval, τ, acceptance, interference,
     flags. One JSON form (``to_json`` / ``from_json``), its keys in the order of the fields; which of them the
-    figures, cells.csv and results.json show is said here, by each field (``figures``, ``columns``,
+    figures, cells.csv and results.json show is said here, by each field (``figure``, ``column``,
     ``published``)."""
 
     samples: int = _shown("figure", "column", "published")
@@ -270,6 +270,11 @@ class SpeedSummary:
             if where in f.metadata["shown"]
             for name in (f.metadata["columns"] if where == "column" and f.metadata["columns"] else (f.name,))
         )
+
+    @classmethod
+    def columns_of(cls, name: str) -> tuple[str, ...]:
+        """The cells.csv columns field ``name`` is shown as."""
+        return cls.__dataclass_fields__[name].metadata["columns"] or (name,)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SpeedSummary:

@@ -5,13 +5,16 @@ from their files under ``generations/`` (``pipeline.report.figures``).
 
 Every speed-up carries its interval and an unstable cell is marked (docs/speed.md). The speed-up tables are shaped
 like the paper's: rows are model set x method, columns datasets; the value is the best over the gamma sweep, with
-that gamma in the Markdown. A new table: a layout in ``pipeline.report.tables`` (or an existing one), an entry here.
+that gamma in the Markdown. A new table: a layout in ``pipeline.report.tables`` (or an existing one), an entry here
+and its caption in ``pipeline.report.captions`` (``CAPTIONS``; shown in the Snakemake report too: ``REPORTED``,
+rule aggregate's ``table_report``, then ``python -m pipeline.report.captions``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from ..experiment.layout import GENERATIONS
 from ..files import ResultsError, write_atomic
 from ..measure.speed import SpeedSummary
 from . import tables as layout
@@ -97,7 +100,7 @@ def aggregate(results: Path, reported: dict | None = None) -> list[Path]:
     cells, out, plots = found.cells, results / "tables", results / "plots"
     plots.mkdir(parents=True, exist_ok=True)  # an output of the workflow, also when no plot applies
     if cells.empty:
-        raise ResultsError(f"no finished cells under {results}/generations")
+        raise ResultsError(f"no finished cells under {results / GENERATIONS}")
     unstable = int(cells["unstable"].sum())
     sections = [
         f"# Results of experiment {cells['experiment'].iloc[0]}\n"

@@ -1,6 +1,6 @@
 """Each table's caption, written once: ``aggregate`` formats them with a run's figures (its confidence, whether
-the grid has transformers' methods, the paper cited) for summary.md and the HTML tables, and the Snakemake
-report's captions (``workflow/report/<table>.rst``) are generated from them:
+the grid has transformers' methods, the paper cited) above each table in summary.md, and the Snakemake report's
+captions of the tables it shows (``workflow/report/<table>.rst``) are generated from them:
 
     python -m pipeline.report.captions            # rewrite workflow/report/<table>.rst
     python -m pipeline.report.captions --check    # exit 1 when one is not what CAPTIONS give

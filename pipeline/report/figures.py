@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..errors import UserError
 from ..experiment.cell import Dims
 from ..experiment.layout import beside, cell_path
 from ..files import ResultsError, read_jsonl, read_user_json
@@ -30,8 +31,8 @@ CELL = [*ROW, "gamma", "dataset"]  # one cell of a table
 FIGURE = ["cell", "metric", "category", "value", "low", "high", "unstable"]
 SPEED = SpeedSummary.shown("figure")  # a speed record's own figures
 LISTS = ("tau_by_model", "position_acceptance")  # one figure per model of the set / per position of a block
-EXACTNESS = {"exact_match": "rate", "mismatches_numerics": "numerics", "mismatches_bug": "bugs"}
-EXACTNESS["mismatches_unchecked"] = "unchecked"
+# the exactness record's figures: cells.csv's columns (``SpeedSummary.exactness``) and the keys they show
+EXACTNESS = dict(zip(SpeedSummary.columns_of("exactness"), ("rate", "numerics", "bugs", "unchecked"), strict=True))
 
 
 @dataclass
@@ -54,6 +55,15 @@ def _record(path: Path, what: str, kind: type = dict) -> Any:
         shape = "an object" if kind is dict else "a list"
         raise ResultsError(f"{what} {path} is not {shape} of JSON; delete it and run the workflow again")
     return found
+
+
+def speed_record(path: Path) -> dict[str, Any]:
+    """A cell's ``.speed.json`` read through its type (``SpeedSummary``), in its one JSON form; one line naming the
+    file when it is not one."""
+    try:
+        return SpeedSummary.from_json(_record(path, "the speed record")).to_json()
+    except UserError as err:
+        raise ResultsError(f"the speed record {path}: {err}; delete it and run the workflow again") from None
 
 
 def grid_dims(results: Path) -> list[dict[str, Any]]:
@@ -102,7 +112,7 @@ def collect(results: Path, reported: dict[str, Any] | None = None) -> Collected:
         base = cell_path(results, dims["id"])
         if not beside(base, "speed").exists():
             continue
-        speed = speeds[dims["id"]] = _record(beside(base, "speed"), "the speed record")
+        speed = speeds[dims["id"]] = speed_record(beside(base, "speed"))
         policy = Policy.from_dict(speed.get("policy"))  # the cells' own: one config judged them all
         samples[dims["id"]] = read_jsonl(base)
         summary = beside(base, "summary")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import one_line
-from ..experiment.layout import beside
+from ..experiment.layout import FAILED, beside
 from ..files import read_jsonl, write_atomic
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ def _logged(status, run: RunSpec, fill, wandb_dir) -> dict[str, Any]:
     Waiting for an unreachable server is bounded by ``init_timeout`` seconds.
     """
     status, wandb_dir = Path(status), Path(wandb_dir)
-    failed = status.with_suffix(".failed.json")
+    failed = status.with_suffix(FAILED)
     mode = resolve_mode(run.mode)
     outcome: dict[str, Any] = {"mode": mode, "cell": run.name} if run.job_type == "cell" else {"mode": mode}
     if mode == "disabled":
