@@ -70,6 +70,18 @@ def test_the_long_frame_holds_each_figure_once_with_its_interval(tmp_path):
     assert list(found.cells["id"]) == [WE, SE] and list(found.cells["T"]) == ["0", "0"]
 
 
+def test_a_speed_record_with_a_key_its_type_does_not_know_is_one_line_naming_the_file(tmp_path):
+    """The aggregate reads each .speed.json through SpeedSummary: a record from another version (a key renamed)
+    stops with one line naming the file, never a table silently missing a figure."""
+    from pipeline.files import ResultsError
+
+    results = two_cells(tmp_path)
+    path = results / "generations" / f"{SE}.speed.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "speedup": 1.5}))
+    with pytest.raises(ResultsError, match=r"the speed record .*we_se-T0-g2.speed.json: unknown speed record keys"):
+        collect(results, reported={})
+
+
 def test_a_declared_table_shows_the_figures_of_the_frame(tmp_path):
     found = collect(two_cells(tmp_path), reported={})
     files = render(TABLE["speedup_vs_standard"], found)

@@ -58,10 +58,12 @@ def _record(path: Path, what: str, kind: type = dict) -> Any:
 
 
 def speed_record(path: Path) -> dict[str, Any]:
-    """A cell's ``.speed.json`` read through its type (``SpeedSummary``), in its one JSON form; one line naming the
-    file when it is not one."""
+    """A cell's ``.speed.json``, checked against its type (``SpeedSummary``: a key it does not know is one line
+    naming the file) and kept as written (a key a record lacks stays absent)."""
+    found = _record(path, "the speed record")
     try:
-        return SpeedSummary.from_json(_record(path, "the speed record")).to_json()
+        SpeedSummary.from_json(found)
+        return found
     except UserError as err:
         raise ResultsError(f"the speed record {path}: {err}; delete it and run the workflow again") from None
 
