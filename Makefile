@@ -32,7 +32,7 @@ bench: $(STAMP)
 	$(PY) -m pipeline.bench --json results/bench/bench.json
 
 test: $(STAMP)
-	$(PY) -m pytest -n 2 --dist loadfile -q --durations=15
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q --durations=15
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pipeline tasks tests

@@ -11,6 +11,20 @@ from transformers import LlamaConfig, LlamaForCausalLM
 # tiny models: threads cost more than they give
 torch.set_num_threads(1)
 
+# The files that take minutes, started first, so that the two workers of `make test` (pytest-xdist, one file at a
+# time: --dist loadfile --no-loadscope-reorder) end together instead of one waiting on a long file begun last;
+# the other files follow by their number of tests, the order xdist would give them (tests/README.md).
+LONGEST_FIRST = ("test_sampling_new_methods.py", "test_sampling_lossless.py", "test_workflow.py", "test_slurm.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    files = {item.path.name for item in items}
+    if missing := [name for name in LONGEST_FIRST if name not in {p.name for p in config.rootpath.glob("tests/*.py")}]:
+        raise pytest.UsageError(f"tests/conftest.py LONGEST_FIRST names files that do not exist: {missing}")
+    counts = {name: sum(item.path.name == name for item in items) for name in files}
+    rank = {name: LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST) for name in files}
+    items.sort(key=lambda item: (rank[item.path.name], -counts[item.path.name], item.path.name))
+
 
 def tiny_llama(seed: int, vocab: int = 32, hidden: int = 16, layers: int = 1, init: float = 0.5) -> LlamaForCausalLM:
     """A random Llama-shaped causal LM in float64, peaked enough to have structure."""
