@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections import Counter
 
 import pytest
 import torch
@@ -18,11 +19,10 @@ LONGEST_FIRST = ("test_sampling_new_methods.py", "test_sampling_lossless.py", "t
 
 
 def pytest_collection_modifyitems(config, items):
-    files = {item.path.name for item in items}
     if missing := [name for name in LONGEST_FIRST if name not in {p.name for p in config.rootpath.glob("tests/*.py")}]:
         raise pytest.UsageError(f"tests/conftest.py LONGEST_FIRST names files that do not exist: {missing}")
-    counts = {name: sum(item.path.name == name for item in items) for name in files}
-    rank = {name: LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST) for name in files}
+    counts = Counter(item.path.name for item in items)
+    rank = {name: LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST) for name in counts}
     items.sort(key=lambda item: (rank[item.path.name], -counts[item.path.name], item.path.name))
 
 
