@@ -57,11 +57,19 @@ def llama_pair(tmp_path, monkeypatch):
 
 
 def forecast_of(
-    methods: list[str], size: int, acceptance: float, efficiency: float = 1.0, beside=False, null=False
+    methods: list[str],
+    size: int,
+    acceptance: float,
+    efficiency: float = 1.0,
+    beside=False,
+    null=False,
+    engines: dict[str, str] | None = None,
+    compiled: tuple[float, float, float] | None = None,
 ) -> dict:
+    engines = engines or {}
     config = check_config(
         {
-            "models": {"llama-2-7b": {}, "llama-68m": {}},
+            "models": {m: {"engine": engines[m]} if m in engines else {} for m in ("llama-2-7b", "llama-68m")},
             "grids": [{"name": "g", "model_sets": {"p": ["llama-2-7b", "llama-68m"]}, "methods": methods}],
             "datasets": {"humaneval": {"size": size}},
             "max_new_tokens": 100,
@@ -73,7 +81,20 @@ def forecast_of(
     )
     cells = expand_cells(config)
     infos = inspect_config(config, models_to_prepare(config, cells))
-    return estimate.forecast(config, cells, infos, estimate.GPUS["a100-80gb"], efficiency, 0.0, acceptance)
+    return estimate.forecast(
+        config, cells, infos, estimate.GPUS["a100-80gb"], efficiency, 0.0, acceptance, compiled=compiled
+    )
+
+
+def test_a_model_on_the_compiled_engine_costs_the_compiled_figures_and_its_compiling(llama_pair):
+    figures, large = (0.57, 0.75, 300.0), "humaneval/llama-2-7b/large_model-T0"
+    eager = forecast_of(["large_model"], 10, 0.7, 0.2, compiled=figures)["cell_hours"][large]
+    graphs = forecast_of(["large_model"], 10, 0.7, 0.2, engines={"llama-2-7b": "compiled"}, compiled=figures)
+    prefill = 10 * estimate.PROMPT_TOKENS * 2 * PUBLIC_PARAMETERS["meta-llama/Llama-2-7b-hf"] / 312e12 / 3600
+    decoding = graphs["cell_hours"][large] - prefill - 300.0 / 3600
+    assert decoding / (eager - prefill) == pytest.approx(0.2 / 0.57)  # tokens at 57% of the bound, not 20%
+    unpriced = forecast_of(["large_model"], 10, 0.7, 0.2, engines={"llama-2-7b": "compiled"})  # figures not given
+    assert unpriced["cell_hours"][large] == pytest.approx(eager)
 
 
 def test_a_plain_cell_costs_its_tokens_at_the_bandwidth_bound_plus_its_prefill(llama_pair):
@@ -131,6 +152,16 @@ def test_the_paper_grid_on_an_a100(tmp_path, monkeypatch, capsys):
     total = out.strip().splitlines()[-1]
     assert re.fullmatch(r"total: \d+ jobs, [\d.]+ GPU-hours of generation on a100-80gb", total), total
     assert "acceptance 0.7 (assumed)" in out.splitlines()[0]
+    # the grid's models are on the compiled engine: its figures and its compile per job; with every member's
+    # figures set to the compiled engine's by hand, the forecast differs by the compiling alone
+    assert result["compiled"] == {"efficiency": 0.57, "floor_ms": 0.75, "compile_s": estimate.COMPILE_S}
+    assert "(compiled engine: 57%, at least 0.75 ms, and 300 s of compiling per generation job)" in out
+    by_hand = ["--efficiency", "0.57", "--floor-ms", "0.75", "--json"]
+    assert main(["estimate", str(ROOT / "config" / "paper.yaml"), "--gpu", "a100-80gb", *by_hand]) == 0
+    manual = json.loads(capsys.readouterr().out)
+    assert manual["compiled"] is None
+    compiling = 385 * estimate.COMPILE_S / 3600
+    assert result["generate_hours"] - manual["generate_hours"] == pytest.approx(compiling)
 
 
 def test_the_default_run_against_its_measured_time_in_the_docs():

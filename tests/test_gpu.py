@@ -80,3 +80,18 @@ def test_autotuned_engine_on_cuda_emits_the_eager_runners_tokens():
     fast = set_engine(copy.deepcopy(model), "compiled+autotune")
     StaticRunner(fast, 32, max_len=60)
     assert_autotuned_emits_eager_tokens(model, fast)
+
+
+def test_compiled_members_of_a_parallel_ensemble_emit_the_standard_ensembles_tokens():
+    """``we_p`` over CUDA-graphed members (one device's shared graph pool): models large enough for two
+    forwards to overlap on the device, where graphs replayed on two streams at once overwrote each other's
+    buffers (NaN logits). The CUDA-graph backend alone (no inductor kernels) keeps the compile short."""
+    models = [tiny_llama(11, hidden=1024, layers=8, init=0.05), tiny_llama(12, hidden=512, layers=4, init=0.05)]
+    models = [set_engine(m.to("cuda"), "compiled", backend="cudagraphs") for m in models]
+    for m in models:
+        StaticRunner(m, 32, max_len=60)
+    for temperature in (0.0, 1.0):
+        for prompt in PROMPTS[:3]:
+            kw = dict(max_new_tokens=40, method_args={"lambda": 0.5}, temperature=temperature, seed=3)
+            want = generate(models, prompt, "we", **kw)
+            assert generate(models, prompt, "we_p", **kw).token_ids == want.token_ids, (temperature, prompt)

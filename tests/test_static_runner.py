@@ -263,3 +263,39 @@ def test_a_tree_compiles_its_masked_buckets_once_and_room_for_its_nodes():
     runner.prepare_masked(16)  # moves to the tree's cache, compiled ahead: nothing compiled now
     assert runner.graphs is tree and runner.max_len == 246 and backend.graphs == compiled
     assert not next(g for g in graphs if g.length == 256).busy  # the chain's cache is free again
+
+
+def tiny_of(family: str, seed: int) -> torch.nn.Module:
+    """A random model of another family of config/paper.yaml (OPT, Qwen2), float64, shaped like ``tiny_llama``."""
+    from transformers import OPTConfig, OPTForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    if family == "opt":
+        config = OPTConfig(
+            vocab_size=32, hidden_size=16, ffn_dim=32, num_hidden_layers=2, num_attention_heads=2,
+            max_position_embeddings=256, word_embed_proj_dim=16, init_std=0.5,
+        )  # fmt: skip
+        return OPTForCausalLM(config).to(torch.float64).eval()
+    config = Qwen2Config(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=256, initializer_range=0.5, tie_word_embeddings=False,
+    )  # fmt: skip
+    return Qwen2ForCausalLM(config).to(torch.float64).eval()
+
+
+@pytest.mark.parametrize("family", ["opt", "qwen2"])
+def test_the_paper_grids_other_families_on_the_compiled_engine_emit_the_eager_runners_tokens(family):
+    """config/paper.yaml runs OPT and Qwen2 models on the compiled engine too: their static caches (learned
+    positions for OPT) under the runner's cropping, graphs traced by dynamo (run eagerly here)."""
+    eager = [tiny_of(family, 0), tiny_of(family, 1)]
+    compiled = [set_engine(copy.deepcopy(m), "compiled", backend="eager") for m in eager]
+    for method, which, gamma, args in [
+        ("large_model", [0], 1, {}),
+        ("sd", [0, 1], 3, {}),
+        ("cd_se", [0, 1], [1, 3], {"alpha": 0.1}),
+    ]:
+        for prompt in PROMPTS[:3]:
+            kw = dict(gamma=gamma, max_new_tokens=30, method_args=args, temperature=0.0, seed=1)
+            want = generate([eager[i] for i in which], prompt, method, **kw)
+            got = generate([compiled[i] for i in which], prompt, method, **kw)
+            assert got.token_ids == want.token_ids, (family, method, prompt)

@@ -132,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             ci = f"[{s.get('speedup_ci_low') or float('nan'):.2f}, {s.get('speedup_ci_high') or float('nan'):.2f}]"
             print(
                 f"{engine:9} {method:6} vs {baseline:11} {s.get('speedup_side_by_side') or float('nan'):.2f}x {ci} "
+                f"tok/s {s.get('tokens_per_s') or float('nan'):.1f} "
+                f"(baseline {s.get('baseline_tokens_per_s') or float('nan'):.1f}) "
                 f"tau {s.get('tau')} flags {s.get('flags')} "
                 f"exact {exact}/{len(rows)} ({time.perf_counter() - start:.0f} s)",
                 flush=True,

@@ -4,6 +4,7 @@
 # Then on the GPU machine, from the repository root, with .gpu-carry carried:
 #   bash benchmarks/gpu/run.sh tests     # the GPU tests (~3 min on an H100)
 #   bash benchmarks/gpu/run.sh product   # generation jobs per engine, side by side, with exactness (~8 min)
+#     ENGINES="compiled eager" picks the engines and their order (default: eager compiled eager+auto)
 #   bash benchmarks/gpu/run.sh speed     # what a forward costs per engine and size, oracle drafts (~8 min)
 #   bash benchmarks/gpu/run.sh trees     # token trees against chains of the same node budget (~8 min)
 #   bash benchmarks/gpu/run.sh trees-compiled  # the same on the compiled engine (CUDA graphs; ~7 min)
@@ -27,8 +28,8 @@ fi
 if part product; then
   # 2. the product path: generation jobs on grid cells per engine (eager, compiled, eager on device_map=auto), in float32,
   #    side by side with the standard method, with exactness (models written outside $OUT)
-  timeout 560 $PY benchmarks/gpu/product_path.py --carry .gpu-carry --out /tmp/product --device cuda --dtype float32 \
-    2>&1 | grep -v "^ *[0-9]*%|" | tee "$OUT/product.txt"
+  timeout ${PRODUCT_TIMEOUT:-560} $PY benchmarks/gpu/product_path.py --carry .gpu-carry --out /tmp/product --device cuda \
+    --dtype float32 --engines ${ENGINES:-eager compiled eager+auto} 2>&1 | grep -v "^ *[0-9]*%|" | tee "$OUT/product.txt"
   cp /tmp/product/product_path.json "$OUT/" 2>/dev/null
 fi
 if part speed; then

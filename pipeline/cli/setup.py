@@ -207,6 +207,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from ..experiment.checks import load_checked
     from ..experiment.estimate import (
         ACCEPTANCE,
+        COMPILE_S,
+        COMPILED_EFFICIENCY,
+        COMPILED_FLOOR_MS,
         EFFICIENCY,
         GPU_EFFICIENCY,
         as_json,
@@ -226,11 +229,14 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     unknown = [p for i in infos.values() if i.config is None for p in i.problems or [f"{i.name}: {i.where}"]]
     if unknown:  # shapes are all it needs (a missing tokenizer is the preflight's to report)
         raise UserError(f"{unknown[0]} ({len(unknown)} without shapes; 'pipeline preflight {args.config}' lists all)")
-    result = forecast(config, cells, infos, gpu, efficiency, floor, acceptance)
+    # models on a compiled engine: its figures on a GPU, unless --efficiency or --floor-ms set every member's
+    overridden = args.efficiency is not None or args.floor_ms is not None
+    compiled = None if name.startswith("cpu") or overridden else (COMPILED_EFFICIENCY, COMPILED_FLOOR_MS, COMPILE_S)
+    result = forecast(config, cells, infos, gpu, efficiency, floor, acceptance, compiled)
     if args.json:
-        print(json.dumps(as_json(result, name, gpu, efficiency, floor, acceptance), indent=2))
+        print(json.dumps(as_json(result, name, gpu, efficiency, floor, acceptance, compiled), indent=2))
         return 0
-    print(settings_line(name, gpu, efficiency, floor, acceptance))
+    print(settings_line(name, gpu, efficiency, floor, acceptance, compiled))
     print("\n".join(report(result, name)))
     return 0
 

@@ -17,6 +17,13 @@ all of them are done.
   launched, the calling thread waits for each member's stream; a member's
   ``forward_time_s`` is its launch time plus that common wait, so overlapping
   forwards are counted in each.
+  Members on the compiled engine are the exception: inductor's CUDA graphs
+  of one device share one memory pool, each graph's buffers placed on the
+  assumption that the graphs run one after another, so two replayed at the
+  same time on two streams overwrite each other's intermediates (NaN logits
+  for a 1B model with a 68M one on an H100). Their forwards are launched on
+  the device's current stream, one after another, as ``E`` does; eager
+  members beside them still get their own streams.
 * CPU: a pool of one thread per CPU member (torch releases the GIL inside its
   ops), the process's thread budget (``torch.get_num_threads()``) split evenly
   between them, at least one thread each (``docs/decoder.md``), and restored
@@ -39,6 +46,13 @@ def _device(member: Member) -> torch.device:
     return getattr(member.runner, "device", torch.device("cpu"))
 
 
+def _graphed(member: Member) -> bool:
+    """Whether the member's forwards replay CUDA graphs from the device's shared pool (the compiled engine)."""
+    from .static import StaticRunner
+
+    return isinstance(member.runner, StaticRunner)
+
+
 class ConcurrentForwards:
     """Catch every member up at once; a context manager that owns the CPU members' thread pool."""
 
@@ -48,7 +62,8 @@ class ConcurrentForwards:
         self.cpu = [i for i, m in enumerate(members) if _device(m).type != "cuda"]
         self.budget = torch.get_num_threads()
         self.threads_per_member = max(1, self.budget // len(members))
-        self.streams = {i: torch.cuda.Stream(_device(members[i])) for i in self.gpu}
+        # a stream of its own per eager GPU member; compiled ones stay on the device's current stream (docstring)
+        self.streams = {i: torch.cuda.Stream(_device(members[i])) for i in self.gpu if not _graphed(members[i])}
         self.pool: ThreadPoolExecutor | None = None
         self._synced: dict[int, bool] = {}
 
@@ -76,8 +91,9 @@ class ConcurrentForwards:
         """``Member.catch_up`` of every member, concurrently; returns when all rows are ready."""
         futures = [self.pool.submit(self._on_cpu, i, tokens, committed) for i in self.cpu]
         launched = {}
+        streams = {i: self.streams.get(i) or torch.cuda.current_stream(_device(self.members[i])) for i in self.gpu}
         for i in self.gpu:
-            member, stream = self.members[i], self.streams[i]
+            member, stream = self.members[i], streams[i]
             before = member.runner.stats.forward_time_s
             stream.wait_stream(torch.cuda.current_stream(_device(member)))
             with torch.cuda.stream(stream):
@@ -87,11 +103,11 @@ class ConcurrentForwards:
             f.result()  # re-raises a member's error here
         start = time.perf_counter()
         for i in self.gpu:
-            self.streams[i].synchronize()
+            streams[i].synchronize()
         waited = time.perf_counter() - start
         for i in self.gpu:
             member = self.members[i]
-            torch.cuda.current_stream(_device(member)).wait_stream(self.streams[i])
+            torch.cuda.current_stream(_device(member)).wait_stream(streams[i])
             if launched[i]:
                 member.runner.stats.forward_time_s += waited
 

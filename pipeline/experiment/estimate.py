@@ -46,6 +46,11 @@ ACCEPTANCE = 0.7  # assumed per-token acceptance of a proposal when nothing bett
 # 'cpu' above, one thread, eager+pack, the bundled model: 57.4 ms a token against 33.7 at the bound.
 EFFICIENCY, FLOOR_MS = {"cpu": 0.59}, {"cpu": 0.0}
 GPU_EFFICIENCY, GPU_FLOOR_MS = 0.2, 2.4
+# The compiled engine on a GPU (CUDA graphs): 0.57 of the bound for 7B and 0.75 ms for the 68M shape on an H100, and
+# what each generation job spends compiling before it times anything: 300 s for a 1B target with a 68M draft
+# (float32, 16 CPU cores; docs/cluster.md: The H100 figures). Models on the compiled engine are forecast with these on
+# a GPU; on the 'cpu' every engine has its figures above (its compile, minutes per model, is not counted).
+COMPILED_EFFICIENCY, COMPILED_FLOOR_MS, COMPILE_S = 0.57, 0.75, 300.0
 PROMPT_TOKENS = 512  # prompt tokens per example, for the prefill (compute bound)
 KV_PROMPT_TOKENS = 2048  # the prompt length a KV cache is sized for in the memory check (beside max_new_tokens)
 GPU_OVERHEAD_GB = 1.5  # the CUDA context, allocator slack and logits, per GPU
@@ -157,21 +162,40 @@ def token_seconds(method: str, t: list[float], gamma: Any, proposer: str, accept
     return target / chain_speedup(acceptance, g, {1: target}, {1: draft})
 
 
-def forecast(config, cells, infos, gpu: Gpu, efficiency: float, floor_ms: float, acceptance: float) -> dict:
-    """Jobs per rule, and the hours of each cell's generation job and of all of them."""
+def forecast(
+    config,
+    cells,
+    infos,
+    gpu: Gpu,
+    efficiency: float,
+    floor_ms: float,
+    acceptance: float,
+    compiled: tuple[float, float, float] | None = None,
+) -> dict:
+    """Jobs per rule, and the hours of each cell's generation job and of all of them; ``compiled``: the
+    efficiency, least forward time in ms and compile seconds per job of members on a compiled engine (None:
+    the same figures as every other member, no compile time)."""
     hours: dict[str, float] = {}
     for cell_id, c in cells.items():
         cell, members = c.cell, [infos[n] for n in c.dims.models]
         if any(m.read_bytes() is None for m in members):
             raise UserError(f"cell {cell_id}: the shapes of {', '.join(m.name for m in members)} are not known here")
-        t = [max(m.read_bytes() / (gpu.bandwidth_gb_s * 1e9 * efficiency), floor_ms / 1e3) for m in members]
+        graphed = [compiled is not None and spec.engine != "eager" for spec in cell.models]
+        t = [
+            max(
+                m.read_bytes() / (gpu.bandwidth_gb_s * 1e9 * (compiled[0] if g else efficiency)),
+                (compiled[1] if g else floor_ms) / 1e3,
+            )
+            for m, g in zip(members, graphed)
+        ]
         proposer = cell.method_args.get("proposer", "draft")
         runs = [cell.method] + ([cell.baseline] if cell.baseline else [])
         per_token = sum(token_seconds(r, t, cell.gamma, proposer, acceptance) for r in runs)
         used = [members[:1] if r == "large_model" else members[-1:] if r == "small_model" else members for r in runs]
         flops = PROMPT_TOKENS * 2 * sum(m.parameters for run in used for m in run)
         prefill = flops / (gpu.tflops * 1e12) if gpu.tflops else 0.0  # a GPU given by --bandwidth alone: none
-        hours[cell_id] = prompts(cell) * (cell.max_new_tokens * per_token + prefill) / 3600
+        compiling = compiled[2] if any(graphed) else 0.0
+        hours[cell_id] = (prompts(cell) * (cell.max_new_tokens * per_token + prefill) + compiling) / 3600
     wandb = config["wandb"]["mode"] != "disabled"
     jobs = {rule: len(cells) for rule in PER_CELL if rule != "wandb_log" or wandb}
     jobs["prepare_model"] = len(infos)
@@ -205,11 +229,19 @@ def report(result: dict, label: str) -> list[str]:
     return rows
 
 
-def settings_line(name: str, gpu: Gpu, efficiency: float, floor_ms: float, acceptance: float) -> str:
+def settings_line(
+    name: str, gpu: Gpu, efficiency: float, floor_ms: float, acceptance: float, compiled: tuple | None = None
+) -> str:
     compute = f"{gpu.tflops:g} TFLOP/s" if gpu.tflops else "no TFLOP/s known (prefill not counted)"
+    graphs = ""
+    if compiled is not None:
+        graphs = (
+            f" (compiled engine: {compiled[0]:.0%}, at least {compiled[1]:g} ms, and {compiled[2]:g} s of compiling "
+            "per generation job)"
+        )
     return (
         f"{name}: {gpu.bandwidth_gb_s:g} GB/s, {gpu.memory_gb:g} GB, {compute}; forwards at {efficiency:.0%} of the "
-        f"bandwidth bound, at least {floor_ms:g} ms; acceptance {acceptance:g} (assumed); every answer "
+        f"bandwidth bound, at least {floor_ms:g} ms{graphs}; acceptance {acceptance:g} (assumed); every answer "
         f"{PROMPT_TOKENS} prompt tokens and max_new_tokens long"
     )
 
@@ -226,12 +258,15 @@ def settings(args) -> tuple[str, Gpu, float]:
     return key, gpu, floor
 
 
-def as_json(result: dict, name: str, gpu: Gpu, efficiency: float, floor_ms: float, acceptance: float) -> dict:
+def as_json(
+    result: dict, name: str, gpu: Gpu, efficiency: float, floor_ms: float, acceptance: float, compiled=None
+) -> dict:
     return {
         "gpu": name,
         **asdict(gpu),
         "efficiency": efficiency,
         "floor_ms": floor_ms,
+        "compiled": dict(zip(("efficiency", "floor_ms", "compile_s"), compiled)) if compiled else None,
         "acceptance": acceptance,
         **result,
     }
