@@ -10,8 +10,6 @@ rule cell:
     log:
         f"{RESULTS}/logs/cells/{{cell}}.log",
     localrule: True
-    conda:
-        env("report")  # the shell's printf and mv alone; an environment the report's rules make anyway
     params:
         text=lambda w: json_text(CELLS[w.cell].to_json()),
     shell:

@@ -11,8 +11,6 @@ rule timing:
     log:
         f"{RESULTS}/logs/timing.log",
     localrule: True
-    conda:
-        env("report")  # the shell's printf and mv alone; an environment the report's rules make anyway
     params:
         text=json_text(json.loads(TIMING)),
     shell:
