@@ -1,7 +1,8 @@
 # The grid as files: one cell file per cell (its settings for the jobs, its dimensions for W&B and
 # the tables), and grid.json, the index of the current config's cells. A changed cell rewrites its
 # file, and the cell's jobs rerun from it; the other cells' files stay as they are.
-# The files hold CellFile.to_json() (pipeline/experiment/cell.py), written by the shell (WRITE_TEXT, common.smk).
+# The files hold CellFile.to_json() (pipeline/experiment/cell.py); the run directives are left as they are, since
+# Snakemake reruns a rule whose code changed, and with it every cell of a results directory.
 
 
 rule cell:
@@ -11,9 +12,9 @@ rule cell:
         f"{RESULTS}/logs/cells/{{cell}}.log",
     localrule: True
     params:
-        text=lambda w: json_text(CELLS[w.cell].to_json()),
-    shell:
-        WRITE_TEXT
+        entry=lambda w: json.dumps(CELLS[w.cell].to_json(), sort_keys=True),
+    run:
+        write_json(output[0], json.loads(params.entry), log[0])
 
 
 rule grid:

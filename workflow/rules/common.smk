@@ -80,23 +80,12 @@ def generate_threads(wildcards):
     return _checked["threads"]
 
 
-def json_text(data):
-    """The text of a small JSON file a local rule writes (a cell file, the grid index, the timing settings)."""
-    return json.dumps(data, indent=1, sort_keys=True)
-
-
 def write_json(out, data, log):
-    """``json_text`` of ``data`` written atomically from a run directive (the grid index, whose text can exceed a
-    shell argument's limit)."""
+    """A small file a local rule writes (a cell file, the grid index, the timing settings), atomically."""
     from pipeline.files import write_atomic
 
-    write_atomic(Path(out), json_text(data) + "\n")
+    write_atomic(Path(out), json.dumps(data, indent=1, sort_keys=True) + "\n")
     Path(log).write_text(f"wrote {out}\n")
-
-
-# A rule's params.text written to its output atomically, by the shell: a run directive costs a Snakemake
-# subprocess that parses the workflow again (about 4 s a job here, 24 cells: a minute of the default run).
-WRITE_TEXT = "printf '%s\\n' {params.text:q} > {output:q}.part && mv {output:q}.part {output:q} && echo wrote {output:q} > {log:q}"
 
 
 def env(name):

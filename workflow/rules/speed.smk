@@ -12,9 +12,9 @@ rule timing:
         f"{RESULTS}/logs/timing.log",
     localrule: True
     params:
-        text=json_text(json.loads(TIMING)),
-    shell:
-        WRITE_TEXT
+        timing=TIMING,
+    run:
+        write_json(output[0], json.loads(params.timing), log[0])
 
 
 rule speed:
