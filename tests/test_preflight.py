@@ -283,14 +283,14 @@ def test_an_architecture_transformers_does_not_know_is_one_line():
 
 
 def test_snakemake_stops_before_any_job_with_every_problem(model_path, tmp_path):
-    from tests.tiny_dag import snakemake
+    from tests.tiny_dag import said, snakemake
 
     sets = {k: BAD_SETS[k] for k in ("llama+qwen", "qwen+1.5b")}
     config = config_of(sets, {m: BAD[m] for ms in sets.values() for m in ms} | {"llama-2-7b": {}})
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump({k: config[k] for k in ("models", "grids", "datasets")} | {"results": "out"}))
     run = snakemake(tmp_path, "-n", "--configfile", str(path))
-    lines = [line for line in (run.stdout + run.stderr).splitlines() if line.strip()]
+    lines = said(run)
     assert run.returncode != 0 and lines[0] == "error: 2 problems before any job:", lines
     assert "has no tokenizer" in lines[1] and "vocabulary of 32000 and 'qwen2.5-0.5b' of 151936" in lines[2]
     assert len(lines) == 3 and not (tmp_path / "out").exists()

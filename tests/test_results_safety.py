@@ -20,6 +20,7 @@ from pipeline.files import write_atomic
 from pipeline.job.generate import run_cell
 from pipeline.models import ModelSpec
 from tests.conftest import cell_entry
+from tests.tiny_dag import said
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -186,7 +187,7 @@ def test_snakemake_refuses_bad_values_before_any_job(case, tmp_path):
         str(config),
     ]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    lines = [line for line in (run.stdout + run.stderr).splitlines() if line.strip()]
+    lines = said(run)
     assert run.returncode != 0 and len(lines) == 1 and words in lines[0], lines
     assert not (tmp_path / "w" / "results").exists()
 

@@ -20,7 +20,7 @@ from pipeline.experiment.config import ConfigError, check_config
 from pipeline.experiment.grid import expand_cells
 from pipeline.job.generate import cell_key
 from tests.conftest import cell_entry, without_null
-from tests.tiny_dag import check_report, check_tables, job_counts, snakemake, tiny_config
+from tests.tiny_dag import check_report, check_tables, job_counts, said, snakemake, tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = yaml.safe_load((ROOT / "config" / "default.yaml").read_text())
@@ -226,7 +226,7 @@ def test_bad_config_stops_snakemake_with_one_line(tmp_path):
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
     run = snakemake(tmp_path, "-n", "--configfile", str(tmp_path / "bad.yaml"))
     assert run.returncode != 0
-    lines = [line for line in (run.stdout + run.stderr).splitlines() if line.strip()]
+    lines = said(run)
     # one line naming the value and every method the workflow accepts (the registry as a fresh process has it:
     # ensembles registered by other tests in this process are not in it)
     (line,) = lines
@@ -262,6 +262,16 @@ def test_dry_run_of_the_default_grid_lists_exactly_its_jobs(tmp_path):
         "aggregate": 1,
         "notebook": 1,
     }
+
+
+def test_a_local_run_reads_the_default_profile(tmp_path):
+    """profiles/default beside the Snakefile is the profile Snakemake reads with no --workflow-profile (a profile
+    under workflow/ is not looked for when the Snakefile is at the top): its settings are the local runs' own."""
+    run = snakemake(tmp_path, "-n")
+    assert "Using workflow specific profile" in run.stderr and str(Path("profiles", "default")) in run.stderr
+    profile = yaml.safe_load((ROOT / "profiles" / "default" / "config.yaml").read_text())
+    assert profile["rerun-incomplete"] and profile["keep-going"] and profile["force-use-threads"]
+    assert profile["scheduler"] == "greedy"
 
 
 def test_a_parallel_cell_reserves_a_thread_per_model(tmp_path):

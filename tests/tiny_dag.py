@@ -23,6 +23,14 @@ def snakemake(workdir: Path, *args: str, timeout: int = 900, env: dict | None = 
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
+def said(run: subprocess.CompletedProcess) -> list[str]:
+    """A Snakemake run's non-empty output lines after its notice of the profile it read (profiles/default, which
+    every local run reads): what the workflow itself said."""
+    lines = [line for line in (run.stdout + run.stderr).splitlines() if line.strip()]
+    assert lines and lines[0].startswith("Using workflow specific profile"), lines[:3]
+    return lines[1:]
+
+
 def job_counts(output: str) -> dict[str, int]:
     """The 'Job stats' table of a Snakemake run or dry run."""
     table = output.split("Job stats:")[1]

@@ -197,9 +197,18 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     arg(
         "--efficiency",
         type=number(0, 1, low_open=True),
-        help="fraction of the bandwidth bound forwards reach (default: printed)",
+        help="fraction of the bandwidth bound every model's forwards reach, whatever its engine (default: printed)",
     ),
-    arg("--floor-ms", type=number(0), help="least time of a forward (default: 2.4 ms on a GPU, 0 on the cpu)"),
+    arg(
+        "--floor-ms",
+        type=number(0),
+        help="least time of a forward (default: 2.4 ms on a GPU, 0.75 on its compiled engine, 0 on the cpu)",
+    ),
+    arg(
+        "--compile-s",
+        type=number(0),
+        help="seconds a generation job on the compiled engine spends compiling (default: printed)",
+    ),
     arg("--json", action="store_true", help="machine-readable output"),
 )
 def cmd_estimate(args: argparse.Namespace) -> int:
@@ -229,14 +238,21 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     unknown = [p for i in infos.values() if i.config is None for p in i.problems or [f"{i.name}: {i.where}"]]
     if unknown:  # shapes are all it needs (a missing tokenizer is the preflight's to report)
         raise UserError(f"{unknown[0]} ({len(unknown)} without shapes; 'pipeline preflight {args.config}' lists all)")
-    # models on a compiled engine: its figures on a GPU, unless --efficiency or --floor-ms set every member's
-    overridden = args.efficiency is not None or args.floor_ms is not None
-    compiled = None if name.startswith("cpu") or overridden else (COMPILED_EFFICIENCY, COMPILED_FLOOR_MS, COMPILE_S)
+    # models on a compiled engine, on a GPU: that engine's figures (--efficiency, --floor-ms: every model's) and
+    # its compiling per job (--compile-s)
+    compiled = None
+    if not name.startswith("cpu"):
+        compiled = (
+            COMPILED_EFFICIENCY if args.efficiency is None else args.efficiency,
+            COMPILED_FLOOR_MS if args.floor_ms is None else args.floor_ms,
+            COMPILE_S if args.compile_s is None else args.compile_s,
+        )
     result = forecast(config, cells, infos, gpu, efficiency, floor, acceptance, compiled)
+    shown = compiled if any(m.engine != "eager" for c in cells.values() for m in c.cell.models) else None
     if args.json:
-        print(json.dumps(as_json(result, name, gpu, efficiency, floor, acceptance, compiled), indent=2))
+        print(json.dumps(as_json(result, name, gpu, efficiency, floor, acceptance, shown), indent=2))
         return 0
-    print(settings_line(name, gpu, efficiency, floor, acceptance, compiled))
+    print(settings_line(name, gpu, efficiency, floor, acceptance, shown))
     print("\n".join(report(result, name)))
     return 0
 

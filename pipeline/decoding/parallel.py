@@ -46,11 +46,16 @@ def _device(member: Member) -> torch.device:
     return getattr(member.runner, "device", torch.device("cpu"))
 
 
+def _model_runner(member: Member):
+    """The runner that runs the member's model: its own, or the one a union-vocabulary member wraps."""
+    return getattr(member.runner, "inner", member.runner)
+
+
 def _graphed(member: Member) -> bool:
     """Whether the member's forwards replay CUDA graphs from the device's shared pool (the compiled engine)."""
     from .static import StaticRunner
 
-    return isinstance(member.runner, StaticRunner)
+    return isinstance(_model_runner(member), StaticRunner)
 
 
 class ConcurrentForwards:
@@ -73,7 +78,7 @@ class ConcurrentForwards:
                 len(self.cpu), initializer=torch.set_num_threads, initargs=(self.threads_per_member,)
             )
         for i in self.gpu:  # the streams' wait below replaces each forward's own synchronisation
-            runner = self.members[i].runner
+            runner = _model_runner(self.members[i])
             if hasattr(runner, "sync"):
                 self._synced[i], runner.sync = runner.sync, False
         return self
@@ -84,14 +89,17 @@ class ConcurrentForwards:
             self.pool = None
             torch.set_num_threads(self.budget)
         for i, sync in self._synced.items():
-            self.members[i].runner.sync = sync
+            _model_runner(self.members[i]).sync = sync
         self._synced.clear()
 
     def catch_up(self, tokens: list[int], committed: int) -> None:
         """``Member.catch_up`` of every member, concurrently; returns when all rows are ready."""
         futures = [self.pool.submit(self._on_cpu, i, tokens, committed) for i in self.cpu]
         launched = {}
-        streams = {i: self.streams.get(i) or torch.cuda.current_stream(_device(self.members[i])) for i in self.gpu}
+        streams = {
+            i: self.streams[i] if i in self.streams else torch.cuda.current_stream(_device(self.members[i]))
+            for i in self.gpu
+        }
         for i in self.gpu:
             member, stream = self.members[i], streams[i]
             before = member.runner.stats.forward_time_s

@@ -48,8 +48,9 @@ EFFICIENCY, FLOOR_MS = {"cpu": 0.59}, {"cpu": 0.0}
 GPU_EFFICIENCY, GPU_FLOOR_MS = 0.2, 2.4
 # The compiled engine on a GPU (CUDA graphs): 0.57 of the bound for 7B and 0.75 ms for the 68M shape on an H100, and
 # what each generation job spends compiling before it times anything: 300 s for a 1B target with a 68M draft
-# (float32, 16 CPU cores; docs/cluster.md: The H100 figures). Models on the compiled engine are forecast with these on
-# a GPU; on the 'cpu' every engine has its figures above (its compile, minutes per model, is not counted).
+# (float32, 16 CPU cores; docs/cluster.md: The H100 figures), a lower bound for larger models and longer prompts
+# (more layers, more cache sizes). Models on the compiled engine are forecast with these on a GPU; on the 'cpu'
+# every engine has its figures above (its compile, minutes per model, is not counted).
 COMPILED_EFFICIENCY, COMPILED_FLOOR_MS, COMPILE_S = 0.57, 0.75, 300.0
 PROMPT_TOKENS = 512  # prompt tokens per example, for the prefill (compute bound)
 KV_PROMPT_TOKENS = 2048  # the prompt length a KV cache is sized for in the memory check (beside max_new_tokens)
@@ -233,16 +234,15 @@ def settings_line(
     name: str, gpu: Gpu, efficiency: float, floor_ms: float, acceptance: float, compiled: tuple | None = None
 ) -> str:
     compute = f"{gpu.tflops:g} TFLOP/s" if gpu.tflops else "no TFLOP/s known (prefill not counted)"
-    graphs = ""
-    if compiled is not None:
-        graphs = (
-            f" (compiled engine: {compiled[0]:.0%}, at least {compiled[1]:g} ms, and {compiled[2]:g} s of compiling "
-            "per generation job)"
+    forwards = f"forwards at {efficiency:.0%} of the bandwidth bound, at least {floor_ms:g} ms"
+    if compiled is not None:  # some model of the config is on the compiled engine
+        forwards = (
+            f"{forwards} on the eager engine; on the compiled one at {compiled[0]:.0%}, at least {compiled[1]:g} ms, "
+            f"and {compiled[2]:g} s of compiling per generation job"
         )
     return (
-        f"{name}: {gpu.bandwidth_gb_s:g} GB/s, {gpu.memory_gb:g} GB, {compute}; forwards at {efficiency:.0%} of the "
-        f"bandwidth bound, at least {floor_ms:g} ms{graphs}; acceptance {acceptance:g} (assumed); every answer "
-        f"{PROMPT_TOKENS} prompt tokens and max_new_tokens long"
+        f"{name}: {gpu.bandwidth_gb_s:g} GB/s, {gpu.memory_gb:g} GB, {compute}; {forwards}; acceptance "
+        f"{acceptance:g} (assumed); every answer {PROMPT_TOKENS} prompt tokens and max_new_tokens long"
     )
 
 
