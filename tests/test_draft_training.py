@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from pipeline.decoding.verify import verify_sampled
-from pipeline.models import ModelError, Recipe, distill, load
+from pipeline.models import ModelError, ModelSpec, Recipe, distill, load
 from pipeline.models.distill import Example, acceptance, draft_loss, fit, teacher_data, train_draft
 from pipeline.models.loading import truncated_copy
 from pipeline.models.resolve import recipe_for
@@ -64,6 +64,29 @@ def test_the_same_recipe_makes_the_same_weights_beside_a_busy_process(tiny_dir, 
         assert f["steps"] == 12 and f["threads"] == distill_module.TRAIN_THREADS and f["versions"]["torch"]
     timeless = [{k: v for k, v in f.items() if "seconds" not in k} for f in facts]
     assert timeless[0] == timeless[1]  # loss, acceptance, everything but the clock
+
+
+def test_drafts_of_one_teachers_data_share_it_and_train_the_same_weights(tiny_dir, tmp_path, monkeypatch):
+    """The teacher's data is made once for drafts that differ only in what it does not read (here: the loss and
+    the steps), and a draft trained from the stored data has the weights it has when the data is made afresh."""
+    store = tmp_path / "data.pt"
+    made = []
+    real = distill_module.teacher_data
+    monkeypatch.setattr(distill_module, "teacher_data", lambda *a: made.append(1) or real(*a))
+    first, second = Recipe(**TINY, steps=6, loss="kl"), Recipe(**TINY, steps=9, loss="ce")
+    assert distill_module.data_name(ModelSpec("tiny", source=str(tiny_dir)), first) == distill_module.data_name(
+        ModelSpec("tiny", source=str(tiny_dir)), second
+    )
+    assert distill_module.data_name(ModelSpec("tiny", source=str(tiny_dir)), first) != distill_module.data_name(
+        ModelSpec("tiny", source=str(tiny_dir)), Recipe(**{**TINY, "prompts": 5})
+    )
+    dirs = {}
+    for name, recipe, kept in [("a", first, store), ("b", second, store), ("fresh", second, None)]:
+        teacher, tokenizer = load(tiny_dir, pack=False)
+        dirs[name] = distill(teacher, tokenizer, tmp_path / name, recipe, "tiny", data_store=kept)
+    assert len(made) == 2 and store.exists()  # the first draft made it, the second read it, the last made its own
+    for name in ("model.safetensors", "head_tokens.json"):
+        assert (dirs["b"] / name).read_bytes() == (dirs["fresh"] / name).read_bytes(), name
 
 
 def rows(vocab: int, kept: int, positions: int, seed: int = 0):

@@ -140,8 +140,9 @@ def test_the_paper_grid_on_an_a100(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert main(["estimate", str(ROOT / "config" / "paper.yaml"), "--gpu", "a100-80gb", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["jobs"]["generate"] == len(result["cell_hours"]) == 385 and result["jobs"]["prepare_model"] == 12
-    assert result["submissions"] == 12 + 385 + 1  # as the slurm profile's dry run submits them (test_workflow)
+    assert result["jobs"]["generate"] == len(result["cell_hours"]) == 345 and result["jobs"]["prepare_model"] == 12
+    assert result["jobs"]["derive"] == 40  # the ensembles' cells: their runs beside the *_sd cells' samples
+    assert result["submissions"] == 12 + 345 + 1  # as the slurm profile's dry run submits them (test_workflow)
     assert result["acceptance"] == estimate.ACCEPTANCE and result["bandwidth_gb_s"] == 2039
     assert result["generate_hours"] == pytest.approx(sum(result["cell_hours"].values()))
     sevens = [h for c, h in result["cell_hours"].items() if c.startswith("humaneval/llama-2-7b/large_model-T")]
@@ -159,7 +160,7 @@ def test_the_paper_grid_on_an_a100(tmp_path, monkeypatch, capsys):
         main(["estimate", str(ROOT / "config" / "paper.yaml"), "--gpu", "a100-80gb", "--compile-s", "0", "--json"]) == 0
     )
     uncompiled = json.loads(capsys.readouterr().out)
-    compiling = 385 * estimate.COMPILE_S / 3600
+    compiling = 345 * estimate.COMPILE_S / 3600
     assert result["generate_hours"] - uncompiled["generate_hours"] == pytest.approx(compiling)
 
 

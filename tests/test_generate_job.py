@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from pipeline.errors import UserError
 from pipeline.experiment.cell import Cell
 from pipeline.job.generate import run_cell
 from pipeline.models import ModelSpec
@@ -64,3 +67,46 @@ def test_generate_command(tiny_dir, tmp_path, capsys):
     cell.write_text(json.dumps({"cell": {"models": ["a"], "method": "sd", "task": "humaneval", "colour": "red"}}))
     assert main(["generate", str(cell), str(tmp_path / "bad.jsonl")]) == 2
     assert "unknown cell keys ['colour']" in capsys.readouterr().err
+
+
+def test_a_standard_cell_derived_from_side_by_side_runs_has_its_own_jobs_samples(tiny_dir, tiny_dir2, tmp_path):
+    """The grid pairs a standard cell with a cell that runs its method beside each sample on the same models,
+    prompts and sampling (and with nothing else: another model set, another temperature); the samples taken from
+    there are token for token those the cell's own generation job makes, at T = 1 too (seeded per sample), each
+    timed by its own run."""
+    from pipeline.experiment.cell import CellFile
+    from pipeline.experiment.config import check_config
+    from pipeline.experiment.grid import expand_cells
+    from pipeline.job.derive import derive_cell
+
+    from .tiny_dag import tiny_config
+
+    config = tiny_config(tiny_dir, tiny_dir2)
+    config["grids"][1]["methods"] = ["we", "we_se", "we_sd"]
+    cells = expand_cells(check_config(config))
+    derived = {c: e.dims.samples_from for c, e in cells.items() if e.dims.samples_from}
+    assert derived == {
+        "humaneval/pair/we-T0": "humaneval/pair/we_se-T0-g1-2",
+        "humaneval/trio/we-T1": "humaneval/trio/we_se-T1-g1-2-2",
+    }  # large_model on one model is not sd's pair; the null cell and the speculative cells generate their own
+    source, own = cells["humaneval/trio/we_se-T1-g1-2-2"], cells["humaneval/trio/we-T1"]
+    run_cell(source.cell, tmp_path / "source.jsonl", progress=False, speed=False)
+    run_cell(own.cell, tmp_path / "own.jsonl", progress=False, speed=False)
+    own.write(tmp_path / "cell.json")
+    assert derive_cell(tmp_path / "cell.json", tmp_path / "source.jsonl", tmp_path / "derived.jsonl") == 2
+    made, taken = (
+        [json.loads(x) for x in (tmp_path / f).read_text().splitlines()] for f in ("own.jsonl", "derived.jsonl")
+    )
+    pairs = [json.loads(x) for x in (tmp_path / "source.jsonl").read_text().splitlines()]
+    assert [r["token_ids"] for r in taken] == [r["token_ids"] for r in made]
+    assert [r["output"] for r in taken] == [r["output"] for r in made] and len({r["output"] for r in taken}) == 2
+    for row, pair in zip(taken, pairs):
+        counted = pair["timing"]["attempts"][pair["timing"]["counted"]]
+        assert row["stats"] == pair["baseline"]["stats"] and row["stats"]["method"] == "we"
+        assert row["timing"]["attempts"][row["timing"]["counted"]]["method"] == counted["baseline"]
+        assert row["samples_from"] == "humaneval/trio/we_se-T1-g1-2-2"
+    meta = json.loads((tmp_path / "derived.meta.json").read_text())
+    assert meta["samples_from"] == "humaneval/trio/we_se-T1-g1-2-2" and meta["cell"]["method"] == "we"
+    CellFile(cells["humaneval/trio/we_sd-T1-g2"].cell, own.dims).write(tmp_path / "wrong.json")
+    with pytest.raises(UserError, match="runs 'we' beside its samples, not 'we_sd'"):
+        derive_cell(tmp_path / "wrong.json", tmp_path / "source.jsonl", tmp_path / "x.jsonl")

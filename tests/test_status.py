@@ -81,6 +81,16 @@ def test_rerun_unstable_sets_aside_only_the_flagged_cells_files(results, capsys)
     assert rerun_unstable(results) == []
 
 
+def test_a_flagged_derived_cell_is_measured_again_by_its_source_and_a_failed_derive_is_named(results):
+    """we-T0 takes its samples from sd-T0-g2's side-by-side runs (its cell file's samples_from): setting it aside
+    sets aside the source too, whose generation makes both again."""
+    write(results / "cells" / f"{CELLS[1]}.json", json.dumps({"cell": {}, "dims": {"samples_from": CELLS[0]}}))
+    assert rerun_unstable(results) == [CELLS[1], CELLS[0]]
+    assert status(results).pending == CELLS[:2]
+    write(results / "logs" / "derive" / f"{CELLS[1]}.log", "error: samples file x.jsonl not found\n")
+    assert status(results).failed[CELLS[1]] == "derive: error: samples file x.jsonl not found"
+
+
 def test_status_of_a_directory_that_is_no_results_is_one_line(tmp_path, capsys):
     assert main(["status", str(tmp_path)]) == 2
     err = capsys.readouterr().err

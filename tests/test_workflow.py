@@ -253,7 +253,8 @@ def test_dry_run_of_the_default_grid_lists_exactly_its_jobs(tmp_path):
         "grid": 1,
         "timing": 1,
         "prepare_model": 4,  # the bundled model, two drafts and a student distilled from it: nothing to fetch
-        "generate": n,
+        "generate": n - 3,
+        "derive": 3,  # we on smol+l2 and on smol+v4k, cd: the side-by-side runs of their *_sd cells
         "speed": n,
         "score": n,
         "likelihood": 1,  # mmlu_mc under the grid's distinct distributions
@@ -281,7 +282,7 @@ def test_a_parallel_cell_reserves_a_thread_per_model(tmp_path):
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-2000:]
     threads = dict(re.findall(r"pipeline\.cli generate \S*/([\w.+-]+)\.json .*?--threads (\d+)", out))
-    assert threads["we_p-T1"] == "2" and threads["we-T1"] == "1"  # its members' forwards run at once
+    assert threads["we_p-T1"] == "2" and threads["we_sd-T1-g3"] == "1"  # its members' forwards run at once
 
 
 def test_snakemake_lint_is_clean(tmp_path):
@@ -313,7 +314,8 @@ def test_slurm_dry_run_lists_jobs_with_their_resources(tmp_path):
     assert "runtime=240" in resources["generate"] and "cpus_per_task=8" in resources["generate"]
     assert "slurm_partition=gpu" in resources["score"] and "gpu=" not in resources["score"]  # in its cell's job
     assert "slurm_partition=cpu" in resources["prepare_model"] and "gpu" not in resources["prepare_model"]
-    assert job_counts(out)["generate"] == len(expand_cells(check_config(DEFAULT)))
+    assert job_counts(out)["generate"] == len(expand_cells(check_config(DEFAULT))) - job_counts(out)["derive"]
+    assert "slurm_partition=gpu" in resources["derive"] and "gpu=" not in resources["derive"]  # its source's job
     assert "wandb_log" not in job_counts(out)
     # overridable from the command line; the rule's own defaults (one GPU) stay
     run = snakemake(
@@ -353,7 +355,7 @@ def slurm_submissions(dry_run: str, profile: dict) -> dict[str, int]:
 
 
 def test_the_paper_grid_on_slurm_takes_few_submissions_and_a_short_target(tmp_path):
-    """The paper grid (384 cells and the null cell): 398 SLURM submissions, where each job once was one (1,550)."""
+    """The paper grid (384 cells and the null cell): 358 SLURM submissions, where each job once was one (1,550)."""
     profile_dir = ROOT / "workflow" / "profiles" / "slurm"
     profile = yaml.safe_load((profile_dir / "config.yaml").read_text())
     paper = ROOT / "config" / "paper.yaml"
@@ -361,14 +363,18 @@ def test_the_paper_grid_on_slurm_takes_few_submissions_and_a_short_target(tmp_pa
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-2000:]
     cells = len(expand_cells(check_config(yaml.safe_load(paper.read_text()))))
-    assert cells == 385 and job_counts(out)["generate"] == cells
+    derived = sum(
+        bool(c.dims.samples_from) for c in expand_cells(check_config(yaml.safe_load(paper.read_text()))).values()
+    )
+    assert cells == 385 and derived == 40 and job_counts(out)["generate"] == cells - derived == 345
+    assert job_counts(out)["derive"] == derived  # local: the standard cells made of the *_sd cells' side-by-side runs
     submissions = slurm_submissions(out, profile)
     assert submissions == {
         "prepare_model": 12,  # converted and checked on a compute node; downloaded by fetch_model (local)
-        "group cell": cells,  # a cell's generation, judging and scoring in one job
+        "group cell": cells - derived,  # a cell's generation, judging and scoring, and its derived cell's, in one job
         "group report": 1,  # aggregation and the notebook
     }, submissions
-    assert sum(submissions.values()) <= 400
+    assert sum(submissions.values()) == 358
     # the judge asks for 2 GB; a greedy cell's for the float64 recompute only once its models are known
     judged = re.findall(r"^ *rule speed:\n.*?wildcards: cell=(\S+)\n.*?resources: .*?mem_mb=([^,]+),", out, re.S | re.M)
     assert len(judged) == cells
@@ -458,7 +464,8 @@ def test_a_rerun_does_nothing_and_a_crashed_cell_resumes(tiny_run):
     resumed = snakemake(work, *args)
     assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
     counts = job_counts(resumed.stdout + resumed.stderr)
-    assert counts == ONE_CELL_AGAIN
+    again = {"derive": 1, "speed": 2, "score": 2, "wandb_log": 2}  # we-T0 is made of its side-by-side runs
+    assert counts == {**ONE_CELL_AGAIN, **again}
     new_rows = (gen / f"{cell_id}.jsonl").read_text().splitlines()
     assert new_rows[0] == rows[0]  # kept as it was, timing included: not generated again
     assert json.loads(new_rows[1])["id"] == json.loads(rows[1])["id"] and not journal.exists()
@@ -485,7 +492,7 @@ def test_a_changed_cell_setting_reruns_only_the_cells_it_changes(tiny_run):
     run = snakemake(work, "-n", "--cores", "2", "--configfile", str(work / "changed-cell.yaml"))
     assert run.returncode == 0, (run.stdout + run.stderr)[-2000:]
     counts = job_counts(run.stdout + run.stderr)
-    assert counts["cell"] == counts["generate"] == counts["score"] == 2, counts
+    assert counts["cell"] == counts["score"] == 2 and counts["generate"] == counts["derive"] == 1, counts  # we: derived
     assert "prepare_model" not in counts and "timing" not in counts
     cells = [f for f in (work / "results" / "cells").rglob("*.json")]
     assert len(cells) == len(expand_cells(check_config(config)))

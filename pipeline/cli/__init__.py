@@ -17,6 +17,7 @@ SUBCOMMANDS = (
     setup.cmd_lm_eval,
     setup.cmd_bench,
     jobs.cmd_generate,
+    jobs.cmd_derive,
     jobs.cmd_speed,
     jobs.cmd_wandb_log,
     jobs.cmd_wandb_log_experiment,

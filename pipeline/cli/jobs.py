@@ -42,6 +42,22 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 @command(
+    "derive",
+    "a standard method's cell from the side-by-side runs of it in another cell (its dims' samples_from)",
+    arg("cell_file", help="the standard method's cell file (as for generate)"),
+    arg("source", type=Path, help="the finished JSONL file of the cell named by samples_from"),
+    arg("out", type=Path, help="the JSONL file of samples"),
+)
+def cmd_derive(args: argparse.Namespace) -> int:
+    from ..job.derive import derive_cell
+
+    if not args.source.is_file():
+        raise UserError(f"samples file {args.source} not found")
+    print(f"{args.out}: {derive_cell(Path(args.cell_file), args.source, args.out)} samples from {args.source}")
+    return 0
+
+
+@command(
     "speed",
     "judge a finished cell: speed-up, interval, τ, flags, exactness",
     arg("cell_file", help="the cell file (as for generate)"),

@@ -109,6 +109,7 @@ class Dims:
     baseline: str | None = None
     standard: str | None = None  # the standard method its speed is compared with
     control: str | None = None  # "null": the method timed side by side against itself (grid.null_cell)
+    samples_from: str | None = None  # the cell whose side-by-side runs of this cell's method are its samples
 
     @property
     def spec(self) -> MethodSpec:

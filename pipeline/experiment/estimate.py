@@ -178,6 +178,8 @@ def forecast(
     the same figures as every other member, no compile time)."""
     hours: dict[str, float] = {}
     for cell_id, c in cells.items():
+        if c.dims.samples_from:  # its samples are another cell's side-by-side runs (job/derive.py): no generation
+            continue
         cell, members = c.cell, [infos[n] for n in c.dims.models]
         if any(m.read_bytes() is None for m in members):
             raise UserError(f"cell {cell_id}: the shapes of {', '.join(m.name for m in members)} are not known here")
@@ -199,6 +201,8 @@ def forecast(
         hours[cell_id] = (prompts(cell) * (cell.max_new_tokens * per_token + prefill) + compiling) / 3600
     wandb = config["wandb"]["mode"] != "disabled"
     jobs = {rule: len(cells) for rule in PER_CELL if rule != "wandb_log" or wandb}
+    jobs["derive"] = sum(bool(c.dims.samples_from) for c in cells.values())
+    jobs["generate"] -= jobs["derive"]
     jobs["prepare_model"] = len(infos)
     jobs["fetch_model"] = sum(i.where.startswith("hub") for i in infos.values())
     jobs |= {
@@ -206,9 +210,9 @@ def forecast(
     }
     if config.get("likelihood_tasks"):  # one job per task, every distribution of the grid in it
         jobs["likelihood"] = len(config["likelihood_tasks"])
-    # on SLURM: each model's preparation, one group job per cell (generate, speed, score), one per likelihood
-    # task, one for the report
-    submissions = len(infos) + len(cells) + jobs.get("likelihood", 0) + 1
+    # on SLURM: each model's preparation, one group job per generated cell (generate, speed, score, and the cells
+    # derived from it), one per likelihood task, one for the report
+    submissions = len(infos) + jobs["generate"] + jobs.get("likelihood", 0) + 1
     return {"jobs": jobs, "submissions": submissions, "cell_hours": hours, "generate_hours": sum(hours.values())}
 
 

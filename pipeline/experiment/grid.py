@@ -43,7 +43,37 @@ def expand_cells(config: dict[str, Any]) -> dict[str, CellFile]:
     if config["timing"].get("null", True):
         control = null_cell(config)
         cells[control.dims.id] = control
+    for cell_id, source in derived_cells(cells).items():
+        cells[cell_id].dims.samples_from = source
     return cells
+
+
+# the settings in which a cell and the side-by-side runs of its method in another cell may differ: the rest (models,
+# task, prompts, seed, sampling) must be equal for the runs to be the ones the cell's own job would make
+OWN_SETTINGS = {"method", "method_args", "gamma", "gamma_schedule", "baseline", "baseline_args", "tree", "timing"}
+
+
+def derived_cells(cells: dict[str, CellFile]) -> dict[str, str]:
+    """The standard-method cells whose samples another cell already makes, by cell id -> that cell's id (its
+    ``samples_from``): a cell that runs nothing beside it, and an earlier cell of the grid whose side-by-side
+    baseline is the same method with the same arguments on the same models, prompts, seed and sampling
+    (``job/derive.py``; docs/workflow.md, "Cells and rules"). The null cell is never one: its pairs are its point."""
+
+    def shared(c: Cell) -> dict[str, Any]:
+        return {f.name: getattr(c, f.name) for f in fields(c) if f.name not in OWN_SETTINGS}
+
+    def runs_beside(source: CellFile, c: Cell) -> bool:
+        s = source.cell
+        same = s.baseline == c.method and s.baseline_args == c.method_args
+        return same and not source.dims.control and shared(s) == shared(c)
+
+    out = {}
+    for cell_id, entry in cells.items():
+        if entry.cell.baseline is None and not entry.dims.control:
+            source = next((i for i, other in cells.items() if runs_beside(other, entry.cell)), None)
+            if source is not None:
+                out[cell_id] = source
+    return out
 
 
 def null_cell(config: dict[str, Any]) -> CellFile:

@@ -176,6 +176,8 @@ def _run_cell(cell: Cell, out: Path, progress: bool, journal: Path, speed: bool)
         if "baseline" in results[counted]:
             b = results[counted]["baseline"]
             row["baseline"] = {"output": b.text, "token_ids": b.token_ids, "stats": b.stats.to_dict()}
+            if getattr(b, "pieces", None) is not None:  # its own cell's samples may be these (job/derive.py)
+                row["baseline"]["pieces"] = b.pieces
         row["timing"] = {"attempts": attempts, "counted": counted}
         row["provenance"], row["run"] = here, this_run
         return row

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from ..decoding.lookup import PromptLookup
-from .cache import save_dir
+from .cache import cache_lock, save_dir
 from .cpu_kernels import pack_linears
 from .loading import truncated_copy
 from .restricted import RestrictedHeadLM
@@ -272,6 +272,45 @@ def teacher_data(teacher, tokenizer, recipe: Recipe) -> TeacherData:
     return TeacherData(examples, kept, covered, held, round(time.perf_counter() - t0, 1))
 
 
+DATA_FIELDS = ("prompts", "new_tokens", "source_chunks", "chunk_tokens", "chat_every", "batch", "eval_prompts", "seed")
+DATA_FIELDS += ("head_tokens",)  # what ``teacher_data`` reads of a recipe: drafts that differ elsewhere share it
+
+
+def data_name(teacher: ModelSpec, recipe: Recipe) -> str:
+    """The cache name of a teacher's data for ``recipe`` (``stored_teacher_data``): a hash of the recipe's
+    ``DATA_FIELDS`` and the teacher's identity, so drafts that differ only in layers, steps or loss share it."""
+    where = locate(teacher)
+    fields = {k: getattr(recipe, k) for k in DATA_FIELDS}
+    key = json.dumps({"data": fields, "teacher": [where[0], str(where[1])]}, sort_keys=True)
+    return f"{teacher.name}-{hashlib.sha256(key.encode()).hexdigest()[:8]}.pt"
+
+
+def stored_teacher_data(teacher, tokenizer, recipe: Recipe, store: Path | None) -> TeacherData:
+    """``teacher_data``, made once and kept in the file ``store`` (None: not kept): the default run's two drafts
+    of one teacher share it, half of each one's preparation. The file holds exactly what was made (log-probabilities
+    as float16, as generation gave them), so a draft trained from it has the weights it would have without it."""
+    if store is None:
+        return teacher_data(teacher, tokenizer, recipe)
+    with cache_lock(store):
+        if store.exists():
+            saved = torch.load(store, weights_only=True)
+            examples = [Example(ids, labels, rows, logp.float()) for ids, labels, rows, logp in saved["examples"]]
+            held = [(prompt, cont, logp) for prompt, cont, logp in saved["held"]]
+            return TeacherData(examples, saved["kept"], saved["label_coverage"], held, saved["seconds"])
+        data = teacher_data(teacher, tokenizer, recipe)
+        saved = {
+            "examples": [(e.ids, e.labels, e.rows, e.logp.half()) for e in data.examples],
+            "kept": data.kept,
+            "label_coverage": data.label_coverage,
+            "held": data.held,
+            "seconds": data.seconds,
+        }
+        tmp = store.with_name(f".{store.name}.tmp")
+        torch.save(saved, tmp)
+        tmp.replace(store)  # atomic: a half-written file is never read
+        return data
+
+
 def draft_loss(name: str, logits: torch.Tensor, example: Example) -> torch.Tensor:
     """The loss ``name`` (``LOSSES``) of a draft's logits over the kept ids (``[n, K]``) on ``example``.
 
@@ -404,23 +443,26 @@ def fixed_threads():
         torch.set_num_threads(before)
 
 
-def distill(teacher, tokenizer, out_dir: Path, recipe: Recipe, teacher_name: str = "teacher") -> Path:
-    """Build, train, measure and save a draft; returns its directory.
+def distill(
+    teacher, tokenizer, out_dir: Path, recipe: Recipe, teacher_name: str = "teacher", data_store: Path | None = None
+) -> Path:
+    """Build, train, measure and save a draft; returns its directory. ``data_store``: the file that keeps the
+    teacher's data for other drafts of the same data (``stored_teacher_data``).
 
     ``teacher`` must have plain ``nn.Linear`` layers (``load(..., pack=False)``); on a CPU
     it is packed in place once the draft's layers are copied.
     """
     with fixed_threads():
-        return _distill(teacher, tokenizer, out_dir, recipe, teacher_name)
+        return _distill(teacher, tokenizer, out_dir, recipe, teacher_name, data_store)
 
 
-def _distill(teacher, tokenizer, out_dir: Path, recipe: Recipe, teacher_name: str) -> Path:
+def _distill(teacher, tokenizer, out_dir: Path, recipe: Recipe, teacher_name: str, data_store: Path | None) -> Path:
     t0 = time.perf_counter()
     torch.manual_seed(recipe.seed)
     base = truncated_copy(teacher, recipe.layers)  # before packing: the draft's layers must stay trainable
     if teacher.dtype == torch.float32 and teacher.device.type == "cpu":
         pack_linears(teacher)  # the teacher only runs inference here: generation and labels 2x faster
-    data = teacher_data(teacher, tokenizer, recipe)
+    data = stored_teacher_data(teacher, tokenizer, recipe, data_store)
     draft, facts = train_draft(base, data, recipe)
     facts["total_seconds"] = round(time.perf_counter() - t0, 1)
     meta = {"teacher": teacher_name, "recipe": asdict(recipe), **facts}

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..decoding.checks import head_rows
 from .cache import cache_dir, cache_lock
-from .distill import META, Recipe, digest, distill, draft_name
+from .distill import META, Recipe, data_name, digest, distill, draft_name
 from .feature_head import HeadRecipe, distill_head
 from .loading import check_tokenizers, first_different, load
 from .sources import bundled_dir, gguf_dir, hub_dir, locate
@@ -144,4 +144,7 @@ def ensure_draft(
             return out
         model, tokenizer = load_spec(dataclasses.replace(spec, pack=False))
         print(f"distilling {out.name} from {spec.name} (once; a few minutes on a CPU)", flush=True)
-        return (distill_student if student else distill)(model, tokenizer, out, recipe, spec.name)
+        if student:
+            return distill_student(model, tokenizer, out, recipe, spec.name)
+        store = cache_dir() / "teacher-data" / data_name(spec, recipe)  # shared by the drafts of one teacher's data
+        return distill(model, tokenizer, out, recipe, spec.name, data_store=store)

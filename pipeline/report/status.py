@@ -23,7 +23,7 @@ from ..errors import UserError
 from ..experiment.layout import CELL_FILES, cell_path
 
 # a cell's steps in order: the rule's log directory and the file its success leaves
-STEPS = (("generate", "samples"), ("speed", "speed"), ("score", "summary"), ("wandb", "wandb"))
+STEPS = (("generate", "samples"), ("derive", "samples"), ("speed", "speed"), ("score", "summary"), ("wandb", "wandb"))
 # the aggregate tables the default target asks for (an unchanged table would not make the workflow rerun a cell)
 TABLES = ("tables/cells.csv", "tables/summary.md")
 ERROR_LINE = re.compile(r"^(error\b|[\w.]*(Error|Exception)\b|Killed|Traceback)|\bout of memory\b", re.I)
@@ -145,6 +145,15 @@ def report(results: Path) -> str:
     return "\n".join(lines)
 
 
+def _samples_from(results: Path, cell: str) -> str | None:
+    """The cell whose side-by-side runs are ``cell``'s samples (its cell file's ``samples_from``), if any."""
+    try:
+        dims = json.loads((results / "cells" / f"{cell}.json").read_text()).get("dims") or {}
+    except (OSError, ValueError):
+        return None
+    return dims.get("samples_from")
+
+
 def rerun_unstable(results: Path) -> list[str]:
     """Move the flagged cells' files (generations, judgements, scores, W&B records, logs) under
     ``RESULTS/rerun/<time>/``, with the aggregate tables they were in; the workflow then runs those cells and
@@ -155,6 +164,10 @@ def rerun_unstable(results: Path) -> list[str]:
     already moved before its one-line ``UserError``: a cell is never left half set aside."""
     results = Path(results)
     flagged = list(status(results).unstable)
+    for cell in list(flagged):  # a cell derived from another's side-by-side runs is measured again by that one
+        source = _samples_from(results, cell)
+        if source and source not in flagged:
+            flagged.append(source)
     aside = results / "rerun" / time.strftime("%Y%m%d-%H%M%S")
     sources: dict[Path, None] = {}
     for cell in flagged:

@@ -54,6 +54,7 @@ WANDB = _checked["wandb"]
 TIMING = json.dumps(_checked["timing"], sort_keys=True)  # how samples are timed and judged
 MODELS = models_to_prepare(_checked, CELLS)
 LIKELIHOOD = job_specs(_checked, CELLS)  # task -> its likelihood job's spec
+DERIVED = {c: e.dims.samples_from for c, e in CELLS.items() if e.dims.samples_from}  # cell -> its samples' source
 
 
 def CELL(kind, cell="{cell}"):
@@ -61,8 +62,13 @@ def CELL(kind, cell="{cell}"):
     return str(cell_path(RESULTS, cell, kind))
 
 
+def cells_regex(cells):
+    """A wildcard constraint that matches exactly ``cells`` (none: nothing)."""
+    return "|".join(re.escape(c) for c in cells) or "^$"
+
+
 wildcard_constraints:
-    cell="|".join(re.escape(c) for c in CELLS),
+    cell=cells_regex(CELLS),
     model="|".join(re.escape(m) for m in MODELS),
     task="|".join(re.escape(t) for t in LIKELIHOOD) or "^$",
 

@@ -16,6 +16,8 @@ rule generate:
         meta=CELL("meta"),
     log:
         f"{RESULTS}/logs/generate/{{cell}}.log",
+    wildcard_constraints:
+        cell=cells_regex(c for c in CELLS if c not in DERIVED),
     group:
         "cell"
     conda:
@@ -31,3 +33,30 @@ rule generate:
         'OMP_WAIT_POLICY=PASSIVE "$PY" -m pipeline.cli generate {input.cell:q} {output.samples:q}'
         " --journal-dir {params.journal:q} --threads {threads} --timing-file {input.timing:q} --no-speed"
         " > {log:q} 2>&1"
+
+
+# A standard method's cell whose runs another cell makes beside its own samples (side_by_side: the same models,
+# prompts, seeds and sampling) takes its samples from there instead of generating them again
+# (pipeline/job/derive.py; docs/workflow.md, "Cells and rules"). A file transform in its source's group job: on a
+# cluster the two cells are one submission, and the derived cell asks for no GPU of its own.
+rule derive:
+    input:
+        source=lambda w: CELL("samples", DERIVED[w.cell]),
+        meta=lambda w: CELL("meta", DERIVED[w.cell]),
+        cell=CELL_FILE,
+    output:
+        samples=CELL("samples"),
+        meta=CELL("meta"),
+    log:
+        f"{RESULTS}/logs/derive/{{cell}}.log",
+    wildcard_constraints:
+        cell=cells_regex(DERIVED),
+    group:
+        "cell"
+    conda:
+        env("decode")
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    shell:
+        '$UNTIMED "$PY" -m pipeline.cli derive {input.cell:q} {input.source:q} {output.samples:q} > {log:q} 2>&1'

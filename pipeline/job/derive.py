@@ -1,0 +1,63 @@
+"""A standard method's cell made from the runs another cell already made of it (docs/workflow.md, rule ``derive``).
+
+With ``side_by_side`` on, a speculative cell runs its standard method beside each sample: the same models, prompts,
+seeds and settings as that method's own cell in the grid (``grid.derived_cells`` pairs them). Running the standard
+cell again would repeat those runs token for token, so its samples are taken from the source cell's ``baseline``
+records instead, each with the timing of its own run (the counted attempt's ``baseline`` region, now the cell's
+``method``) and the source cell's provenance. The tokens are the ones the standard cell's own job would make (a
+test generates both and compares them); the speed is that of runs interleaved with another method's, as every
+side-by-side baseline's is.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..errors import UserError
+from ..experiment.cell import CellFile
+from ..experiment.layout import beside
+from ..files import read_jsonl, write_atomic
+
+CARRIED = ("id", "prompt_ids", "category", "provenance", "run")  # a source row's fields that are the sample's too
+
+
+def derived_row(row: dict[str, Any], source: str) -> dict[str, Any]:
+    """The standard method's sample in a source cell's ``row``: its baseline record, timed by its own regions."""
+    base = row.get("baseline")
+    if not isinstance(base, dict) or not {"output", "token_ids", "stats"} <= set(base):
+        raise UserError(f"cell {source}: sample {row.get('id')!r} has no baseline record to take a sample from")
+    out = {k: row[k] for k in CARRIED if k in row}
+    out.update({k: base[k] for k in ("output", "token_ids", "stats", "pieces") if k in base})
+    if "timing" in row:
+        attempts = [
+            {"interfered": a["baseline"]["interfered"], "method": a["baseline"]} for a in row["timing"]["attempts"]
+        ]
+        out["timing"] = {"attempts": attempts, "counted": row["timing"]["counted"]}
+    out["samples_from"] = source
+    return out
+
+
+def derive_cell(cell_file: Path, source_samples: Path, out: Path) -> int:
+    """Write the cell ``cell_file``'s samples (``out``) and meta from the source cell's finished samples; returns
+    how many. The cell file's dims name the source (``samples_from``); its method must be the source's baseline."""
+    entry = CellFile.read(cell_file)
+    source = entry.dims.samples_from if entry.dims else None
+    if source is None:
+        raise UserError(f"cell file {cell_file}: its dims name no samples_from cell to derive its samples from")
+    source_meta = json.loads(beside(source_samples, "meta").read_text())
+    if source_meta["cell"].get("baseline") != entry.cell.method:
+        raise UserError(
+            f"cell {source} runs {source_meta['cell'].get('baseline')!r} beside its samples, not {entry.cell.method!r}"
+        )
+    rows = [derived_row(r, source) for r in read_jsonl(source_samples)]
+    settings = {k: v for k, v in entry.cell.__dict__.items() if k not in ("models", "policy")}
+    meta = {
+        "environment": source_meta["environment"],
+        "cell": {**settings, "models": [m.name for m in entry.cell.models]},
+        "samples_from": source,
+    }
+    write_atomic(beside(out, "meta"), json.dumps(meta, indent=2, default=str) + "\n")
+    write_atomic(Path(out), "".join(json.dumps(r) + "\n" for r in rows))
+    return len(rows)
