@@ -309,6 +309,31 @@ def test_bench_rows_put_each_tree_beside_the_chain_of_its_node_budget():
     assert same_budget_chain(next(v for v in vs if v.label == "sd g=1"), vs) is None
 
 
+def test_a_sweep_of_proposers_runs_each_speculative_variant_once_with_each():
+    """Several proposers: every speculative variant (chains, dynamic, trees) once per proposer, labelled by it, each
+    tree beside its own proposer's chain and each dynamic variant against its own proposer's fixed gammas; the
+    baselines and transformers' methods once."""
+    from pipeline.bench.table import best_fixed
+    from pipeline.bench.variants import same_budget_chain, select, variants
+
+    vs = select(variants([1, 3], ["lookup+draft", "eagle"], dynamic=[1], trees=["2x1"]), ["sd", "we"], None)
+    labels = [v.label for v in vs]
+    assert len(labels) == len(set(labels)) and labels.count("large_model") == labels.count("we") == 1
+    for p in ("lookup+draft", "eagle"):
+        mine = [v for v in vs if v.label.endswith(f"[{p}]")]
+        assert {v.method_args["proposer"] for v in mine} == {p}
+        assert {f"sd g=1 [{p}]", f"sd g=3 [{p}]", f"sd dyn g=1 [{p}]", f"sd t2x1 [{p}]", f"we_se g=[1,3] [{p}]"} <= {
+            v.label for v in mine
+        }
+        tree = next(v for v in mine if v.label == f"sd t2x1 [{p}]")
+        assert same_budget_chain(tree, vs).label == f"sd g=3 [{p}]"  # 2x1: 3 nodes
+        totals = {v.label: type("T", (), {"tokens": 10, "wall": 2.0 if "eagle" in v.label else 1.0})() for v in vs}
+        dyn = next(v for v in mine if v.label == f"sd dyn g=1 [{p}]")
+        assert best_fixed(dyn, vs, totals).label.endswith(f"[{p}]")
+    assert "hf_assisted g=3" in labels and not any("hf_" in v.label and "[" in v.label for v in vs)
+    assert [v.label for v in variants([1], "draft")] == [v.label for v in variants([1], ["draft"])]  # one: no tag
+
+
 def test_the_cost_model_prices_nodes_at_the_fitted_per_token_cost():
     from pipeline.measure import cost
 

@@ -127,9 +127,10 @@ def settings_line(record: dict[str, Any]) -> str:
         return ""
     s = record["settings"]
     gamma = " ".join(map(str, s["gamma"]))
+    proposer = " / ".join(s["proposer"]) if isinstance(s["proposer"], list) else s["proposer"]  # a sweep: several
     return (
         f"{s['prompts']} HumanEval prompts × {s['max_new_tokens']} new tokens, γ ∈ {{{gamma}}}, draft "
-        f"{s['draft']}, proposer `{s['proposer']}`, kernels: {s.get('kernels', 'default')}."
+        f"{s['draft']}, proposer `{proposer}`, kernels: {s.get('kernels', 'default')}."
     )
 
 

@@ -123,8 +123,18 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="load a distilled draft with its teacher's full head: transformers' own methods (hf_*) then run too",
     )
-    ap.add_argument("--proposer", default="lookup+draft", choices=proposer_kinds())
-    ap.add_argument("--feature-head", type=Path, help="a feature head for the target (proposer eagle)")
+    ap.add_argument(
+        "--proposer",
+        nargs="+",
+        default=["lookup+draft"],
+        choices=proposer_kinds(),
+        help="the speculative methods' proposer; several: each method once with each, interleaved (a sweep)",
+    )
+    ap.add_argument(
+        "--feature-head",
+        type=Path,
+        help="a feature head for the target (proposer eagle); default: the target's own, trained on first use",
+    )
     ap.add_argument(
         "--dynamic",
         type=int,
@@ -178,6 +188,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             draft = load(args.draft, device=args.device, full_head=args.full_head, pack=False)[0]
             draft_desc = args.draft + (" (full head)" if args.full_head else "")
+        if args.feature_head is None and any("eagle" in p.split("+") for p in args.proposer):
+            from ..models.resolve import ensure_head
+            from ..models.spec import ModelSpec
+
+            args.feature_head = ensure_head(ModelSpec(BUNDLED, eagle={}))  # the default recipe, cached after
         if args.feature_head is not None:
             from ..models.feature_head import load_head
 
@@ -207,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         compiled_engine(args.engine, [target, draft, getattr(draft, "base", draft)], tokenizer, prompts, args)
     print(
         f"target: bundled SmolLM2-135M-Instruct (float32, {args.device}, {torch.get_num_threads()} threads); "
-        f"draft: {draft_desc}; proposer: {args.proposer}; linear kernels: {kernels}"
+        f"draft: {draft_desc}; proposer: {' / '.join(args.proposer)}; linear kernels: {kernels}"
     )
     print(f"{len(prompts)} HumanEval prompts x {args.max_new_tokens} new tokens; EOS stops")
     start = time.perf_counter()

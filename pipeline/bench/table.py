@@ -76,7 +76,8 @@ def best_fixed(v: Variant, vs: list[Variant], totals: dict[str, Totals]) -> Vari
     """
     if v.gamma_schedule == "fixed":
         return None
-    fixed = [w for w in vs if (w.group, w.method, w.gamma_schedule, w.tree) == (v.group, v.method, "fixed", None)]
+    key = (v.group, v.method, "fixed", None, v.method_args)  # its own proposer's
+    fixed = [w for w in vs if (w.group, w.method, w.gamma_schedule, w.tree, w.method_args) == key]
     return max(fixed, key=lambda w: totals[w.label].tokens / totals[w.label].wall, default=None)
 
 

@@ -30,36 +30,42 @@ class Variant:
 
 def variants(
     gammas: list[int],
-    proposer: str,
+    proposer: str | list[str],
     dynamic: list[int] = (),
     parallel: bool = False,
     sd_temperature: float = 0.0,
     trees: list[str] = (),
 ) -> list[Variant]:
-    """Every method of the table, transformers' own (``hf_*``) included; ``dynamic``: starting gammas of
-    dynamic-gamma variants; ``parallel``: we_p, cd_p; ``sd_temperature``: of the first group; ``trees``:
-    each speculative method with each token tree, beside a chain of as many nodes (``tree_variants``)."""
+    """Every method of the table, transformers' own (``hf_*``) included; ``proposer``: one, or several (each
+    speculative variant once per proposer, its label ending in ``[proposer]``: a sweep of proposers measured
+    interleaved in one run); ``dynamic``: starting gammas of dynamic-gamma variants; ``parallel``: we_p, cd_p;
+    ``sd_temperature``: of the first group; ``trees``: each speculative method with each token tree, beside a
+    chain of as many nodes (``tree_variants``)."""
     we = {"lambda": 0.5}
-    spec = {"proposer": proposer}
+    proposers = [proposer] if isinstance(proposer, str) else list(proposer)
     t = sd_temperature
     first = "greedy" if t == 0 else f"sd T={t:g}"  # large_model, small_model, sd and the peers
 
     def speculative(group: str, methods: list[str], temperature: float, args: dict) -> list[Variant]:
-        """Each method at each fixed gamma, then from each dynamic start (``*_se``: the small model's gamma 1)."""
+        """Each method at each fixed gamma, then from each dynamic start (``*_se``: the small model's gamma 1),
+        with each proposer."""
         out = []
-        for schedule, starts, tag in (("fixed", gammas, ""), ("dynamic", dynamic, " dyn")):
-            for m, g in product(methods, starts):
-                gamma, shown = ([1, g], f"[1,{g}]") if in_turn(m) else (g, g)
-                out.append(Variant(group, f"{m}{tag} g={shown}", m, gamma, temperature, args, gamma_schedule=schedule))
-        return out + tree_variants(group, methods, temperature, args, trees, [v.label for v in out])
+        for p in proposers:
+            tag_p, with_p = (f" [{p}]" if len(proposers) > 1 else ""), {**args, "proposer": p}
+            mine = []
+            for schedule, starts, tag in (("fixed", gammas, ""), ("dynamic", dynamic, " dyn")):
+                for m, g in product(methods, starts):
+                    gamma, shown = ([1, g], f"[1,{g}]") if in_turn(m) else (g, g)
+                    label = f"{m}{tag} g={shown}{tag_p}"
+                    mine.append(Variant(group, label, m, gamma, temperature, with_p, gamma_schedule=schedule))
+            out += mine + tree_variants(group, methods, temperature, with_p, trees, [v.label for v in mine], tag_p)
+        return out
 
     def ensemble(name: str, args: dict, temperature: float) -> list[Variant]:
         """An ensemble's group: the ensemble (its baseline), its speculative methods, its parallel form."""
         group = f"{name} T={temperature:g}"
         out = [Variant(group, name, name, temperature=temperature, method_args=args, baseline=True)]
-        out += speculative(
-            group, [name + f.suffix for f in FORMS if f.own_loop and f.suffix], temperature, {**args, **spec}
-        )
+        out += speculative(group, [name + f.suffix for f in FORMS if f.own_loop and f.suffix], temperature, args)
         if parallel:
             out.append(Variant(group, f"{name}_p", f"{name}_p", temperature=temperature, method_args=args))
         return out
@@ -67,7 +73,7 @@ def variants(
     return [
         Variant(first, "large_model", "large_model", temperature=t, baseline=True),
         Variant(first, "small_model", "small_model", temperature=t),
-        *speculative(first, ["sd"], t, spec),
+        *speculative(first, ["sd"], t, {}),
         *(Variant(first, f"{m} g={g}", m, g, t) for m in ("hf_assisted", "hf_prompt_lookup") for g in gammas),
         *ensemble("we", we, 1.0),
         Variant("we T=1", "we_me", "we_me", temperature=1.0, method_args=we),
@@ -81,10 +87,11 @@ TREE_DEPTH = 4  # a dynamic tree's depth (its gamma); the chain it is compared w
 
 
 def tree_variants(
-    group: str, methods: list[str], temperature: float, args: dict, trees: list[str], taken: list[str]
+    group: str, methods: list[str], temperature: float, args: dict, trees: list[str], taken: list[str], tag: str = ""
 ) -> list[Variant]:
     """Each method with each tree, and a chain of the tree's node budget (unless already a variant): the
-    chain and the tree verify as many tokens per target forward. ``*_se``: the large model drafts 1."""
+    chain and the tree verify as many tokens per target forward. ``*_se``: the large model drafts 1. ``tag``:
+    the proposer's, at the end of each label."""
     from pipeline.decoding.tree.loop import parse_tree
 
     out: list[Variant] = []
@@ -92,11 +99,11 @@ def tree_variants(
         shape = parse_tree(value)
         se = in_turn(m)
         chain = ([1, shape.nodes], f"[1,{shape.nodes}]") if se else (shape.nodes, shape.nodes)
-        label = f"{m} g={chain[1]}"
+        label = f"{m} g={chain[1]}{tag}"
         if label not in taken + [v.label for v in out]:
             out.append(Variant(group, label, m, chain[0], temperature, args))
         gamma = [1, TREE_DEPTH] if se else TREE_DEPTH
-        out.append(Variant(group, f"{m} {shape.label}", m, gamma, temperature, args, tree=shape.label))
+        out.append(Variant(group, f"{m} {shape.label}{tag}", m, gamma, temperature, args, tree=shape.label))
     return out
 
 
@@ -118,4 +125,5 @@ def same_budget_chain(v: Variant, vs: list[Variant]) -> Variant | None:
 
     nodes = parse_tree(v.tree).nodes
     gamma = [1, nodes] if in_turn(v.method) else nodes
-    return next((w for w in vs if (w.group, w.method, w.gamma, w.tree) == (v.group, v.method, gamma, None)), None)
+    key = (v.group, v.method, gamma, None, v.method_args)
+    return next((w for w in vs if (w.group, w.method, w.gamma, w.tree, w.method_args) == key), None)
