@@ -326,7 +326,7 @@ def test_a_sweep_of_proposers_runs_each_speculative_variant_once_with_each():
             v.label for v in mine
         }
         tree = next(v for v in mine if v.label == f"sd t2x1 [{p}]")
-        assert same_budget_chain(tree, vs).label == f"sd g=3 [{p}]"  # 2x1: 3 nodes
+        assert same_budget_chain(tree, vs).label == f"sd g=4 [{p}]"  # 2x1: 4 nodes, a chain of 4 beside it
         totals = {v.label: type("T", (), {"tokens": 10, "wall": 2.0 if "eagle" in v.label else 1.0})() for v in vs}
         dyn = next(v for v in mine if v.label == f"sd dyn g=1 [{p}]")
         assert best_fixed(dyn, vs, totals).label.endswith(f"[{p}]")
