@@ -89,6 +89,24 @@ def test_drafts_of_one_teachers_data_share_it_and_train_the_same_weights(tiny_di
         assert (dirs["b"] / name).read_bytes() == (dirs["fresh"] / name).read_bytes(), name
 
 
+def test_the_teachers_data_reads_no_recipe_setting_its_cache_name_leaves_out(tiny_dir):
+    """Drafts share the teacher's data by ``data_name``, a hash of ``DATA_FIELDS``: a setting that ``teacher_data``
+    read beyond them would make drafts of different data share one file."""
+    read = set()
+
+    class Spy:
+        def __init__(self, recipe):
+            self.recipe = recipe
+
+        def __getattr__(self, name):
+            read.add(name)
+            return getattr(self.recipe, name)
+
+    teacher, tokenizer = load(tiny_dir, pack=False)
+    teacher_data(teacher, tokenizer, Spy(Recipe(**TINY)))
+    assert read and read <= set(distill_module.DATA_FIELDS), read - set(distill_module.DATA_FIELDS)
+
+
 def rows(vocab: int, kept: int, positions: int, seed: int = 0):
     """Teacher probabilities over ``vocab`` ids (some mass outside the first ``kept``) and draft logits."""
     g = torch.Generator().manual_seed(seed)

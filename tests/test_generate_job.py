@@ -108,5 +108,17 @@ def test_a_standard_cell_derived_from_side_by_side_runs_has_its_own_jobs_samples
     meta = json.loads((tmp_path / "derived.meta.json").read_text())
     assert meta["samples_from"] == "humaneval/trio/we_se-T1-g1-2-2" and meta["cell"]["method"] == "we"
     CellFile(cells["humaneval/trio/we_sd-T1-g2"].cell, own.dims).write(tmp_path / "wrong.json")
-    with pytest.raises(UserError, match="runs 'we' beside its samples, not 'we_sd'"):
+    with pytest.raises(UserError, match=r"runs 'we' with \{\} beside its samples, not 'we_sd'"):
         derive_cell(tmp_path / "wrong.json", tmp_path / "source.jsonl", tmp_path / "x.jsonl")
+    other = CellFile(Cell.from_json({**own.cell.to_json(), "max_new_tokens": 7}), own.dims)
+    other.write(tmp_path / "other.json")
+    with pytest.raises(UserError, match="ran with other max_new_tokens than cell humaneval/trio/we-T1"):
+        derive_cell(tmp_path / "other.json", tmp_path / "source.jsonl", tmp_path / "x.jsonl")
+    (tmp_path / "source.meta.json").write_text("{not json")
+    with pytest.raises(UserError, match="source.meta.json"):
+        derive_cell(tmp_path / "cell.json", tmp_path / "source.jsonl", tmp_path / "x.jsonl")
+    assert not (tmp_path / "x.jsonl").exists()
+    parallel = json.loads(json.dumps(config))
+    parallel["grids"][1]["methods"] = ["we", "we_p", "we_sd"]  # we_p first: a job of a thread per model
+    entries = expand_cells(check_config(parallel))
+    assert entries["humaneval/trio/we-T1"].dims.samples_from == "humaneval/trio/we_sd-T1-g2"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -81,12 +82,28 @@ def test_rerun_unstable_sets_aside_only_the_flagged_cells_files(results, capsys)
     assert rerun_unstable(results) == []
 
 
-def test_a_flagged_derived_cell_is_measured_again_by_its_source_and_a_failed_derive_is_named(results):
+def test_a_flagged_derived_cell_is_measured_again_by_its_source(results):
     """we-T0 takes its samples from sd-T0-g2's side-by-side runs (its cell file's samples_from): setting it aside
     sets aside the source too, whose generation makes both again."""
     write(results / "cells" / f"{CELLS[1]}.json", json.dumps({"cell": {}, "dims": {"samples_from": CELLS[0]}}))
     assert rerun_unstable(results) == [CELLS[1], CELLS[0]]
     assert status(results).pending == CELLS[:2]
+
+
+def test_a_flagged_source_sets_aside_the_cells_derived_from_it(results):
+    """sd-T0-g2 flagged: we-T0, made of its side-by-side runs, is made again with it, so its files go aside too."""
+    write(results / "cells" / f"{CELLS[1]}.json", json.dumps({"cell": {}, "dims": {"samples_from": CELLS[0]}}))
+    speed = results / "generations" / f"{CELLS[0]}.speed.json"
+    speed.write_text(json.dumps({"tokens_per_s": 9.0, "flags": ["interference on 9 of 10 samples"]}))
+    (results / "generations" / f"{CELLS[1]}.speed.json").write_text(json.dumps({"tokens_per_s": 9.0, "flags": []}))
+    assert rerun_unstable(results) == [CELLS[0], CELLS[1]]
+    assert status(results).pending == CELLS[:2]
+
+
+def test_a_failed_derive_is_named(results):
+    """we-T0 was generated once (its generate log, older) and is derived since; its derive job failed."""
+    (results / "generations" / f"{CELLS[1]}.jsonl").unlink()
+    os.utime(results / "logs" / "generate" / f"{CELLS[1]}.log", (1e9, 1e9))
     write(results / "logs" / "derive" / f"{CELLS[1]}.log", "error: samples file x.jsonl not found\n")
     assert status(results).failed[CELLS[1]] == "derive: error: samples file x.jsonl not found"
 

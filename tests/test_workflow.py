@@ -367,7 +367,9 @@ def test_the_paper_grid_on_slurm_takes_few_submissions_and_a_short_target(tmp_pa
         bool(c.dims.samples_from) for c in expand_cells(check_config(yaml.safe_load(paper.read_text()))).values()
     )
     assert cells == 385 and derived == 40 and job_counts(out)["generate"] == cells - derived == 345
-    assert job_counts(out)["derive"] == derived  # local: the standard cells made of the *_sd cells' side-by-side runs
+    assert (
+        job_counts(out)["derive"] == derived
+    )  # the standard cells made of the *_sd cells' side-by-side runs, in their job
     submissions = slurm_submissions(out, profile)
     assert submissions == {
         "prepare_model": 12,  # converted and checked on a compute node; downloaded by fetch_model (local)

@@ -174,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         help="directory for the run's record (commit, machine, settings, results); default: ./benchmarks",
     )
     args = ap.parse_args(argv)
+    args.proposer = list(dict.fromkeys(args.proposer))  # a proposer named twice runs once
     if args.quick:
         args.prompts, args.max_new_tokens, args.gamma = 3, 32, [2]
     try:

@@ -104,8 +104,9 @@ def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
             "per_prompt": t.per_prompt,  # (tokens, wall s) per prompt: any two rows' ratio with its interval
             "identical": f"{same}/{len(t.outputs)}" if v.temperature == 0 else "-",
         }
-        ours = f"{parse_method(v.method).ours} g={v.gamma}"
-        if ours in totals:  # a peer: our method doing the same job, same gamma, over it
+        named = f"{parse_method(v.method).ours} g={v.gamma}"  # in a sweep of proposers: the first one's
+        ours = next((label for label in totals if label == named or label.startswith(f"{named} [")), None)
+        if ours is not None:  # a peer: our method doing the same job, same gamma, over it
             row["ours_vs_hf"], row["ours_vs_hf_ci"] = _speedup(totals[ours], t)
         chain = same_budget_chain(v, vs)
         if chain is not None:  # a tree against the chain of its node budget, same prompts

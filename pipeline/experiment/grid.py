@@ -55,9 +55,10 @@ OWN_SETTINGS = {"method", "method_args", "gamma", "gamma_schedule", "baseline", 
 
 def derived_cells(cells: dict[str, CellFile]) -> dict[str, str]:
     """The standard-method cells whose samples another cell already makes, by cell id -> that cell's id (its
-    ``samples_from``): a cell that runs nothing beside it, and an earlier cell of the grid whose side-by-side
-    baseline is the same method with the same arguments on the same models, prompts, seed and sampling
-    (``job/derive.py``; docs/workflow.md, "Cells and rules"). The null cell is never one: its pairs are its point."""
+    ``samples_from``): a cell that runs nothing beside it, and the first cell of the config (not a parallel one,
+    whose job runs more threads) whose side-by-side baseline is the same method with the same arguments on the
+    same models, prompts, seed and sampling (``job/derive.py``; docs/workflow.md, "Cells and rules"). The null
+    cell is never one: its pairs are its point."""
 
     def shared(c: Cell) -> dict[str, Any]:
         return {f.name: getattr(c, f.name) for f in fields(c) if f.name not in OWN_SETTINGS}
@@ -65,7 +66,9 @@ def derived_cells(cells: dict[str, CellFile]) -> dict[str, str]:
     def runs_beside(source: CellFile, c: Cell) -> bool:
         s = source.cell
         same = s.baseline == c.method and s.baseline_args == c.method_args
-        return same and not source.dims.control and shared(s) == shared(c)
+        # a parallel cell's job runs a thread per model (generate_threads): its baseline runs are not timed as
+        # the cell's own job would time them
+        return same and not source.dims.control and not source.dims.spec.parallel and shared(s) == shared(c)
 
     out = {}
     for cell_id, entry in cells.items():

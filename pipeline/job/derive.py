@@ -17,8 +17,9 @@ from typing import Any
 
 from ..errors import UserError
 from ..experiment.cell import CellFile
+from ..experiment.grid import OWN_SETTINGS
 from ..experiment.layout import beside
-from ..files import read_jsonl, write_atomic
+from ..files import read_jsonl, read_user_json, write_atomic
 
 CARRIED = ("id", "prompt_ids", "category", "provenance", "run")  # a source row's fields that are the sample's too
 
@@ -46,11 +47,18 @@ def derive_cell(cell_file: Path, source_samples: Path, out: Path) -> int:
     source = entry.dims.samples_from if entry.dims else None
     if source is None:
         raise UserError(f"cell file {cell_file}: its dims name no samples_from cell to derive its samples from")
-    source_meta = json.loads(beside(source_samples, "meta").read_text())
-    if source_meta["cell"].get("baseline") != entry.cell.method:
+    source_meta = read_user_json(beside(source_samples, "meta"), f"cell {source}'s meta file")
+    ran = source_meta.get("cell") if isinstance(source_meta, dict) else None
+    if not isinstance(ran, dict) or "environment" not in source_meta:
+        raise UserError(f"{beside(source_samples, 'meta')}: not a generation job's meta file (no cell or environment)")
+    if (ran.get("baseline"), ran.get("baseline_args", {})) != (entry.cell.method, entry.cell.method_args):
         raise UserError(
-            f"cell {source} runs {source_meta['cell'].get('baseline')!r} beside its samples, not {entry.cell.method!r}"
+            f"cell {source} runs {ran.get('baseline')!r} with {ran.get('baseline_args', {})} beside its samples, "
+            f"not {entry.cell.method!r} with {entry.cell.method_args}"
         )
+    mine = {k: v for k, v in entry.cell.__dict__.items() if k in ran and k not in OWN_SETTINGS}
+    if differ := sorted(k for k, v in mine.items() if k != "models" and ran[k] != v):
+        raise UserError(f"cell {source} ran with other {', '.join(differ)} than cell {entry.dims.id}")
     rows = [derived_row(r, source) for r in read_jsonl(source_samples)]
     settings = {k: v for k, v in entry.cell.__dict__.items() if k not in ("models", "policy")}
     meta = {

@@ -281,7 +281,12 @@ def data_name(teacher: ModelSpec, recipe: Recipe) -> str:
     ``DATA_FIELDS`` and the teacher's identity, so drafts that differ only in layers, steps or loss share it."""
     where = locate(teacher)
     fields = {k: getattr(recipe, k) for k in DATA_FIELDS}
-    key = json.dumps({"data": fields, "teacher": [where[0], str(where[1])]}, sort_keys=True)
+    loaded = [
+        teacher.dtype,
+        teacher.resolved_device(),
+    ]  # how the teacher ran, and with what: its numbers depend on both
+    key = {"data": fields, "teacher": [where[0], str(where[1]), *loaded], "versions": versions()}
+    key = json.dumps(key, sort_keys=True, default=str)
     return f"{teacher.name}-{hashlib.sha256(key.encode()).hexdigest()[:8]}.pt"
 
 
@@ -293,10 +298,16 @@ def stored_teacher_data(teacher, tokenizer, recipe: Recipe, store: Path | None) 
         return teacher_data(teacher, tokenizer, recipe)
     with cache_lock(store):
         if store.exists():
-            saved = torch.load(store, weights_only=True)
-            examples = [Example(ids, labels, rows, logp.float()) for ids, labels, rows, logp in saved["examples"]]
-            held = [(prompt, cont, logp) for prompt, cont, logp in saved["held"]]
-            return TeacherData(examples, saved["kept"], saved["label_coverage"], held, saved["seconds"])
+            t0 = time.perf_counter()
+            try:
+                saved = torch.load(store, weights_only=True)
+            except Exception as err:  # a damaged file: made again below
+                print(f"warning: {store} cannot be read ({type(err).__name__}); the teacher's data is made again")
+            else:
+                examples = [Example(ids, labels, rows, logp.float()) for ids, labels, rows, logp in saved["examples"]]
+                held = [(prompt, cont, logp) for prompt, cont, logp in saved["held"]]
+                seconds = round(time.perf_counter() - t0, 1)  # this draft's: read, not made
+                return TeacherData(examples, saved["kept"], saved["label_coverage"], held, seconds)
         data = teacher_data(teacher, tokenizer, recipe)
         saved = {
             "examples": [(e.ids, e.labels, e.rows, e.logp.half()) for e in data.examples],

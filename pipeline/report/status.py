@@ -105,6 +105,9 @@ def status(results: Path) -> Status:
             log = logs / step / f"{cell}.log"
             if cell_path(results, cell, made).exists() or not log.exists():
                 continue
+            rivals = [logs / other / f"{cell}.log" for other, out in STEPS if out == made and other != step]
+            if any(r.exists() and r.stat().st_mtime > log.stat().st_mtime for r in rivals):
+                continue  # an earlier job's log for the same file (a cell generated once, derived since)
             if why := cause(log):
                 out.failed[cell] = f"{step}: {why}"
                 state = "failed"
@@ -164,10 +167,11 @@ def rerun_unstable(results: Path) -> list[str]:
     already moved before its one-line ``UserError``: a cell is never left half set aside."""
     results = Path(results)
     flagged = list(status(results).unstable)
+    sources = {c: _samples_from(results, c) for c in cell_ids(results)}
     for cell in list(flagged):  # a cell derived from another's side-by-side runs is measured again by that one
-        source = _samples_from(results, cell)
-        if source and source not in flagged:
-            flagged.append(source)
+        if sources.get(cell) and sources[cell] not in flagged:
+            flagged.append(sources[cell])
+    flagged += [c for c, source in sources.items() if source in flagged and c not in flagged]  # and made again
     aside = results / "rerun" / time.strftime("%Y%m%d-%H%M%S")
     sources: dict[Path, None] = {}
     for cell in flagged:
