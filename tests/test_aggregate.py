@@ -123,6 +123,15 @@ def test_the_beside_table_ranks_what_ran_beside_the_timed_runs_under_every_timed
         ["(every timed sample)", "1", "4", "1", "25%", "-"],
         ["pipeline speed", "1", "2", "1", "50%", "0.5"],
     ]
+    # a cell derived from another's side-by-side runs (samples_from) holds its source's timed runs: counted once
+    grid = json.loads((tmp_path / "results" / "grid.json").read_text())
+    grid[0]["samples_from"] = SE
+    (tmp_path / "results" / "grid.json").write_text(json.dumps(grid))
+    speed = tmp_path / "results" / "generations" / f"{WE}.speed.json"
+    beside = {"pipeline speed": {"pairs": 2, "interfered": 0, "cpu_s": 0.2}}
+    speed.write_text(json.dumps({**json.loads(speed.read_text()), "beside": beside}))
+    md = render(TABLE["beside"], collect(tmp_path / "results"))["beside.md"].splitlines()
+    assert [[c.strip() for c in line.split("|")[1:-1]] for line in md[2:]] == rows
 
 
 def test_the_drafts_table_says_how_each_proposer_was_trained(tmp_path):

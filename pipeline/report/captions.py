@@ -88,7 +88,8 @@ CAPTIONS = {  # {conf}: the speed-ups' confidence
         "Every process that took CPU time (20 ms or more) while a generation job timed a run, by what it is "
         "(`pipeline <command>`: a job of this workflow): in how many cells and timed samples, how many of those "
         "were interfered with (the run's own wait for a CPU or its preemptions over their thresholds) and its "
-        "CPU seconds in them; the first row counts every timed sample (a pair where the cell has a baseline). "
+        "CPU seconds in them; the first row counts every timed sample (a pair where the cell has a baseline; a "
+        "cell made of another's side-by-side runs is counted with its source, once). "
         "Every job but generation runs at nice 19, so beside a timed run it takes a spare core or waits "
         '(docs/speed.md, "Interference").\n'
     ),

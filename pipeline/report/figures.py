@@ -135,7 +135,8 @@ def collect(results: Path, reported: dict[str, Any] | None = None) -> Collected:
     named = reported.get("experiment") in set(cells.get("experiment", []))
     scores = scored(cells, results)
     reported = reported if named else None
-    beside_ = beside_runs(speeds)
+    derived = set(cells["id"][cells["samples_from"].notna()]) if "samples_from" in cells else set()
+    beside_ = beside_runs({c: s for c, s in speeds.items() if c not in derived})  # their runs are their sources'
     return Collected(cells, figures, scores, policy.confidence, reported, drafts(results), beside_, read)
 
 
