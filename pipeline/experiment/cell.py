@@ -56,6 +56,11 @@ class Cell:
         check_seed(self.seed)
         self.policy = Policy.from_dict(self.timing)
 
+    def described(self) -> dict[str, Any]:
+        """The cell as a generation job's meta file records it: every setting, the models by name."""
+        settings = {k: v for k, v in self.__dict__.items() if k not in ("models", "policy")}
+        return {**settings, "models": [m.name for m in self.models]}
+
     def sampling(self) -> dict[str, Any]:
         """The settings every run of the cell passes to ``generate`` (its method's and its baseline's)."""
         return {k: getattr(self, k) for k in SAMPLING}

@@ -56,16 +56,11 @@ def derive_cell(cell_file: Path, source_samples: Path, out: Path) -> int:
             f"cell {source} runs {ran.get('baseline')!r} with {ran.get('baseline_args', {})} beside its samples, "
             f"not {entry.cell.method!r} with {entry.cell.method_args}"
         )
-    mine = {k: v for k, v in entry.cell.__dict__.items() if k in ran and k not in OWN_SETTINGS}
-    if differ := sorted(k for k, v in mine.items() if k != "models" and ran[k] != v):
+    mine = {k: v for k, v in entry.cell.described().items() if k in ran and k not in OWN_SETTINGS}
+    if differ := sorted(k for k, v in mine.items() if ran[k] != v):
         raise UserError(f"cell {source} ran with other {', '.join(differ)} than cell {entry.dims.id}")
     rows = [derived_row(r, source) for r in read_jsonl(source_samples)]
-    settings = {k: v for k, v in entry.cell.__dict__.items() if k not in ("models", "policy")}
-    meta = {
-        "environment": source_meta["environment"],
-        "cell": {**settings, "models": [m.name for m in entry.cell.models]},
-        "samples_from": source,
-    }
+    meta = {"environment": source_meta["environment"], "cell": entry.cell.described(), "samples_from": source}
     write_atomic(beside(out, "meta"), json.dumps(meta, indent=2, default=str) + "\n")
     write_atomic(Path(out), "".join(json.dumps(r) + "\n" for r in rows))
     return len(rows)

@@ -113,8 +113,7 @@ def _run_cell(cell: Cell, out: Path, progress: bool, journal: Path, speed: bool)
     done = log.recover()  # before the models load: a journal problem costs nothing
     models, tokenizers = load_members(cell.models)
     tokenizer = tokenizers[0]  # prompts are the first model's tokens
-    settings = {k: v for k, v in cell.__dict__.items() if k not in ("models", "policy")}
-    meta = {"environment": environment(), "cell": {**settings, "models": [m.name for m in cell.models]}}
+    meta = {"environment": environment(), "cell": cell.described()}
     write_atomic(beside(out, "meta"), json.dumps(meta, indent=2, default=str) + "\n")
     trees = {"tree": cell.tree} if cell.tree is not None else {}  # the method's own, never its baseline's
     # every run of the cell: its models and settings (methods that do not speculate ignore gamma_schedule)
