@@ -74,15 +74,15 @@ def smol_tokenizer():
     return AutoTokenizer.from_pretrained(bundled_dir())
 
 
-def save_tiny(path, tokenizer, seed: int = 0, layers: int = 2, padding: int = 0):
+def save_tiny(path, tokenizer, seed: int = 0, layers: int = 2, padding: int = 0, hidden: int = 16):
     """A tiny random float32 model with ``tokenizer``, saved as a local model directory (``padding``: head rows
     past the tokenizer's, as models padded for their kernels have; here a thousand times longer than the others,
     so that a decode that does not crop them picks one at nearly every step)."""
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(tokenizer) + padding,
-        hidden_size=16,
-        intermediate_size=32,
+        hidden_size=hidden,  # 2 heads: a head of hidden / 2 (vLLM's CPU attention takes 32 and more)
+        intermediate_size=2 * hidden,
         num_hidden_layers=layers,
         num_attention_heads=2,
         num_key_value_heads=1,

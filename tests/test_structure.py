@@ -145,7 +145,7 @@ def test_the_layer_rule_finds_a_break():
 
 # The rooms of `pipeline/` (and `tasks/`), bottom floor first: a module imports only its own room and the floors
 # below (docs/extending.md, "Layout"). A token tree (`decoding/tree/`) is part of the decoder.
-FLOORS = ("base", "tasks", "decoding", "models", "measure", "experiment", "job", "report", "bench", "cli")
+FLOORS = ("base", "tasks", "decoding", "models", "vllm", "measure", "experiment", "job", "report", "bench", "cli")
 
 
 def room(module: str) -> str:

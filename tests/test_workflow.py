@@ -246,15 +246,16 @@ def test_dry_run_of_the_default_grid_lists_exactly_its_jobs(tmp_path):
     run = snakemake(tmp_path, "-n")
     assert run.returncode == 0, run.stderr[-2000:]
     n = len(expand_cells(check_config(DEFAULT)))
-    assert n == 24  # 5 + 1 + 4 + 6 + 2 + 5 cells per grid, one gamma each (no gamma for we/we_me/cd), the null cell
+    assert n == 27  # 5 + 1 + 4 + 9 + 2 + 5 cells per grid, one gamma each (no gamma for we/we_me/cd), the null cell
     assert job_counts(run.stdout + run.stderr) == {
         "all": 1,
         "cell": n,
         "grid": 1,
         "timing": 1,
         "prepare_model": 4,  # the bundled model, two drafts and a student distilled from it: nothing to fetch
-        "generate": n - 3,
-        "derive": 3,  # we on smol+l2 and on smol+v4k, cd: the side-by-side runs of their *_sd cells
+        "vllm_env": 1,  # vLLM's own environment, for the vllm* cells (found in the cache once built)
+        "generate": n - 4,
+        "derive": 4,  # we on smol+l2 and on smol+v4k, cd, vllm: the side-by-side runs of their speculative cells
         "speed": n,
         "score": n,
         "likelihood": 1,  # mmlu_mc under the grid's distinct distributions

@@ -16,7 +16,8 @@ class Form:
     in_turn: bool = False  # every model proposes in turn: one gamma per model
     mixture: bool = False  # draws one member per position (only a mixture ensemble has this form)
     parallel: bool = False  # the members' forwards run concurrently
-    peer: bool = False  # transformers' own method, run beside ours
+    peer: bool = False  # another engine's method, run beside ours (transformers' or vLLM's)
+    engine: str = "ours"  # what decodes: our decoder (transformers' generate for its peers) or vLLM (``pipeline/vllm``)
 
 
 FORMS = (
@@ -27,6 +28,7 @@ FORMS = (
     Form("me", "_me", mixture=True),
     Form("me_sd", "_me_sd", speculative=True, mixture=True),
     Form("peer", speculative=True, peer=True),
+    Form("vllm_peer", speculative=True, peer=True, engine="vllm"),
 )
 KINDS = {form.kind: form for form in FORMS}
 SUFFIXES = tuple(form.suffix for form in FORMS if form.suffix)  # reserved: no ensemble's name ends in one

@@ -58,7 +58,7 @@ def join(models: Sequence[torch.nn.Module], tokenizers: Any, spec: MethodSpec, n
             "to score every token of the expert's vocabulary; use we or gac"
         )
     if spec.peer:
-        raise ArgumentError(f"{spec.name!r} runs transformers' generate, which needs one tokenizer for all models")
+        raise ArgumentError(f"{spec.name!r} runs {spec.engine_name}, which needs one tokenizer for all models")
     return union
 
 

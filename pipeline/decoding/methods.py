@@ -35,7 +35,7 @@ from .parallel import ConcurrentForwards
 from .peers import run_peer
 from .proposers import NAMED_PROPOSERS, Chain, ModelProposer, Proposer, drafts_trees, parts
 from .sampling import Sampling
-from .spec import DRAFT, is_int, parse_method
+from .spec import DRAFT, VLLM, is_int, parse_method
 from .static import make_runner
 from .stats import GenerationStats, ModelStats
 from .tree.loop import check_tree_models, parse_tree, tree_loop
@@ -91,6 +91,11 @@ def plan_method(
     """Check a method and its arguments against a model set (``sizes``: each model's parameter count;
     ``restricted``: the models with a restricted output head); return its plan and resolved args."""
     spec = parse_method(method)
+    if spec.engine == VLLM:
+        raise ArgumentError(
+            f"{method!r} runs in vLLM's own environment, through a grid cell's generation job (pipeline/vllm); "
+            "this decoder runs our methods and transformers' own (hf_*)"
+        )
     n = len(sizes)
     args = spec.check(n, method_args, restricted)
     if spec.peer:  # transformers' own generate (peers.py): no plan of ours

@@ -13,7 +13,7 @@ measures the gap).
 Each call is seeded (``torch.manual_seed``: transformers samples with the
 global generator) and takes our temperature, top-k, top-p and EOS ids; our stop
 rule (``member.Stopper``) is its stopping criterion, checked after each block,
-and its output is cut where that rule stops (``_cut``), so both sides count the
+and its output is cut where that rule stops (``cut_at_stop``), so both sides count the
 same tokens. Recorded is what can be counted from outside: wall time and each
 model's forwards (``_Counter``); proposals, verifications and acceptances are
 not (left at 0; ``rounds`` and ``accepted`` are None).
@@ -146,16 +146,18 @@ def run_peer(
         for c in counters:
             c.remove()
     tokens = out[0, len(prompt) :].tolist()
-    tokens, stats.stop_reason = _cut(tokens, prompt, stopper)
+    tokens, stats.stop_reason = cut_at_stop(tokens, prompt, stopper)
     stats.new_tokens = len(tokens)
     return tokens, stats
 
 
-def _cut(tokens: list[int], prompt: list[int], stopper: Stopper) -> tuple[list[int], str]:
-    """``tokens`` up to where our stop rule stops, and why (``max_new_tokens`` where transformers stopped first)."""
+def cut_at_stop(
+    tokens: list[int], prompt: list[int], stopper: Stopper, engine: str = "transformers"
+) -> tuple[list[int], str]:
+    """Another engine's ``tokens`` up to where our stop rule stops, and why (``engine`` where it stopped first)."""
     full = prompt + tokens
     for end in range(len(prompt) + 1, len(full) + 1):
         reason = stopper.reason(full, len(prompt), end)
         if reason is not None:
             return tokens[: end - len(prompt)], reason
-    return tokens, "max_new_tokens" if not tokens or len(tokens) >= stopper.max_new_tokens else "transformers"
+    return tokens, "max_new_tokens" if not tokens or len(tokens) >= stopper.max_new_tokens else engine

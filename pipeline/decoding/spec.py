@@ -2,7 +2,9 @@
 
 A name is ``large_model``, ``small_model``, ``sd``, a registered ensemble ``E`` or one of its forms (``forms.py``:
 ``E_p``, ``E_sd``, ``E_se``, and for a mixture ensemble ``E_me``, ``E_me_sd``; ``MethodSpec.form`` says what each
-does), or a peer, one of transformers' own speculative methods run beside ours (``PEERS``, ``peers.py``). The
+does), or a peer, another engine's method run beside ours (``PEERS``): transformers' own speculative methods
+(``hf_*``, ``peers.py``), and vLLM's decoding (``vllm``) and speculation (``vllm_*``), which run in vLLM's own
+environment through a generation job (``pipeline/vllm``), never in :func:`generate`. The
 decoder and the workflow both check a method against a model set with :meth:`MethodSpec.check`, so the two never
 disagree; each method's contract is in ``docs/algorithms.md``.
 """
@@ -20,12 +22,15 @@ from .forms import KINDS, Form, ensemble_forms, split
 from .proposers import DRAFT, NAMED_PROPOSERS
 
 SINGLE_METHODS = ("large_model", "small_model")
-# transformers' own methods: name -> (the method it speeds up, what proposes: the set's draft or prompt
+VLLM = "vllm"  # vLLM's autoregressive decoding of the set's first model: the baseline of its speculation
+# other engines' methods: name -> (the method it speeds up, what proposes: the set's draft or prompt
 # lookup, our method it is measured against)
 PEERS = {
     "hf_assisted": ("large_model", DRAFT, "sd"),
     "hf_prompt_lookup": ("large_model", "lookup", "sd"),
     "hf_assisted_ensemble": ("we", DRAFT, "we_sd"),
+    "vllm_sd": (VLLM, DRAFT, "sd"),  # vLLM's draft-model speculation ("draft_model")
+    "vllm_ngram": (VLLM, "lookup", "sd"),  # vLLM's prompt lookup ("ngram", n-grams 2 to 4 as our lookup's)
 }
 
 
@@ -68,8 +73,18 @@ class MethodSpec:
 
     @property
     def peer(self) -> bool:
-        """One of transformers' own methods (``peers.py``), run beside ours."""
+        """Another engine's method (transformers' ``hf_*``, vLLM's ``vllm_*``), run beside ours."""
         return self.form.peer
+
+    @property
+    def engine(self) -> str:
+        """What decodes it: ``ours`` (our decoder; transformers' ``generate`` for the ``hf_*``) or ``vllm``."""
+        return VLLM if self.base == VLLM else "ours"
+
+    @property
+    def engine_name(self) -> str:
+        """The engine a peer's generation runs in, as messages name it."""
+        return "vLLM" if self.engine == VLLM else "transformers' generate"
 
     @property
     def mixture(self) -> bool:
@@ -89,7 +104,7 @@ class MethodSpec:
     @property
     def baseline(self) -> str | None:
         """The standard method it speeds up (run beside it, side by side); None for a standard method."""
-        return self.base if self.form is not KINDS["plain"] else None
+        return self.base if self.form is not KINDS["plain"] else None  # ``vllm`` is plain: the standard
 
     @property
     def standard(self) -> str | None:
@@ -99,7 +114,7 @@ class MethodSpec:
     @property
     def family(self) -> str:
         """The ensemble it runs, or ``single`` (one model of the set, or ``sd`` and its peers)."""
-        return self.base if self.base not in SINGLE_METHODS else "single"
+        return self.base if self.base not in (*SINGLE_METHODS, VLLM) else "single"
 
     @property
     def proposer_kinds(self) -> tuple[str, ...]:
@@ -119,6 +134,8 @@ class MethodSpec:
     def accepted_args(self) -> dict[str, Any]:
         """The ``method_args`` this method takes, with their defaults."""
         accepted = dict(self.ensemble.params) if self.ensemble else {}
+        if self.engine == VLLM:  # vLLM's CUDA graphs / torch.compile (docs/vllm.md: eager fits the budgets here)
+            accepted["eager"] = True
         if self.proposer_kinds:
             accepted["proposer"] = DRAFT
             if self.ensemble:
@@ -136,12 +153,14 @@ class MethodSpec:
         return 1, None
 
     def check_heads(self, heads: Sequence[int]) -> None:
-        """Transformers' assisted generation (a peer with a draft) needs the target's and the draft's heads of one
-        size; our methods crop heads padded past a shared tokenizer (``vocab_size``) and run any such set."""
+        """Another engine's draft-model speculation (a peer with a draft: transformers' assisted generation, vLLM's
+        ``draft_model``) needs the target's and the draft's heads of one size; our methods crop heads padded past a
+        shared tokenizer (``vocab_size``) and run any such set."""
         if self.peer_proposer == DRAFT and len(set(heads)) > 1:
+            what = "vLLM's draft-model speculation" if self.engine == VLLM else "transformers' assisted generation"
             raise ArgumentError(
-                f"{self.name!r} runs transformers' assisted generation, which needs heads of one size (these have "
-                f"{', '.join(map(str, heads))} rows); our own methods crop the padding and run this set"
+                f"{self.name!r} runs {what}, which needs heads of one size "
+                f"(these have {', '.join(map(str, heads))} rows); our own methods crop the padding and run this set"
             )
 
     @property
@@ -151,7 +170,7 @@ class MethodSpec:
 
     @property
     def ours(self) -> str | None:
-        """For a peer method: our method that does the same job (``sd`` for transformers' assisted generation)."""
+        """For a peer method: our method that does the same job (``sd`` for assisted generation, ``vllm_sd``)."""
         return PEERS[self.name][2] if self.peer else None
 
     def fits(self, n: int, proposer: str = DRAFT) -> bool:
@@ -181,7 +200,7 @@ class MethodSpec:
             raise ArgumentError(f"{self.name!r}{given} needs {want} models, got {n}")
         if self.peer_proposer == DRAFT and restricted:
             raise ArgumentError(
-                f"{self.name!r} runs transformers' generate, which cannot take the restricted output head of model "
+                f"{self.name!r} runs {self.engine_name}, which cannot take the restricted output head of model "
                 f"{restricted[0]} (a distilled draft); use a draft with a full head ('full_head: true' in a config)"
             )
         if self.ensemble is not None and self.ensemble.full_vocab and restricted:
@@ -209,7 +228,7 @@ class MethodSpec:
 
 def method_names() -> list[str]:
     """Every accepted method name, registered ensembles included."""
-    names = [*SINGLE_METHODS, "sd"]
+    names = [*SINGLE_METHODS, "sd", VLLM]
     for name, ensemble in ENSEMBLES.items():
         names += [name + form.suffix for form in ensemble_forms(ensemble.mixture)]
     return names + list(PEERS)
@@ -217,13 +236,13 @@ def method_names() -> list[str]:
 
 def parse_method(name: str) -> MethodSpec:
     """The spec of a method name (raises ArgumentError for an unknown one)."""
-    if name in SINGLE_METHODS:
+    if name in (*SINGLE_METHODS, VLLM):
         return MethodSpec(name, name, KINDS["plain"])
     if name == "sd":
         return MethodSpec(name, "large_model", KINDS["sd"])
     if name in PEERS:
         base = PEERS[name][0]
-        return MethodSpec(name, base, KINDS["peer"], ENSEMBLES.get(base))
+        return MethodSpec(name, base, KINDS["vllm_peer" if base == VLLM else "peer"], ENSEMBLES.get(base))
     base, form = split(name)
     if base not in ENSEMBLES or form not in ensemble_forms(ENSEMBLES[base].mixture):
         raise ArgumentError(f"unknown method {name!r}; accepted: {', '.join(method_names())}")

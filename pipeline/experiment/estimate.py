@@ -149,8 +149,8 @@ def token_seconds(method: str, t: list[float], gamma: Any, proposer: str, accept
     from ..measure.cost import chain_speedup
 
     spec = parse_method(method)
-    if method in ("large_model", "small_model"):  # one model of the set (a speculative cell's baseline)
-        return t[0] if method == "large_model" else t[-1]
+    if method in ("large_model", "small_model", "vllm"):  # one model of the set (a speculative cell's baseline)
+        return t[-1] if method == "small_model" else t[0]
     if not spec.speculative:
         return sum(t) / len(t) if spec.mixture else sum(t)
     if spec.peer:

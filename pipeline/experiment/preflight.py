@@ -68,8 +68,8 @@ def one_tokenizer_only(spec) -> str | None:
     """Why a method cannot run over a set of different tokenizers (None: it can, over their union)."""
     if spec.ensemble is not None and spec.ensemble.full_vocab:
         return "contrastive decoding subtracts the members' log-probabilities token by token, over one vocabulary"
-    if spec.peer:
-        return "transformers' own methods run one shared tokenizer"
+    if spec.peer or spec.engine != "ours":
+        return f"{spec.engine_name} runs one shared tokenizer"
     return None
 
 

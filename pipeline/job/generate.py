@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from tasks import get_task, render
 
 from ..decoding import generate
 from ..decoding.runner import engine_of
+from ..decoding.spec import VLLM, parse_method
 from ..decoding.static import compile_ahead
 from ..decoding.tree.loop import parse_tree
 from ..errors import UserError
@@ -103,24 +105,77 @@ def run_cell(
 
 def _run_cell(cell: Cell, out: Path, progress: bool, journal: Path, speed: bool) -> dict[str, Any] | None:
     """``run_cell``'s work, under the journal's lock."""
-    from tqdm import tqdm
-
     task = get_task(cell.task)
     examples = task.load(cell.size, cell.data_dir, cell.seed)
     if cell.seed + len(examples) > 2**64:
         raise UserError(f"seed={cell.seed}: the samples use seeds up to seed + {len(examples) - 1}, beyond 2**64-1")
     log = Journal(journal, [ex.id for ex in examples], sample_check(cell))
     done = log.recover()  # before the models load: a journal problem costs nothing
+    with ExitStack() as stack:
+        if parse_method(cell.method).engine == VLLM:  # vLLM's methods: workers in vLLM's environment
+            run, tokenizer, prepared = vllm_runs(cell, stack)
+        else:
+            run, tokenizer, prepared = our_runs(cell)
+        return _generate(cell, out, progress, journal, speed, task, examples, log, done, run, tokenizer, prepared)
+
+
+def our_runs(cell: Cell):
+    """The cell's runs by our decoder: its models loaded, and what makes them ready once the prompts are known."""
     models, tokenizers = load_members(cell.models)
     tokenizer = tokenizers[0]  # prompts are the first model's tokens
-    meta = {"environment": environment(), "cell": cell.described()}
-    write_atomic(beside(out, "meta"), json.dumps(meta, indent=2, default=str) + "\n")
-    trees = {"tree": cell.tree} if cell.tree is not None else {}  # the method's own, never its baseline's
     # every run of the cell: its models and settings (methods that do not speculate ignore gamma_schedule)
     vocabulary = decode_vocabulary(models, tokenizers)  # different tokenizers: their union; padded heads: cropped
     run = partial(
         generate, models, eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer, **vocabulary, **cell.sampling()
     )
+
+    def prepared(prompts: dict[str, list[int]]) -> dict[str, Any]:
+        nodes = parse_tree(cell.tree).nodes + 1 if cell.tree is not None else 0  # a tree's masked forwards too
+        compile_ahead(models, [len(p) + cell.max_new_tokens + 1 for p in prompts.values()], tree_tokens=nodes)
+        return provenance(next(models[0].parameters()).device, {engine_of(m)[0] for m in models})
+
+    return run, tokenizer, prepared
+
+
+def vllm_runs(cell: Cell, stack: ExitStack):
+    """The cell's runs in vLLM (``pipeline/vllm``): workers in vLLM's environment, logging to the job's log."""
+    from ..models.loading import load_tokenizer
+    from ..models.resolve import resolve
+    from ..vllm import env as vllm_env
+    from ..vllm.engine import VLLMRun
+
+    record = vllm_env.ready()
+    if record is None:
+        raise UserError(
+            f"{cell.method!r} runs in vLLM's environment, which is not built here ({vllm_env.env_dir(vllm_env.build())}"
+            "); the workflow's vllm_env rule builds it, or: python -m pipeline.vllm.env"
+        )
+    paths = [str(resolve(spec)) for spec in cell.models]
+    tokenizer = load_tokenizer(paths[0])
+    threads = torch.get_num_threads()
+    run = stack.enter_context(
+        VLLMRun(record["python"], paths, tokenizer, {tokenizer.eos_token_id}, threads, **cell.sampling())
+    )
+
+    def prepared(prompts: dict[str, list[int]]) -> dict[str, Any]:
+        versions = run.versions
+        return {
+            **provenance("cuda" if record["build"] == "gpu" else "cpu"),
+            "threads": threads,
+            "engine": f"vllm {versions.get('vllm')} ({record['build']}), torch {versions.get('torch')}",
+        }
+
+    return run, tokenizer, prepared
+
+
+def _generate(cell, out, progress, journal, speed, task, examples, log, done, run, tokenizer, prepared):
+    """``run_cell``'s samples, once the cell's runs are ready (``our_runs``, ``vllm_runs``)."""
+    from tqdm import tqdm
+
+    meta = {"environment": environment(), "cell": cell.described()}
+    write_atomic(beside(out, "meta"), json.dumps(meta, indent=2, default=str) + "\n")
+    trees = {"tree": cell.tree} if cell.tree is not None else {}  # the method's own, never its baseline's
+    pids = lambda: getattr(run, "pids", ())  # noqa: E731  (worker processes: a probe counts their time as the job's)
 
     rendered = [(ex, *render(task, ex, tokenizer, cell.chat)) for ex in examples]
     prompts = {ex.id: tokenizer(prompt).input_ids for ex, prompt, _ in rendered}
@@ -130,9 +185,7 @@ def _run_cell(cell: Cell, out: Path, progress: bool, journal: Path, speed: bool)
     )  # warm-up, not recorded
     if cell.baseline:
         run(first_ids, cell.baseline, method_args=cell.baseline_args, seed=cell.seed, max_new_tokens=8)
-    nodes = parse_tree(cell.tree).nodes + 1 if cell.tree is not None else 0  # a tree's masked forwards too
-    compile_ahead(models, [len(p) + cell.max_new_tokens + 1 for p in prompts.values()], tree_tokens=nodes)
-    here = provenance(next(models[0].parameters()).device, {engine_of(m)[0] for m in models})
+    here = prepared(prompts)
     this_run = run_record()  # which run generated each sample: a resume or a requeue shows in the speed record
     todo = [(i, r) for i, r in enumerate(rendered) if r[0].id not in done]
     if done and progress:
@@ -153,7 +206,7 @@ def _run_cell(cell: Cell, out: Path, progress: bool, journal: Path, speed: bool)
         for _ in range(cell.policy.remeasure + 1 if stuck < 2 else 1):
             outcome, timing = {}, {}
             for role, method, args, extra in order:
-                with Probe() as probe:
+                with Probe(pids()) as probe:
                     outcome[role] = run(
                         prompts[ex.id], method, method_args=args, seed=cell.seed + i, stop_strings=stops, **extra
                     )

@@ -37,9 +37,13 @@ def distribution(method: str, models: list[str], method_args: dict[str, Any]) ->
     from ..decoding.spec import parse_method
 
     spec = parse_method(method)
-    if spec.ensemble is None:  # large_model, sd and the large model's peers; small_model
+    if spec.ensemble is None:  # large_model, sd and the large model's peers (vLLM's too); small_model
         name = models[-1] if spec.base == "small_model" else models[0]
-        return name, {"method": spec.base, "models": [name], "args": {}}
+        return name, {
+            "method": "small_model" if spec.base == "small_model" else "large_model",
+            "models": [name],
+            "args": {},
+        }
     params = {k: v for k, v in method_args.items() if k in spec.ensemble.params and v is not None}
     args = parse_method(spec.base).check(len(models), params)  # the standard ensemble's own, resolved form
     text = " ".join(f"{k}={_text(v)}" for k, v in sorted(args.items()) if v is not None)

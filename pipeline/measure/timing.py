@@ -53,10 +53,12 @@ def _psi_some_us() -> int | None:
     return None
 
 
-def _wait_s() -> float | None:
-    """Seconds this process's threads have waited on a run queue for a CPU (None where the kernel does not say)."""
+def _wait_s(pids: Iterable[int] = ()) -> float | None:
+    """Seconds this process's threads (and those of ``pids``, its workers) have waited on a run queue for a CPU
+    (None where the kernel does not say)."""
     total, found = 0, False
-    for stat in Path("/proc/self/task").glob("*/schedstat"):
+    tasks = [Path("/proc/self/task"), *(Path(f"/proc/{pid}/task") for pid in pids)]
+    for stat in (s for where in tasks for s in where.glob("*/schedstat")):
         with contextlib.suppress(OSError, ValueError, IndexError):
             total += int(stat.read_text().split()[1])  # cpu time, run-queue wait, timeslices; in ns
             found = True
@@ -98,6 +100,20 @@ class Thresholds:
 TICK_S = 1 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 MIN_BESIDE_S = 0.02  # the least CPU time a process beside a region is named for
 BESIDE_SHOWN = 5  # the most processes named per region, those that took most
+
+
+def _workers(pids: Iterable[int]) -> tuple[float, int]:
+    """The CPU seconds and involuntary context switches of ``pids`` (a job's worker processes) so far."""
+    cpu, switches = 0, 0
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+            cpu += int(fields[11]) + int(fields[12])
+            for status in Path(f"/proc/{pid}/task").glob("*/status"):
+                for line in status.read_text().splitlines():
+                    if line.startswith("nonvoluntary_ctxt_switches:"):
+                        switches += int(line.split()[1])
+    return cpu * TICK_S, switches
 
 
 def _cpu_ticks() -> dict[int, int]:
@@ -143,11 +159,17 @@ def beside(before: dict[int, int], after: dict[int, int]) -> dict[str, float]:
 
 class Probe:
     """Wall time, CPU time, interference signals and what else ran of one region: ``with Probe() as p: ...;
-    p.result``."""
+    p.result``. ``pids``: worker processes that run the region's work for this one (a vLLM cell's,
+    ``pipeline/vllm/engine.py``): their CPU time, waits and preemptions count as this process's, and they are not
+    named beside it."""
+
+    def __init__(self, pids: Iterable[int] = ()):
+        self.pids = tuple(pids)
 
     def __enter__(self) -> Probe:
         self._others = _cpu_ticks()
-        self._psi, self._wait = _psi_some_us(), _wait_s()
+        self._psi, self._wait = _psi_some_us(), _wait_s(self.pids)
+        self._workers = _workers(self.pids)
         self._usage = resource.getrusage(resource.RUSAGE_SELF)
         self._wall = time.perf_counter()
         return self
@@ -155,14 +177,16 @@ class Probe:
     def __exit__(self, *exc) -> None:
         wall = time.perf_counter() - self._wall
         usage = resource.getrusage(resource.RUSAGE_SELF)
-        psi, waited = _psi_some_us(), _wait_s()
+        psi, waited = _psi_some_us(), _wait_s(self.pids)
+        cpu, switches = (now - then for now, then in zip(_workers(self.pids), self._workers))
+        others = {pid: ticks for pid, ticks in _cpu_ticks().items() if pid not in self.pids}
         self.result = {
             "wall_s": wall,
-            "cpu_s": (usage.ru_utime + usage.ru_stime) - (self._usage.ru_utime + self._usage.ru_stime),
+            "cpu_s": (usage.ru_utime + usage.ru_stime) - (self._usage.ru_utime + self._usage.ru_stime) + cpu,
             "wait_s": waited - self._wait if waited is not None and self._wait is not None else None,
             "psi_some_s": (psi - self._psi) / 1e6 if psi is not None and self._psi is not None else None,
-            "nivcsw": usage.ru_nivcsw - self._usage.ru_nivcsw,
-            "beside": beside(self._others, _cpu_ticks()),  # read after the clock stopped: not in wall_s
+            "nivcsw": usage.ru_nivcsw - self._usage.ru_nivcsw + switches,
+            "beside": beside(self._others, others),  # read after the clock stopped: not in wall_s
         }
 
 

@@ -32,24 +32,13 @@ def load(
     of 1-4 tokens cost about the same); ``engine`` picks the decoder's runner
     (``eager`` or ``compiled``, ``pipeline/decoding/static.py``).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from ..decoding.runner import set_engine
 
     path = Path(path)
-    if not (path / "config.json").exists():
-        raise ModelError(f"model directory {path} not found (or has no config.json)")
+    tokenizer = load_tokenizer(path)  # first: it costs less than the weights
     from safetensors import SafetensorError
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError, KeyError, TypeError) as err:  # first: it costs less than the weights
-        said = " ".join(str(err).split())  # every line of the message, joined: none cut mid-sentence
-        said = said if len(said) <= 240 else said[:240].rsplit(" ", 1)[0] + " ..."
-        raise ModelError(
-            f"model directory {path} has no usable tokenizer (tokenizer.json or tokenizer_config.json missing "
-            f"or damaged): {type(err).__name__}: {said}"
-        ) from None
     from transformers.utils import logging as hf_logging
 
     verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
@@ -92,6 +81,24 @@ def load(
 
         pack_linears(model)
     return set_engine(model, engine), tokenizer
+
+
+def load_tokenizer(path: str | Path):
+    """A local model directory's tokenizer (a ModelError, one line, where it is missing or damaged)."""
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise ModelError(f"model directory {path} not found (or has no config.json)")
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        said = " ".join(str(err).split())  # every line of the message, joined: none cut mid-sentence
+        said = said if len(said) <= 240 else said[:240].rsplit(" ", 1)[0] + " ..."
+        raise ModelError(
+            f"model directory {path} has no usable tokenizer (tokenizer.json or tokenizer_config.json missing "
+            f"or damaged): {type(err).__name__}: {said}"
+        ) from None
 
 
 def load_bundled(dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", pack: bool | None = None):

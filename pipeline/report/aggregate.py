@@ -28,7 +28,10 @@ TABLES = [  # (name, layout, metrics or cell columns, title, ...), in summary.md
     layout.Table("cells", layout.every_figure, CELLS_CSV, files=("csv",), index=()),
     layout.Table("speedup_vs_standard", layout.best, ("speedup_vs_standard",), "Speed-up over the standard method"),
     layout.Table("paper_vs_ours", layout.beside_paper, ("speedup_vs_standard",), "The paper beside ours"),
-    layout.Table("ours_vs_peers", layout.over_peers, ("speedup_vs_peer",), "Ours over transformers' methods"),
+    layout.Table("ours_vs_peers", layout.over_peers, ("speedup_vs_peer",), "Ours over other engines' methods"),
+    layout.Table(
+        "ours_vs_vllm", layout.across_engines, ("tokens_per_s_vs_vllm",), "Ours against vLLM, tokens/s (other jobs)"
+    ),
     layout.Table("speedup_vs_large", layout.best, ("speedup_vs_large",), "Speed-up over the large model alone"),
     layout.Table("quality", layout.by_dataset, ("q:*",), "Quality"),
     layout.Table("likelihood", layout.by_distribution, (), "Quality by log-likelihood, per distribution"),

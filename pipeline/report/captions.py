@@ -35,9 +35,18 @@ CAPTIONS = {  # {conf}: the speed-ups' confidence
         "beside ours over the standard method [{conf} interval]; a figure not transcribed stays empty.\n"
     ),
     "ours_vs_peers": (
-        "Ours over transformers' own methods: each cell's side-by-side speed-up over its standard method "
-        "divided by the peer's, prompts paired ({conf} paired-bootstrap interval); `hf_assisted_ensemble` "
-        "is not the weighted ensemble's distribution (docs/exactness.md).\n"
+        "Ours over other engines' methods: each cell's side-by-side speed-up over its standard method "
+        "divided by the peer's over its own, prompts paired ({conf} paired-bootstrap interval): transformers' "
+        "`hf_*` over our large model's decoding, vLLM's `vllm_*` over vLLM's (`vllm`), so an engine's own "
+        "kernels cancel. `hf_assisted_ensemble` is not the weighted ensemble's distribution, nor is `vllm_sd` "
+        "the target's at T > 0 (docs/exactness.md).\n"
+    ),
+    "ours_vs_vllm": (
+        "Ours against vLLM on the same model set, prompts and machine, in tokens/s: our `sd` over vLLM's "
+        "speculation, and the large model decoded by us (its runs beside `sd`) over the same model decoded by "
+        "vLLM (its runs beside its speculation). These are different jobs, not runs side by side: whatever else "
+        "the machine did between them is in the ratio, and the {conf} paired-bootstrap interval covers the "
+        "prompts only. Above 1: ours is faster.\n"
     ),
     "speedup_vs_large": "Tokens/s over the large model's own cell (another job; prompts paired by id). " + OVERALL_NOTE,
     "quality": (

@@ -22,13 +22,14 @@ from ..experiment.cell import Dims
 from ..experiment.layout import beside, cell_path
 from ..files import ResultsError, read_jsonl, read_user_json
 from ..measure.intervals import bootstrap_interval
-from ..measure.speed import Policy, SpeedSummary, halfwidth, paired_speedup, relative_speedup
+from ..measure.speed import Policy, SpeedSummary, halfwidth, paired_speedup, relative_speedup, speedup_ratio
 from .results_file import RATIOS, load_reported
 
 ROW = ["model_set", "method", "T"]
 NULL_LABEL = "{method} vs itself (null)"  # how the tables name the null cell (grid.null_cell)
 CELL = [*ROW, "gamma", "dataset"]  # one cell of a table
 FIGURE = ["cell", "metric", "category", "value", "low", "high", "unstable"]
+PEER_KINDS = ("peer", "vllm_peer")  # other engines' methods: transformers' (``hf_*``) and vLLM's (``vllm_*``)
 SPEED = SpeedSummary.shown("figure")  # a speed record's own figures
 LISTS = ("tau_by_model", "position_acceptance")  # one figure per model of the set / per position of a block
 # the exactness record's figures: cells.csv's columns (``SpeedSummary.exactness``) and the keys they show
@@ -130,6 +131,7 @@ def collect(results: Path, reported: dict[str, Any] | None = None) -> Collected:
         cells["gamma"] = cells["gamma"].fillna("")
         cells["T"] = cells["temperature"].map(lambda t: f"{t:g}")
         rows += ratios(cells, rows, samples, policy) + over_peers(cells, samples, speeds)
+        rows += across_engines(cells, samples, speeds)
     figures = pd.DataFrame(rows, columns=FIGURE, dtype=object).astype({"low": float, "high": float, "unstable": bool})
     reported = load_reported() if reported is None else reported
     named = reported.get("experiment") in set(cells.get("experiment", []))
@@ -222,9 +224,10 @@ def ratios(cells: pd.DataFrame, rows: list[tuple], samples: dict[str, list], pol
 
 
 def over_peers(cells: pd.DataFrame, samples: dict[str, list], speeds: dict[str, dict]) -> list[tuple]:
-    """Ours over transformers' own methods (``hf_*``, the category): each speculative cell of ours against each
-    peer cell of the same model set, dataset and T, as the ratio of their side-by-side speed-ups."""
-    peers, ours = cells[cells["kind"] == "peer"], cells[cells["kind"].isin(["sd", "se"])]
+    """Ours over other engines' methods (transformers' ``hf_*``, vLLM's ``vllm_*``; the category): each
+    speculative cell of ours against each peer cell of the same model set, dataset and T, as the ratio of their
+    side-by-side speed-ups (each over its own engine's standard method)."""
+    peers, ours = cells[cells["kind"].isin(PEER_KINDS)], cells[cells["kind"].isin(["sd", "se"])]
     out, key = [], ["model_set", "dataset", "temperature"]
     for _, p in peers.iterrows():
         policy = Policy.from_dict(speeds[p["id"]].get("policy"))
@@ -233,6 +236,45 @@ def over_peers(cells: pd.DataFrame, samples: dict[str, list], speeds: dict[str, 
                 peer, unstable = f"{p['method']} (γ={p['gamma']})", bool(o["unstable"] or p["unstable"])
                 out.append((o["id"], "speedup_vs_peer", peer, *ratio, unstable))
     return out
+
+
+def across_engines(cells: pd.DataFrame, samples: dict[str, list], speeds: dict[str, dict]) -> list[tuple]:
+    """Ours against vLLM in tokens/s, across jobs (the category: ``ours / vLLM's``): each ``sd`` cell of ours over
+    each vLLM speculation cell of the same model set, dataset and T, and the large model by our decoder (its runs
+    beside ``sd``) over vLLM's decoding of it (its runs beside vLLM's speculation). Different jobs, so not side by
+    side: whatever else the machine did between them is in these ratios; the interval is over prompts only."""
+    theirs, ours = cells[cells["kind"] == "vllm_peer"], cells[cells["method"] == "sd"]
+    out, key, baselines = [], ["model_set", "dataset", "temperature"], set()
+    for _, t in theirs.iterrows():
+        policy = Policy.from_dict(speeds[t["id"]].get("policy"))
+        for _, o in ours[(ours[key] == t[key]).all(axis=1)].iterrows():
+            unstable = bool(o["unstable"] or t["unstable"])
+            pairs = [("method", "method", f"sd (γ={o['gamma']}) / {t['method']} (γ={t['gamma']})")]
+            if o["id"] not in baselines:  # the two engines' decoding of the large model, once per cell of ours
+                baselines.add(o["id"])
+                pairs.append(("baseline", "baseline", "large_model / vllm"))
+            for side_o, side_t, category in pairs:
+                if (ratio := engine_ratio(samples[o["id"]], side_o, samples[t["id"]], side_t, policy)) is not None:
+                    out.append((o["id"], "tokens_per_s_vs_vllm", category, *ratio, unstable))
+    return out
+
+
+def engine_ratio(
+    rows_a: list[dict], side_a: str, rows_b: list[dict], side_b: str, policy: Policy
+) -> tuple[float, float | None, float | None] | None:
+    """Tokens/s of cell a's ``side_a`` runs (``method`` or ``baseline``) over cell b's ``side_b`` runs, prompts
+    paired by id, with a paired-bootstrap interval over prompts (None without common prompts)."""
+
+    def run(r: dict, side: str) -> dict | None:
+        return r if side == "method" else r.get("baseline")
+
+    b = {r["id"]: run(r, side_b) for r in rows_b}
+    pairs = [(run(r, side_a), b[r["id"]]) for r in rows_a if b.get(r["id"]) and run(r, side_a)]
+    if not pairs:
+        return None
+    series = [[(x["stats"]["new_tokens"], x["stats"]["wall_time_s"]) for x in side] for side in zip(*pairs)]
+    ones = [(1, 1.0)] * len(pairs)  # a ratio of ratios over a constant: the plain ratio of tokens/s
+    return speedup_ratio(series[0], ones, series[1], ones, policy)
 
 
 def scored(cells: pd.DataFrame, results: Path) -> pd.DataFrame:

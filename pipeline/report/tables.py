@@ -262,6 +262,22 @@ def over_peers(found: Collected, table: Table) -> Shaped:
     return shown, shown
 
 
+def across_engines(found: Collected, table: Table) -> Shaped:
+    """Rows: ours (model set, T, dataset, our method and gamma); columns: vLLM's method it is set against (the
+    category's two sides); the figure: ``table.columns``, tokens/s of ours over vLLM's, with its interval."""
+    f = found.figures[found.figures["metric"].isin(table.columns)]
+    if f.empty:
+        return None
+    cells = found.cells.set_index("id").loc[f["cell"]].reset_index()
+    sides = [c.split(" / ", 1) for c in f["category"]]
+    text = [fmt(v, lo, hi, unstable=bool(u)) for v, lo, hi, u in zip(f["value"], f["low"], f["high"], f["unstable"])]
+    rows = cells.assign(ours=[a for a, _ in sides], vllm=[b for _, b in sides], text=text)
+    shown = rows.pivot_table(
+        index=["model_set", "T", "dataset", "ours"], columns="vllm", values="text", aggfunc="first"
+    ).fillna("")  # each of ours is set against the vLLM methods that do its job
+    return shown, shown
+
+
 def by_category(found: Collected, table: Table) -> Shaped:
     """Rows: the cells with Spec-Bench categories; columns: each category, then Overall (every prompt of the cell
     pooled); the figure: ``table.columns``: a speed-up with its interval (tokens/s without a baseline), and τ."""

@@ -36,6 +36,21 @@ except ConfigError as err:
     sys.stderr.write(f"error: {err}\n")
     sys.exit(2)
 
+# vLLM's cells run in an environment of vLLM's own (pipeline/vllm/env.py, rule vllm_env). Where it cannot be
+# built here, they are left out in one line, before any job, and every other cell runs as before.
+VLLM_CELLS = [c for c, e in CELLS.items() if e.dims.spec.engine == "vllm"]
+if VLLM_CELLS:
+    from pipeline.vllm.env import availability
+
+    _why = availability()
+    if _why:
+        sys.stderr.write(
+            f"left out: {len(VLLM_CELLS)} vLLM cells ({', '.join(sorted({CELLS[c].dims.method for c in VLLM_CELLS}))}"
+            f"): vLLM's environment cannot be built here: {_why}\n"
+        )
+        CELLS = {c: e for c, e in CELLS.items() if c not in VLLM_CELLS}
+        VLLM_CELLS = []
+
 RESULTS = _checked["results"].rstrip("/")
 # How jobs run Python is a matter of deployment, not of what a job computes, so it is set for every
 # shell command here and kept out of the rules' params (moving the checkout or switching to conda

@@ -36,3 +36,18 @@ rule prepare_model:
         offline=lambda w: "HF_HUB_OFFLINE=1 " if w.model in HUB_MODELS else "",
     shell:
         '{params.offline}$UNTIMED "$PY" -m pipeline.cli prepare {params.spec:q} {output:q} --threads {threads} > {log:q} 2>&1'
+
+
+# vLLM's own environment (pipeline/vllm/env.py: a virtual environment from the pinned lock in workflow/envs/), built
+# once per machine into the model cache where Snakemake runs (on a cluster: the login node, where the registry is),
+# for the generation jobs of vLLM's cells (methods vllm, vllm_sd, vllm_ngram). Its record names the interpreter.
+rule vllm_env:
+    output:
+        f"{RESULTS}/envs/vllm.json",
+    log:
+        f"{RESULTS}/logs/prepare/vllm_env.log",
+    localrule: True
+    conda:
+        env("decode")
+    shell:
+        '$UNTIMED "$PY" -m pipeline.vllm.env --out {output:q} > {log:q} 2>&1'

