@@ -280,3 +280,57 @@ def test_the_tables_set_vllm_beside_ours_and_say_the_engines_ran_in_other_jobs(v
     cells = pd.read_csv(tables / "cells.csv")
     assert {"vllm", "vllm_ngram", "vllm_sd"} <= set(cells["method"])
     print(f"vLLM's tiny workflow: {seconds:.0f} s")
+
+
+SEEDS = 400  # the bias is large (total variation 0.43 at 2,000 seeds): 400 reject it far below the project's level
+
+
+def test_vllms_draft_model_speculation_is_biased_at_t1(vllm_ready, tmp_path):
+    """vLLM's draft-model speculation at T = 1 against the target's exact joint of the first two tokens (a target
+    and an unrelated draft, vocabulary 8): its rejection sampler is not given the draft's probabilities (vLLM issue
+    #40149), and its samples are rejected by the chi-square test; vLLM's own decoding, sampled the same way, is not
+    (so the test can tell the two apart). docs/vllm.md, "Exactness"."""
+    import numpy as np
+    import torch
+
+    from pipeline.vllm.engine import Worker
+
+    from .conftest import tiny_llama
+    from .test_sampling_lossless import chi_square_pvalue
+
+    vocab, prompt = 8, [1, 4, 2]
+    dirs = []
+    for seed, name in ((20, "target"), (21, "draft")):
+        model = tiny_llama(seed, vocab=vocab, hidden=64, init=0.12).to(torch.float32)
+        for config in (model.config, model.generation_config):  # no EOS, no BOS: every token is an outcome
+            config.eos_token_id = config.bos_token_id = None
+        model.save_pretrained(tmp_path / name)
+        dirs.append((model, tmp_path / name))
+    target = dirs[0][0]
+    with torch.no_grad():
+        first = torch.softmax(target(torch.tensor([prompt])).logits[0, -1].double(), -1)
+        exact = np.stack(
+            [
+                first[a].item() * torch.softmax(target(torch.tensor([prompt + [a]])).logits[0, -1].double(), -1).numpy()
+                for a in range(vocab)
+            ]
+        )
+    found = {}
+    for method, spec in (("vllm", None), ("vllm_sd", {"method": "draft_model", "model": str(dirs[1][1])})):
+        spec = spec and {**spec, "num_speculative_tokens": 1}
+        settings = {"model": str(dirs[0][1]), "dtype": "float32", "speculative_config": spec, "max_model_len": 64}
+        worker = Worker(vllm_ready["python"], {**settings, "skip_tokenizer_init": True}, threads=1)
+        joint, drafts = np.zeros((vocab, vocab)), 0
+        try:
+            for seed in range(SEEDS):
+                ask = {"prompt_ids": prompt, "seed": seed, "max_new_tokens": 2, "temperature": 1.0, "top_k": 0}
+                reply = worker.ask({**ask, "top_p": 1.0, "stop_ids": [], "stop_strings": []})
+                joint[reply["token_ids"][0], reply["token_ids"][1]] += 1
+                drafts += reply["drafts"]
+        finally:
+            worker.close()
+        found[method] = (chi_square_pvalue(joint, exact), 0.5 * float(np.abs(joint / SEEDS - exact).sum()), drafts)
+        print(f"{method}: chi-square p = {found[method][0]:.3g}, total variation {found[method][1]:.3f}")
+    assert found["vllm"][0] > 1e-3 and found["vllm"][2] == 0  # vLLM's decoding samples the target
+    assert found["vllm_sd"][2] == SEEDS  # the draft proposed the second token every time
+    assert found["vllm_sd"][0] < 1e-6 and found["vllm_sd"][1] > 0.2  # and the result is not the target's

@@ -8,7 +8,9 @@
 #   bash benchmarks/gpu/run.sh speed     # what a forward costs per engine and size, oracle drafts (~8 min)
 #   bash benchmarks/gpu/run.sh trees     # token trees against chains of the same node budget (~8 min)
 #   bash benchmarks/gpu/run.sh trees-compiled  # the same on the compiled engine (CUDA graphs; ~7 min)
-#   bash benchmarks/gpu/run.sh           # all five (~35 min: too long for one call)
+#   bash benchmarks/gpu/run.sh vllm      # vLLM beside ours (benchmarks/gpu/vllm.yaml): only where vLLM's GPU build can
+#                                        # be installed (a registry in reach; not this project's GPU sessions)
+#   bash benchmarks/gpu/run.sh           # all but vllm (~35 min: too long for one call)
 # Results of the last GPU session: benchmarks/gpu/results/.
 # Everything is written under $OUT (default /tmp/gpu-out, at most 8 files) and printed.
 set -uo pipefail
@@ -17,7 +19,7 @@ OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 PY=${PY:-python3}
-part() { [ "$PART" = all ] || [ "$PART" = "$1" ]; }
+part() { [ "$PART" = all ] && [ "$1" != vllm ] || [ "$PART" = "$1" ]; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv | tee -a "$OUT/gpu.txt"
 $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 if part tests; then
@@ -56,4 +58,12 @@ if part trees-compiled; then
   timeout 560 $PY -m pipeline.bench --device cuda --engine compiled --groups sd we --methods sd we_se --gamma 3 \
     --dynamic --tree 3x2x1 d16 --prompts 6 --max-new-tokens 128 --record /tmp/trees-record \
     --json "$OUT/trees-compiled.json" 2>&1 | grep -v "it/s\]" | tee "$OUT/trees-compiled.txt"
+fi
+if part vllm; then
+  # 7. vLLM beside ours (docs/vllm.md): its GPU build in an environment of its own (built once, pinned version), then
+  #    the engines grid: our large_model and sd, vLLM's decoding, prompt lookup and draft-model speculation
+  SPECENS_VLLM_BUILD=gpu $PY -m pipeline.vllm.env --out "$OUT/vllm-env.json" 2>&1 | tail -3 | tee "$OUT/vllm.txt"
+  SPECENS_VLLM_BUILD=gpu timeout ${VLLM_TIMEOUT:-1800} $PY -m snakemake --cores 2 --configfile benchmarks/gpu/vllm.yaml \
+    2>&1 | tail -5 | tee -a "$OUT/vllm.txt"
+  cat results-vllm-gpu/tables/ours_vs_vllm.md results-vllm-gpu/tables/ours_vs_peers.md 2>&1 | tee -a "$OUT/vllm.txt"
 fi

@@ -259,6 +259,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 @command("lm-eval", "lm-eval's command line: its own models (hf, vllm, ...) and 'specens'", passthrough=True)
 def cmd_lm_eval(argv: list[str]) -> int:
+    if asks_for_vllm(argv):  # lm-eval's vllm model runs in vLLM's own environment (docs/vllm.md)
+        return lm_eval_in_vllm(argv)
     from lm_eval.__main__ import cli_evaluate
 
     from ..job import lm_eval_model  # noqa: F401 (registers specens beside the harness's own models)
@@ -266,6 +268,30 @@ def cmd_lm_eval(argv: list[str]) -> int:
     sys.argv = ["lm_eval", *argv]
     cli_evaluate()
     return 0
+
+
+def asks_for_vllm(argv: list[str]) -> bool:
+    """Whether an lm-eval command line names the harness's ``vllm`` model (``--model vllm`` or ``--model=vllm``)."""
+    pairs = zip(argv, [*argv[1:], ""])
+    return any(a == "--model" and b == "vllm" or a == "--model=vllm" for a, b in pairs)
+
+
+def lm_eval_in_vllm(argv: list[str]) -> int:
+    """lm-eval's own command line run by vLLM's environment's interpreter (lm-eval installed there on first use),
+    the hub offline as every job here."""
+    import os
+    import subprocess
+
+    from ..vllm import env as vllm_env
+    from ..vllm.engine import worker_env
+
+    python = vllm_env.ensure_lm_eval(vllm_env.ensure(log=_say), log=_say)
+    threads = int(os.environ.get("OMP_NUM_THREADS", "0")) or os.cpu_count() or 1
+    return subprocess.run([python, "-m", "lm_eval", *argv], env=worker_env(threads)).returncode
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr)
 
 
 @command("bench", "the benchmark; see python -m pipeline.bench --help", passthrough=True)

@@ -32,6 +32,12 @@ PEERS = {
     "vllm_sd": (VLLM, DRAFT, "sd"),  # vLLM's draft-model speculation ("draft_model")
     "vllm_ngram": (VLLM, "lookup", "sd"),  # vLLM's prompt lookup ("ngram", n-grams 2 to 4 as our lookup's)
 }
+# peers whose samples at T > 0 are not their standard method's distribution, measured (docs/exactness.md,
+# docs/vllm.md): why
+NOT_EXACT_SAMPLING = {
+    "hf_assisted_ensemble": "transformers draws a fully accepted block's next token from the target alone",
+    "vllm_sd": "vLLM's rejection sampler is not given the draft's probabilities (vLLM issue #40149)",
+}
 
 
 def is_int(x: Any) -> bool:
@@ -75,6 +81,11 @@ class MethodSpec:
     def peer(self) -> bool:
         """Another engine's method (transformers' ``hf_*``, vLLM's ``vllm_*``), run beside ours."""
         return self.form.peer
+
+    def exact_at(self, temperature: float) -> bool:
+        """Whether its samples follow its standard method's distribution at ``temperature`` (greedy: every method
+        here emits its standard method's tokens; sampling: all but the peers in ``NOT_EXACT_SAMPLING``)."""
+        return temperature == 0 or self.name not in NOT_EXACT_SAMPLING
 
     @property
     def engine(self) -> str:

@@ -153,14 +153,25 @@ def vllm_runs(cell: Cell, stack: ExitStack):
     paths = [str(resolve(spec)) for spec in cell.models]
     tokenizer = load_tokenizer(paths[0])
     threads = torch.get_num_threads()
+    gpu = record["build"] == "gpu"
+    dtype = cell.models[0].dtype or ("bfloat16" if gpu else "float32")  # the target's, as ours loads it (ModelSpec)
     run = stack.enter_context(
-        VLLMRun(record["python"], paths, tokenizer, {tokenizer.eos_token_id}, threads, **cell.sampling())
+        VLLMRun(
+            record["python"],
+            paths,
+            tokenizer,
+            {tokenizer.eos_token_id},
+            threads,
+            dtype=dtype,
+            gpu=gpu,
+            **cell.sampling(),
+        )
     )
 
     def prepared(prompts: dict[str, list[int]]) -> dict[str, Any]:
         versions = run.versions
         return {
-            **provenance("cuda" if record["build"] == "gpu" else "cpu"),
+            **provenance("cuda" if gpu else "cpu"),
             "threads": threads,
             "engine": f"vllm {versions.get('vllm')} ({record['build']}), torch {versions.get('torch')}",
         }

@@ -38,8 +38,8 @@ CAPTIONS = {  # {conf}: the speed-ups' confidence
         "Ours over other engines' methods: each cell's side-by-side speed-up over its standard method "
         "divided by the peer's over its own, prompts paired ({conf} paired-bootstrap interval): transformers' "
         "`hf_*` over our large model's decoding, vLLM's `vllm_*` over vLLM's (`vllm`), so an engine's own "
-        "kernels cancel. `hf_assisted_ensemble` is not the weighted ensemble's distribution, nor is `vllm_sd` "
-        "the target's at T > 0 (docs/exactness.md).\n"
+        "kernels cancel. A peer marked `not exact` does not sample its standard method's distribution at that T "
+        "(`hf_assisted_ensemble`, `vllm_sd`: docs/exactness.md, docs/vllm.md).\n"
     ),
     "ours_vs_vllm": (
         "Ours against vLLM on the same model set, prompts and machine, in tokens/s: our `sd` over vLLM's "

@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..decoding.spec import parse_method
 from ..errors import UserError
 from ..experiment.cell import Dims
 from ..experiment.layout import beside, cell_path
@@ -233,9 +234,16 @@ def over_peers(cells: pd.DataFrame, samples: dict[str, list], speeds: dict[str, 
         policy = Policy.from_dict(speeds[p["id"]].get("policy"))
         for _, o in ours[(ours[key] == p[key]).all(axis=1)].iterrows():
             if (ratio := relative_speedup(samples[o["id"]], samples[p["id"]], policy)) is not None:
-                peer, unstable = f"{p['method']} (γ={p['gamma']})", bool(o["unstable"] or p["unstable"])
+                peer, unstable = peer_label(p), bool(o["unstable"] or p["unstable"])
                 out.append((o["id"], "speedup_vs_peer", peer, *ratio, unstable))
     return out
+
+
+def peer_label(peer: pd.Series) -> str:
+    """A peer cell as the tables name it: its method and gamma, and ``not exact`` where its samples do not follow
+    its standard method's distribution (``spec.NOT_EXACT_SAMPLING``)."""
+    exact = parse_method(peer["method"]).exact_at(float(peer["temperature"]))
+    return f"{peer['method']} (γ={peer['gamma']}{'' if exact else ', not exact'})"
 
 
 def across_engines(cells: pd.DataFrame, samples: dict[str, list], speeds: dict[str, dict]) -> list[tuple]:
@@ -249,7 +257,7 @@ def across_engines(cells: pd.DataFrame, samples: dict[str, list], speeds: dict[s
         policy = Policy.from_dict(speeds[t["id"]].get("policy"))
         for _, o in ours[(ours[key] == t[key]).all(axis=1)].iterrows():
             unstable = bool(o["unstable"] or t["unstable"])
-            pairs = [("method", "method", f"sd (γ={o['gamma']}) / {t['method']} (γ={t['gamma']})")]
+            pairs = [("method", "method", f"sd (γ={o['gamma']}) / {peer_label(t)}")]
             if o["id"] not in baselines:  # the two engines' decoding of the large model, once per cell of ours
                 baselines.add(o["id"])
                 pairs.append(("baseline", "baseline", "large_model / vllm"))

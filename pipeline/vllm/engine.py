@@ -34,6 +34,7 @@ from ..errors import UserError
 WORKER = Path(__file__).with_name("worker.py")
 NGRAM = {"prompt_lookup_max": 4, "prompt_lookup_min": 2}  # our ``lookup`` proposer's n-gram sizes (lookup.py)
 KV_CACHE_GIB = 1  # per worker: room for thousands of tokens of a small model, one sequence at a time
+GPU_SHARE = 0.4  # on a GPU, each of a job's two workers (method, baseline) takes this share of its memory
 
 
 class VLLMError(UserError):
@@ -161,12 +162,13 @@ class VLLMRun:
         top_k: int = 0,
         top_p: float = 1.0,
         dtype: str = "float32",
+        gpu: bool = False,
         log=None,
     ):
         if gamma_schedule != "fixed":
             raise UserError(f"gamma_schedule={gamma_schedule!r}: vLLM's speculation takes a fixed gamma")
         self.python, self.paths, self.tokenizer, self.eos_ids = python, list(paths), tokenizer, eos_ids
-        self.threads, self.dtype, self.log = threads, dtype, log
+        self.threads, self.dtype, self.gpu, self.log = threads, dtype, gpu, log
         self.gamma = gamma[-1] if isinstance(gamma, list) else gamma
         self.sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
         self.max_new_tokens = max_new_tokens
@@ -182,6 +184,7 @@ class VLLMRun:
                 "enforce_eager": bool(method_args.get("eager", True)),
                 "speculative_config": speculative_config(method, self.gamma, self.paths),
                 "max_model_len": 4096,
+                "gpu_share": GPU_SHARE if self.gpu else None,
             }
             self.workers[key] = Worker(self.python, settings, self.threads, self.log)
         return self.workers[key]

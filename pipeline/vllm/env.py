@@ -211,3 +211,23 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+LM_EVAL = "lm_eval==0.4.13"  # the harness at the project's own version (constraints.txt)
+
+
+def ensure_lm_eval(record: dict[str, Any], log=print) -> str:
+    """lm-eval installed into vLLM's environment (once, under the cache lock), for its ``vllm`` model; vLLM's
+    pinned packages are held as constraints, so the harness never moves them. Returns the interpreter."""
+    where = Path(record["python"]).parents[1]
+    done = where / "lm-eval.json"
+    with cache_lock(done):
+        if not done.exists():
+            log(f"installing {LM_EVAL} into vLLM's environment ({where})")
+            held = where / "held.txt"
+            held.write_text("\n".join(p for p in record.get("packages", []) if "==" in p) + "\n")
+            proc = _pip(Path(record["python"]), "install", "-q", LM_EVAL, "-c", str(held), timeout=3600)
+            if proc.returncode != 0:
+                raise VLLMEnvError(f"lm-eval cannot be installed beside vLLM's pins: pip says {_last_error(proc)}")
+            write_atomic(done, json.dumps({"lm_eval": LM_EVAL}) + "\n")
+    return record["python"]

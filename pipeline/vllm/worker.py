@@ -66,6 +66,7 @@ def main() -> int:
             seed=settings.get("seed", 0),
             skip_tokenizer_init=settings.get("skip_tokenizer_init", False),  # ids in, ids out: no tokenizer needed
             disable_log_stats=False,  # the spec-decode counters
+            **({"gpu_memory_utilization": settings["gpu_share"]} if settings.get("gpu_share") else {}),
         )
         load_s = time.perf_counter() - start
     except Exception as err:  # any failure to start is the job's one line
