@@ -25,10 +25,10 @@ rule prepare_model:
         f"{RESULTS}/models/{{model}}.json",
     log:
         f"{RESULTS}/logs/prepare/{{model}}.log",
+    priority: 1  # before a one-core job (vllm_env) that would leave it waiting for the second core
     conda:
         env("decode")
     threads: max(_checked["threads"], 2)  # a distillation trains with two threads (the same weights everywhere)
-    priority: 1  # before a one-core job (vllm_env) that would leave it waiting for the second core
     resources:
         mem_mb=16000,
         runtime=60,
