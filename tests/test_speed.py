@@ -161,7 +161,7 @@ class PlantedStalls:
 
         self.psi_us, self.calls, self.stalls, self.seconds = 0, 0, stalls, seconds
         monkeypatch.setattr(timing, "_psi_some_us", lambda: self.psi_us)
-        monkeypatch.setattr(timing, "_wait_s", lambda pids=(): self.psi_us / 1e6)  # the stall waited for a CPU
+        monkeypatch.setattr(timing, "_wait_s", lambda: self.psi_us / 1e6)  # the stall waited for a CPU
         real = job.generate
 
         def generate(*args, **kwargs):

@@ -26,7 +26,7 @@ from pipeline.report.figures import engine_ratio
 from pipeline.vllm import env as vllm_env
 from pipeline.vllm.engine import NGRAM, speculative_config, stats_of
 from tests.conftest import save_tiny, tiny_llama
-from tests.tiny_dag import snakemake
+from tests.tiny_dag import ROOT, snakemake
 
 # ---- the methods ------------------------------------------------------------------------------
 
@@ -254,19 +254,18 @@ def test_vllm_cells_run_end_to_end_lossless_at_t0_against_vllms_own_decoding(vll
 
 def test_vllms_greedy_tokens_match_ours_or_part_at_a_near_tie(vllm_run):
     """The same model decoded greedily by vLLM (float32, its own kernels) and by our decoder: token for token,
-    every difference checked in float64 at its first position, as our own greedy mismatches are."""
-    from pipeline.job.exactness import check
-    from pipeline.models.spec import ModelSpec
+    every difference checked in float64 at its first position, as our own greedy mismatches are
+    (``python -m pipeline.vllm.agreement RESULTS`` prints it)."""
+    from pipeline.vllm.agreement import agreement, greedy_pairs
+    from pipeline.vllm.agreement import main as agreement_main
 
     work, _ = vllm_run
-    cells = work / "results" / "generations" / "humaneval" / "pair"
-    ours = {r["id"]: r for r in read_rows(cells.parent / "tiny32" / "large_model-T0.jsonl")}
-    theirs = read_rows(cells / "vllm-T0.jsonl")
-    rows = [{"id": r["id"], "token_ids": r["token_ids"], "baseline": ours[r["id"]]} for r in theirs]
-    prompts = {r["id"]: r["prompt_ids"] for r in theirs}
-    assert prompts == {i: r["prompt_ids"] for i, r in ours.items()}  # the same prompts, by the same tokenizer
-    record = check(rows, prompts, [ModelSpec("tiny32", source=str(work / "tiny32"))], "large_model", {})
+    results = work / "results"
+    pairs = greedy_pairs(results)
+    assert [(a["id"], b["id"]) for a, b in pairs] == [("humaneval/pair/vllm-T0", "humaneval/tiny32/large_model-T0")]
+    record = agreement(results, *pairs[0])
     assert record["compared"] == 2 and record.get("bugs", 0) == 0 and record.get("unchecked", 0) == 0, record
+    assert agreement_main([str(results)]) == 0
 
 
 def test_the_tables_set_vllm_beside_ours_and_say_the_engines_ran_in_other_jobs(vllm_run):
@@ -334,3 +333,28 @@ def test_vllms_draft_model_speculation_is_biased_at_t1(vllm_ready, tmp_path):
     assert found["vllm"][0] > 1e-3 and found["vllm"][2] == 0  # vLLM's decoding samples the target
     assert found["vllm_sd"][2] == SEEDS  # the draft proposed the second token every time
     assert found["vllm_sd"][0] < 1e-6 and found["vllm_sd"][1] > 0.2  # and the result is not the target's
+
+
+def test_lm_evals_vllm_model_runs_in_vllms_environment_and_scores_as_its_hf_model(vllm_ready, tmp_path, smol_tokenizer):
+    """``pipeline lm-eval --model vllm`` runs lm-eval's own vLLM model in vLLM's environment (lm-eval installed
+    there on first use): on a multiple-choice task it scores what lm-eval's ``hf`` model scores in ours."""
+    from pipeline.cli import main
+
+    from .test_lm_eval import DATA
+
+    if not DATA.is_dir():
+        pytest.skip("needs the shared benchmark data")
+    model = save_tiny(tmp_path / "tiny32", smol_tokenizer, hidden=64)
+    scores = {}
+    for engine, args in (("vllm", ",enforce_eager=True,max_model_len=512"), ("hf", "")):
+        out = tmp_path / engine
+        argv = ["lm-eval", "--model", engine, "--model_args", f"pretrained={model},dtype=float32{args}"]
+        argv += ["--tasks", "mmlu_mc", "--include_path", str(ROOT / "tasks" / "lm_eval"), "--limit", "6"]
+        env = {"SPECENS_DATA_DIR": str(DATA), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+        with pytest.MonkeyPatch.context() as patch:
+            for key, value in env.items():
+                patch.setenv(key, value)
+            assert main([*argv, "--output_path", str(out)]) == 0
+        found = json.loads(next(out.rglob("results_*.json")).read_text())
+        scores[engine] = found["results"]["mmlu_mc"]["acc,none"]
+    assert scores["vllm"] == scores["hf"], scores

@@ -53,12 +53,10 @@ def _psi_some_us() -> int | None:
     return None
 
 
-def _wait_s(pids: Iterable[int] = ()) -> float | None:
-    """Seconds this process's threads (and those of ``pids``, its workers) have waited on a run queue for a CPU
-    (None where the kernel does not say)."""
+def _wait_s() -> float | None:
+    """Seconds this process's threads have waited on a run queue for a CPU (None where the kernel does not say)."""
     total, found = 0, False
-    tasks = [Path("/proc/self/task"), *(Path(f"/proc/{pid}/task") for pid in pids)]
-    for stat in (s for where in tasks for s in where.glob("*/schedstat")):
+    for stat in Path("/proc/self/task").glob("*/schedstat"):
         with contextlib.suppress(OSError, ValueError, IndexError):
             total += int(stat.read_text().split()[1])  # cpu time, run-queue wait, timeslices; in ns
             found = True
@@ -102,18 +100,37 @@ MIN_BESIDE_S = 0.02  # the least CPU time a process beside a region is named for
 BESIDE_SHOWN = 5  # the most processes named per region, those that took most
 
 
-def _workers(pids: Iterable[int]) -> tuple[float, int]:
-    """The CPU seconds and involuntary context switches of ``pids`` (a job's worker processes) so far."""
-    cpu, switches = 0, 0
+BUSY_SHARE = 0.1  # a worker's thread that ran this share of a region's wall time computes for it
+
+
+def _worker_threads(pids: Iterable[int]) -> dict[tuple[int, str], tuple[int, int, int]]:
+    """Each thread of ``pids`` (a job's worker processes): its CPU ticks, run-queue wait (ns) and involuntary
+    context switches so far."""
+    out = {}
     for pid in pids:
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
-            cpu += int(fields[11]) + int(fields[12])
-            for status in Path(f"/proc/{pid}/task").glob("*/status"):
-                for line in status.read_text().splitlines():
-                    if line.startswith("nonvoluntary_ctxt_switches:"):
-                        switches += int(line.split()[1])
-    return cpu * TICK_S, switches
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                fields = (task / "stat").read_bytes().rsplit(b")", 1)[1].split()
+                waited = int((task / "schedstat").read_text().split()[1])
+                status = (task / "status").read_text()
+                switches = int(status.split("nonvoluntary_ctxt_switches:")[1].split()[0])
+                out[(pid, task.name)] = (int(fields[11]) + int(fields[12]), waited, switches)
+    return out
+
+
+def _workers_took(before: dict, after: dict, wall: float) -> tuple[float, float | None, int]:
+    """Between two ``_worker_threads`` readings: the workers' CPU seconds (every thread), and the run-queue wait
+    and preemptions of the threads that computed (ran ``BUSY_SHARE`` of the wall time or more). A worker's helper
+    threads (vLLM's dozens of gloo loops wake, find nothing and sleep) wait for a CPU whenever the machine is
+    busy, while the thread that generates never waits: their waits say nothing of the run."""
+    cpu, waited, switches, found = 0.0, 0, 0, False
+    for key, (ticks, wait_ns, nivcsw) in after.items():
+        t0, w0, s0 = before.get(key, (0, 0, 0))
+        ran = (ticks - t0) * TICK_S
+        cpu += ran
+        if ran >= BUSY_SHARE * wall:
+            waited, switches, found = waited + wait_ns - w0, switches + nivcsw - s0, True
+    return cpu, waited / 1e9 if found else 0.0, switches
 
 
 def _cpu_ticks() -> dict[int, int]:
@@ -160,16 +177,16 @@ def beside(before: dict[int, int], after: dict[int, int]) -> dict[str, float]:
 class Probe:
     """Wall time, CPU time, interference signals and what else ran of one region: ``with Probe() as p: ...;
     p.result``. ``pids``: worker processes that run the region's work for this one (a vLLM cell's,
-    ``pipeline/vllm/engine.py``): their CPU time, waits and preemptions count as this process's, and they are not
-    named beside it."""
+    ``pipeline/vllm/engine.py``): their CPU time counts as this process's, and so do the waits and preemptions of
+    their threads that computed (``_workers_took``); they are not named beside it."""
 
     def __init__(self, pids: Iterable[int] = ()):
         self.pids = tuple(pids)
 
     def __enter__(self) -> Probe:
         self._others = _cpu_ticks()
-        self._psi, self._wait = _psi_some_us(), _wait_s(self.pids)
-        self._workers = _workers(self.pids)
+        self._psi, self._wait = _psi_some_us(), _wait_s()
+        self._workers = _worker_threads(self.pids)
         self._usage = resource.getrusage(resource.RUSAGE_SELF)
         self._wall = time.perf_counter()
         return self
@@ -177,13 +194,13 @@ class Probe:
     def __exit__(self, *exc) -> None:
         wall = time.perf_counter() - self._wall
         usage = resource.getrusage(resource.RUSAGE_SELF)
-        psi, waited = _psi_some_us(), _wait_s(self.pids)
-        cpu, switches = (now - then for now, then in zip(_workers(self.pids), self._workers))
+        psi, waited = _psi_some_us(), _wait_s()
+        cpu, worker_wait, switches = _workers_took(self._workers, _worker_threads(self.pids), wall)
         others = {pid: ticks for pid, ticks in _cpu_ticks().items() if pid not in self.pids}
         self.result = {
             "wall_s": wall,
             "cpu_s": (usage.ru_utime + usage.ru_stime) - (self._usage.ru_utime + self._usage.ru_stime) + cpu,
-            "wait_s": waited - self._wait if waited is not None and self._wait is not None else None,
+            "wait_s": waited - self._wait + worker_wait if waited is not None and self._wait is not None else None,
             "psi_some_s": (psi - self._psi) / 1e6 if psi is not None and self._psi is not None else None,
             "nivcsw": usage.ru_nivcsw - self._usage.ru_nivcsw + switches,
             "beside": beside(self._others, others),  # read after the clock stopped: not in wall_s

@@ -10,8 +10,10 @@ run one at a time. :class:`VLLMRun` is called as ``partial(generate, ...)`` is f
 (``measure.timing.Probe``).
 
 Each worker runs vLLM in its own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no engine-core process beside
-it), with the job's thread count and no CPU pinning (two jobs run at once on a 2-core machine), the KV cache
-sized for one sequence, the hub offline, and eager unless the cell says ``eager: false`` (docs/vllm.md).
+it), with the job's thread count (OpenMP's and numba's, whose pool vLLM's n-gram proposer starts), no CPU pinning
+(two jobs run at once on a 2-core machine), the KV cache sized for one sequence, the hub offline, and eager unless
+the cell says ``eager: false`` (docs/vllm.md). Its dozens of helper threads (gloo loops) are not timed as the run:
+the probe counts the waits of the threads that compute (``measure.timing``).
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ def worker_env(threads: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env.update(
         OMP_NUM_THREADS=str(threads),
+        NUMBA_NUM_THREADS=str(threads),  # vLLM's n-gram proposer runs numba's parallel loops: one pool per core
+        MKL_NUM_THREADS=str(threads),
         VLLM_ENABLE_V1_MULTIPROCESSING="0",
         VLLM_CPU_OMP_THREADS_BIND="nobind",  # pinning would put two jobs' workers on one core
         VLLM_CPU_KVCACHE_SPACE=str(KV_CACHE_GIB),

@@ -169,7 +169,9 @@ def ensure(kind: str | None = None, log=print) -> dict[str, Any]:
         subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
         python = python_of(where)
         pinned = ["--no-deps", "--require-hashes"] if kind == "cpu" else []
-        proc = _pip(python, "install", "-q", *pinned, "-r", str(lock_file(kind)), timeout=3600)
+        # --no-compile: byte-compiling every module of torch and vLLM took half the build (73 s against 39 s here);
+        # Python compiles what vLLM imports on first use instead
+        proc = _pip(python, "install", "-q", "--no-compile", *pinned, "-r", str(lock_file(kind)), timeout=3600)
         if proc.returncode != 0:
             shutil.rmtree(where, ignore_errors=True)
             raise VLLMEnvError(f"vLLM's environment cannot be built here: pip says {_last_error(proc)}")

@@ -25,7 +25,7 @@ rule prepare_model:
         f"{RESULTS}/models/{{model}}.json",
     log:
         f"{RESULTS}/logs/prepare/{{model}}.log",
-    priority: 1  # before a one-core job (vllm_env) that would leave it waiting for the second core
+    priority: 2  # before a one-core job (vllm_env) that would leave it waiting for the second core
     conda:
         env("decode")
     threads: max(_checked["threads"], 2)  # a distillation trains with two threads (the same weights everywhere)
@@ -47,6 +47,7 @@ rule vllm_env:
         f"{RESULTS}/envs/vllm.json",
     log:
         f"{RESULTS}/logs/prepare/vllm_env.log",
+    priority: 1  # right after the models: beside the first generation jobs, not after the last of them
     localrule: True
     conda:
         env("decode")
