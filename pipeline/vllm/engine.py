@@ -56,9 +56,13 @@ def speculative_config(method: str, gamma: int, paths: Sequence[str]) -> dict[st
     return {"method": "ngram", "num_speculative_tokens": gamma, **NGRAM}
 
 
-def worker_env(threads: int) -> dict[str, str]:
-    """The worker's environment: this one's, with vLLM told to stay in one process on ``threads`` threads."""
+def worker_env(threads: int, build: str = "cpu") -> dict[str, str]:
+    """The worker's environment: this one's, with vLLM told to stay in one process on ``threads`` threads (and,
+    for the CPU build, that it is one: vLLM otherwise reads its platform from the version of a distribution named
+    ``vllm``, which the CPU build's is not)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    if build == "cpu":
+        env["VLLM_TARGET_DEVICE"] = "cpu"
     env.update(
         OMP_NUM_THREADS=str(threads),
         NUMBA_NUM_THREADS=str(threads),  # vLLM's n-gram proposer runs numba's parallel loops: one pool per core
@@ -79,14 +83,14 @@ def worker_env(threads: int) -> dict[str, str]:
 class Worker:
     """One vLLM engine in a process of its own (``worker.py``)."""
 
-    def __init__(self, python: str, settings: dict[str, Any], threads: int, log=None):
+    def __init__(self, python: str, settings: dict[str, Any], threads: int, log=None, build: str = "cpu"):
         self.settings = settings
         self.proc = subprocess.Popen(
             [python, str(WORKER), json.dumps(settings)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=log if log is not None else sys.stderr,
-            env=worker_env(threads),
+            env=worker_env(threads, build),
             text=True,
         )
         first = self._read()
@@ -190,7 +194,8 @@ class VLLMRun:
                 "max_model_len": 4096,
                 "gpu_share": GPU_SHARE if self.gpu else None,
             }
-            self.workers[key] = Worker(self.python, settings, self.threads, self.log)
+            build = "gpu" if self.gpu else "cpu"
+            self.workers[key] = Worker(self.python, settings, self.threads, self.log, build)
         return self.workers[key]
 
     @property
