@@ -337,7 +337,8 @@ def test_vllms_draft_model_speculation_is_biased_at_t1(vllm_ready, tmp_path):
 
 def test_lm_evals_vllm_model_runs_in_vllms_environment_and_scores_as_its_hf_model(vllm_ready, tmp_path, smol_tokenizer):
     """``pipeline lm-eval --model vllm`` runs lm-eval's own vLLM model in vLLM's environment (lm-eval installed
-    there on first use): on a multiple-choice task it scores what lm-eval's ``hf`` model scores in ours."""
+    there on first use): on a multiple-choice task every answer's log-likelihood is what lm-eval's ``hf`` model
+    gives in ours, to float32's rounding, and so are the scores."""
     from pipeline.cli import main
 
     from .test_lm_eval import DATA
@@ -345,7 +346,7 @@ def test_lm_evals_vllm_model_runs_in_vllms_environment_and_scores_as_its_hf_mode
     if not DATA.is_dir():
         pytest.skip("needs the shared benchmark data")
     model = save_tiny(tmp_path / "tiny32", smol_tokenizer, hidden=64)
-    scores = {}
+    scores, loglikelihoods = {}, {}
     for engine, args in (("vllm", ",enforce_eager=True,max_model_len=512"), ("hf", "")):
         out = tmp_path / engine
         argv = ["lm-eval", "--model", engine, "--model_args", f"pretrained={model},dtype=float32{args}"]
@@ -354,7 +355,36 @@ def test_lm_evals_vllm_model_runs_in_vllms_environment_and_scores_as_its_hf_mode
         with pytest.MonkeyPatch.context() as patch:
             for key, value in env.items():
                 patch.setenv(key, value)
-            assert main([*argv, "--output_path", str(out)]) == 0
+            assert main([*argv, "--output_path", str(out), "--log_samples"]) == 0
         found = json.loads(next(out.rglob("results_*.json")).read_text())
         scores[engine] = found["results"]["mmlu_mc"]["acc,none"]
+        samples = [json.loads(line) for line in next(out.rglob("samples_mmlu_mc_*.jsonl")).read_text().splitlines()]
+        loglikelihoods[engine] = [float(r[0]) for s in samples for r in s["filtered_resps"]]
     assert scores["vllm"] == scores["hf"], scores
+    assert len(loglikelihoods["vllm"]) == len(loglikelihoods["hf"]) == 24  # 6 questions, 4 answers each
+    assert loglikelihoods["vllm"] == pytest.approx(loglikelihoods["hf"], rel=1e-4, abs=1e-3)
+
+
+def test_the_preflight_refuses_a_model_vllm_has_no_class_for_in_one_line(tiny_dir, monkeypatch):
+    from pipeline.experiment.checks import local_problems
+    from pipeline.experiment.config import check_config
+    from pipeline.experiment.grid import expand_cells
+
+    config = check_config(
+        {
+            "models": {"tiny": {"source": str(tiny_dir)}},
+            "grids": [{"name": "g", "model_sets": {"one": ["tiny"]}, "methods": ["large_model", "vllm"]}],
+            "datasets": {"humaneval": {"size": 2}},
+        }
+    )
+    cells = expand_cells(config)
+    monkeypatch.setattr(vllm_env, "ready", lambda kind=None: {"architectures": ["MistralForCausalLM"]})
+    problems = local_problems(config, cells)[1]
+    assert problems == [
+        "grid 'g', set 'one': 'vllm' runs vLLM, which has no model class for LlamaForCausalLM (model 'tiny', "
+        "config.json architectures); use a model vLLM supports, or our own methods"
+    ]
+    monkeypatch.setattr(vllm_env, "ready", lambda kind=None: {"architectures": ["LlamaForCausalLM"]})
+    assert local_problems(config, cells)[1] == []
+    monkeypatch.setattr(vllm_env, "ready", lambda kind=None: None)  # not built yet: its job says it in vLLM's words
+    assert local_problems(config, cells)[1] == []

@@ -45,12 +45,32 @@ def set_problems(config: dict[str, Any], cells: dict[str, CellFile], infos: dict
                         f"config key datasets.{dims.dataset}: chat is true but model {name!r} has no chat template "
                         "(tokenizer_config.json chat_template); set chat: false or use an instruct model"
                     ] = None
+        if problem := vllm_problem(dims, infos):
+            problems[f"{where}: {problem}"] = None
         restricted = [repr(n) for n in names if infos[n].restricted_head]
         try:
             dims.spec.check(len(names), cell.method_args, restricted)
         except ValueError as err:
             problems[f"{where}: {err}; or set 'full_head: true' on that model"] = None
     return list(problems)
+
+
+def vllm_problem(dims, infos: dict[str, ModelInfo]) -> str | None:
+    """What vLLM cannot load of a ``vllm*`` cell's models (their config.json architectures against the built
+    vLLM's model classes), or None."""
+    if dims.spec.engine != "vllm":
+        return None
+    from ..vllm.env import unsupported
+
+    loaded = dims.models[:2] if dims.spec.peer_proposer == "draft" else dims.models[:1]
+    for name in loaded:
+        config = infos[name].config or {}
+        if missing := unsupported(list(config.get("architectures") or [])):
+            return (
+                f"{dims.method!r} runs vLLM, which has no model class for {missing[0]} (model {name!r}, "
+                "config.json architectures); use a model vLLM supports, or our own methods"
+            )
+    return None
 
 
 def own_tokenizer(model: dict[str, Any]) -> bool:

@@ -35,8 +35,10 @@ BUILDS = ("cpu", "gpu")
 # torch: they are left out of the lock, and nothing of vLLM's text generation needs them
 CHECK = (
     "import json, platform, torch, transformers, vllm; "
+    "from vllm.model_executor.models import ModelRegistry; "
     "print(json.dumps({'vllm': vllm.__version__, 'torch': torch.__version__, "
-    "'transformers': transformers.__version__, 'python_version': platform.python_version()}))"
+    "'transformers': transformers.__version__, 'python_version': platform.python_version(), "
+    "'architectures': sorted(ModelRegistry.get_supported_archs())}))"
 )
 
 
@@ -86,6 +88,14 @@ def ready(kind: str | None = None) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) and Path(record.get("python", "")).exists() else None
+
+
+def unsupported(architectures: list[str], record: dict[str, Any] | None = None) -> list[str]:
+    """Those of a model's ``architectures`` (config.json) that the built vLLM has no model class for; none where
+    vLLM is not built yet (its generation job then says so, in vLLM's words)."""
+    record = record if record is not None else ready()
+    known = set((record or {}).get("architectures") or [])
+    return [a for a in architectures if known and a not in known]
 
 
 def platform_problem(kind: str) -> str | None:
