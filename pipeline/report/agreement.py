@@ -1,4 +1,4 @@
-"""vLLM's greedy tokens against ours, token for token: ``python -m pipeline.vllm.agreement RESULTS``.
+"""vLLM's greedy tokens against ours, token for token: ``python -m pipeline.report.agreement RESULTS``.
 
 For each greedy ``vllm`` cell of a results directory and our ``large_model`` cell of the same model, dataset and
 prompts, the two outputs are compared sample by sample; each difference is checked in float64 at its first
@@ -41,13 +41,13 @@ def agreement(results: Path, theirs: dict[str, Any], ours: dict[str, Any], near_
         for r in read_jsonl(cell_path(results, theirs["id"]))
         if r["id"] in rows_ours
     ]
-    prompts = {r["id"]: r["prompt_ids"] for r in rows}
+    prompts = {r["id"]: rows_ours[r["id"]]["prompt_ids"] for r in rows}  # the same prompts: ours carry them
     specs = CellFile.read(results / "cells" / f"{ours['id']}.json").cell.models
     return check(rows, prompts, specs, "large_model", {}, near_tie_nats)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.vllm.agreement", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m pipeline.report.agreement", description=__doc__.split("\n")[0])
     parser.add_argument("results", type=Path, help="a results directory with greedy vllm and large_model cells")
     args = parser.parse_args(argv)
     try:
