@@ -171,8 +171,7 @@ def vllm_runs(cell: Cell, stack: ExitStack):
     def prepared(prompts: dict[str, list[int]]) -> dict[str, Any]:
         versions = run.versions
         return {
-            **provenance("cuda" if gpu else "cpu"),
-            "threads": threads,
+            **provenance("cuda" if gpu else "cpu"),  # its threads: the job's, as the workers' (torch's count)
             "engine": f"vllm {versions.get('vllm')} ({record['build']}), torch {versions.get('torch')}",
         }
 
