@@ -18,7 +18,7 @@ from pipeline.decoding.runner import HFRunner
 from pipeline.decoding.sampling import Sampling
 from pipeline.errors import ArgumentError
 from pipeline.models import ModelError
-from pipeline.models.feature_head import FeatureHead, load_head, save_head
+from pipeline.models.feature_head import FeatureHead, load_head, save_head, target_features
 
 from .conftest import perturbed, tiny_llama
 from .test_sampling_lossless import SETTINGS, TWO, check_case, make_models
@@ -308,3 +308,94 @@ def test_the_config_check_refuses_eagle_without_a_head():
         check_config(config)
     config["models"]["smollm2-135m-instruct"]["eagle"] = {"steps": 400}
     assert check_config(config)["grids"][1]["proposer"] == "eagle"
+
+
+# ---- EAGLE's layout: features after the final norm, as published and as vLLM runs it ----------------------------
+
+
+def passing_head(target, layout: str, embedding: float = 0.0) -> FeatureHead:
+    """A head whose prediction is the feature it reads (plus ``embedding`` times the next token's embedding):
+    ``fc`` passes the feature half, the decoder layer adds nothing. Its logits for input t are then what the
+    target's output head makes of that feature."""
+    head = FeatureHead(target, None, 1, bias=False, layout=layout)
+    d = target.config.hidden_size
+    with torch.no_grad():
+        eye = torch.eye(d, dtype=head.fc.weight.dtype)
+        head.fc.weight.copy_(torch.cat([embedding * eye, eye], 1))
+        head.decoder.layers[0].self_attn.o_proj.weight.zero_()
+        head.decoder.layers[0].mlp.down_proj.weight.zero_()
+    return head
+
+
+@pytest.mark.parametrize("layout", ["eagle", "ours"])
+def test_a_heads_layout_says_which_side_of_the_final_norm_it_reads(pair, layout):
+    """A passing head's proposal after ``context`` is the target's own next-token logits at position
+    len(context) - 2 in either layout, each reading its side of the final norm: EAGLE's reads after it and
+    feeds the output head directly; ours reads before it and puts its prediction through it. A norm weight other
+    than one tells the sides apart (a unit-weight RMS norm applied twice is applied once)."""
+    target = copy.deepcopy(pair[1])
+    with torch.no_grad():
+        target.model.norm.weight.uniform_(0.5, 2.0)
+    head = attach(target, passing_head(target, layout)).__dict__[FEATURE_HEAD]
+    runner = HFRunner(target, 64)
+    proposer = FeatureProposer(runner, head, Sampling(), None)
+    try:
+        runner.extend(list(PROMPT), 1)
+        logits = target(input_ids=torch.tensor([PROMPT])).logits[0]
+        for pos in (3, 7, len(PROMPT)):
+            assert torch.allclose(proposer.logits(PROMPT[:pos]), logits[pos - 2], atol=1e-9), pos
+    finally:
+        proposer.close()
+    assert not target.model.norm._forward_hooks and not target.model.norm._forward_pre_hooks
+    if layout == "eagle":  # the features it trains on: the decoder's last hidden states, after the norm
+        found = target_features(target, [torch.tensor([PROMPT])], "eagle")[0]
+        final = target(input_ids=torch.tensor([PROMPT]), output_hidden_states=True).hidden_states[-1][0]
+        assert torch.allclose(found, final.float(), atol=1e-6)
+
+
+def test_greedy_outputs_with_a_head_of_eagles_layout_equal_the_standard_method(pair):
+    target = copy.deepcopy(pair[0])
+    torch.manual_seed(2)
+    attach(target, FeatureHead(target, None, 1, bias=False, layout="eagle"))
+    models = [target, pair[1]]
+    for method, args, standard in (("sd", {}, "large_model"), ("we_sd", {"lambda": 0.5}, "we")):
+        base = generate(models, PROMPT, standard, max_new_tokens=30, method_args=args).token_ids
+        out = generate(models, PROMPT, method, 3, 30, method_args={**args, "proposer": "eagle"})
+        assert out.token_ids == base and out.stats.proposers["eagle"].proposed > 0
+    assert not target.model.norm._forward_hooks  # it stopped reading the target's features
+
+
+def test_a_head_of_eagles_layout_is_saved_as_an_eagle_checkpoint(pair, tmp_path):
+    """Saved, it is a checkpoint in EAGLE's published layout (the target's config.json of its layer count and
+    model.safetensors under EAGLE's names), which loads back the same as this project's head and as a published
+    checkpoint."""
+    from safetensors.torch import load_file
+
+    target = copy.deepcopy(pair[1])
+    torch.manual_seed(4)
+    source = FeatureHead(target, None, 2, bias=False, layout="eagle")
+    save_head(source, tmp_path / "head", {"teacher": "t"})
+    files = sorted(p.name for p in (tmp_path / "head").iterdir())
+    assert files == ["config.json", "draft.json", "feature_head.json", "model.safetensors"]
+    config = json.loads((tmp_path / "head" / "config.json").read_text())
+    assert config["num_hidden_layers"] == 2 and config["hidden_size"] == 32 and config["vocab_size"] == 64
+    names = set(load_file(tmp_path / "head" / "model.safetensors"))
+    assert "fc.weight" in names and "layers.1.input_layernorm.weight" in names
+    assert "layers.0.input_layernorm.weight" not in names and not any(n.startswith("decoder.") for n in names)
+    mine = load_head(tmp_path / "head", target)
+    (tmp_path / "head" / "feature_head.json").unlink()  # read as a published checkpoint
+    published = load_head(tmp_path / "head", copy.deepcopy(pair[1]))
+    for head in (mine, published):
+        assert head.layout == "eagle" and isinstance(head.decoder.layers[0].input_layernorm, torch.nn.Identity)
+        assert head.own_state().keys() == source.own_state().keys()
+        assert all(torch.equal(head.own_state()[k], v) for k, v in source.own_state().items())
+
+
+def test_a_head_saved_before_layouts_were_named_loads_as_this_projects(pair, tmp_path):
+    target = copy.deepcopy(pair[1])
+    save_head(FeatureHead(target, None), tmp_path / "head", {})
+    config = json.loads((tmp_path / "head" / "feature_head.json").read_text())
+    (tmp_path / "head" / "feature_head.json").write_text(json.dumps({k: v for k, v in config.items() if k != "layout"}))
+    assert load_head(tmp_path / "head", target).layout == "ours"
+    with pytest.raises(ModelError, match=r"feature head layout='eagle1': accepted: ours, eagle"):
+        FeatureHead(target, None, layout="eagle1")

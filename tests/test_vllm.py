@@ -14,37 +14,38 @@ import time
 import pandas as pd
 import pytest
 import yaml
+from transformers import AutoModelForCausalLM
 
 from pipeline.decoding import generate
 from pipeline.decoding.lookup import PromptLookup
 from pipeline.decoding.spec import method_names, parse_method
-from pipeline.errors import ArgumentError
+from pipeline.errors import ArgumentError, UserError
 from pipeline.measure.acceptance import decoding_metrics
 from pipeline.measure.speed import Policy
 from pipeline.measure.timing import Probe
+from pipeline.models.feature_head import save_head
 from pipeline.report.figures import engine_ratio
 from pipeline.vllm import env as vllm_env
 from pipeline.vllm.engine import NGRAM, speculative_config, stats_of
 from tests.conftest import save_tiny, tiny_llama
+from tests.test_feature_head import passing_head
 from tests.tiny_dag import ROOT, snakemake
 
 # ---- the methods ------------------------------------------------------------------------------
 
 
 def test_vllm_methods_are_parsed_once_with_vllms_decoding_as_their_baseline():
-    plain, sd, ngram = (parse_method(m) for m in ("vllm", "vllm_sd", "vllm_ngram"))
-    assert plain.engine == sd.engine == ngram.engine == "vllm"
+    plain, sd, ngram, eagle = (parse_method(m) for m in ("vllm", "vllm_sd", "vllm_ngram", "vllm_eagle"))
+    assert plain.engine == sd.engine == ngram.engine == eagle.engine == "vllm"
     assert plain.baseline is None and plain.standard is None and plain.kind == "plain" and not plain.speculative
-    assert sd.baseline == ngram.baseline == "vllm" and sd.kind == ngram.kind == "vllm_peer"
-    assert (sd.peer_proposer, ngram.peer_proposer, sd.ours) == ("draft", "lookup", "sd")
-    assert sd.model_range() == (2, 2) and ngram.model_range() == (1, 2) and plain.family == "single"
-    assert plain.accepted_args() == sd.accepted_args() == {"eager": True}
-    assert parse_method("sd").engine == parse_method("hf_assisted").engine == "ours"
-    with pytest.raises(
-        ArgumentError, match=r"^unknown method 'vllm_eagle'; accepted: large_model, small_model, sd, vllm,"
-    ):
-        parse_method("vllm_eagle")
-    assert {"vllm", "vllm_sd", "vllm_ngram"} <= set(method_names())
+    assert sd.baseline == ngram.baseline == eagle.baseline == "vllm" and sd.kind == ngram.kind == "vllm_peer"
+    assert (sd.peer_proposer, ngram.peer_proposer, eagle.peer_proposer, sd.ours) == ("draft", "lookup", "eagle", "sd")
+    assert sd.model_range() == (2, 2) and ngram.model_range() == eagle.model_range() == (1, 2)
+    assert plain.accepted_args() == sd.accepted_args() == eagle.accepted_args() == {"eager": True}
+    assert parse_method("sd").engine == parse_method("hf_assisted").engine == "ours" and plain.family == "single"
+    with pytest.raises(ArgumentError, match=r"^unknown method 'vllm_medusa'; accepted: large_model, small_model, sd,"):
+        parse_method("vllm_medusa")
+    assert {"vllm", "vllm_sd", "vllm_ngram", "vllm_eagle"} <= set(method_names())
 
 
 def test_the_decoder_refuses_vllms_methods_in_one_line():
@@ -78,6 +79,11 @@ def test_vllms_speculation_is_configured_as_ours_is():
         "prompt_lookup_min": ours.min_ngram,
     }
     assert {"prompt_lookup_max": ours.max_ngram, "prompt_lookup_min": ours.min_ngram} == NGRAM
+    assert speculative_config("vllm_eagle", 3, ["t"], "h") == {
+        "method": "eagle",
+        "model": "h",
+        "num_speculative_tokens": 3,
+    }
 
 
 def test_vllms_spec_decode_counters_become_tau_and_acceptance_by_the_fields_names():
@@ -91,8 +97,63 @@ def test_vllms_spec_decode_counters_become_tau_and_acceptance_by_the_fields_name
         assert found["tau"] == pytest.approx(10 / 4) and found["acceptance_rate"] == pytest.approx(6 / 9)
         assert found["position_acceptance"] == pytest.approx([1.0, 2 / 3, 1 / 3])
     assert len(sd["models"]) == 2 and ngram["proposers"]["lookup"]["accepted"] == 6
+    assert stats_of("vllm_eagle", reply, 4, 10).to_dict()["proposers"]["eagle"]["accepted"] == 6  # as ours is named
+    # max_tokens cut the last step: 1 + 4 steps + 7 accepted would be 12 tokens; the last step's bonus token and
+    # one accepted draft were cut off the 10 made (a draft model and EAGLE draft every step; lookup may not)
+    cut = {**reply, "drafts": 4, "draft_tokens": 12, "accepted": 7}
+    assert stats_of("vllm_eagle", cut, 4, 10).to_dict()["proposers"]["eagle"]["accepted"] == 6
+    assert decoding_metrics([stats_of("vllm_sd", cut, 4, 10).to_dict()])["tau"] == pytest.approx(10 / 4)
+    assert stats_of("vllm_ngram", cut, 4, 10).to_dict()["proposers"]["lookup"]["accepted"] == 7
     plain = stats_of("vllm", {**reply, "drafts": 0, "draft_tokens": 0, "accepted": 0}, 4, 10).to_dict()
     assert decoding_metrics([plain])["tau"] == 1.0 and plain["rounds"] is None
+
+
+def test_vllms_eagle_is_refused_in_one_line_where_its_head_would_draft_otherwise_in_vllm(tmp_path):
+    """vLLM runs a head of EAGLE's layout over the whole vocabulary with an fc without bias: a config whose recipe
+    cannot give one is refused when it is read, a head directory that is not one when the job starts."""
+    import torch
+
+    from pipeline.experiment.config import ConfigError, check_config
+    from pipeline.models.feature_head import FeatureHead
+    from pipeline.models.spec import DEFAULT_CONFIG
+    from pipeline.vllm.eagle import checkpoint
+
+    config = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    config["grids"][3]["methods"] = ["vllm_eagle"]  # peers: smol+l1
+    del config["grids"][3]["method_args"]
+    with pytest.raises(
+        ConfigError, match=r"grids\[3\].methods: vllm_eagle \(set 'smol\+l1'\): model 'smollm2-135m"
+    ) as err:
+        check_config(config)
+    large = config["models"]["smollm2-135m-instruct"]
+    for recipe in ({}, {"layout": "eagle"}):  # this project's layout; EAGLE's over 4,096 ids
+        large["eagle"] = recipe
+        with pytest.raises(ConfigError, match=r"vLLM runs EAGLE's layout over the whole vocabulary") as err:
+            check_config(config)
+        assert "\n" not in str(err.value) and "eagle: {layout: eagle, head_tokens: 0}" in str(err.value)
+    large["eagle"] = {"layout": "eagle", "head_tokens": 0}
+    assert check_config(config)["grids"][3]["methods"] == ["vllm_eagle"]
+
+    target = tiny_llama(3, vocab=64, hidden=32)
+    cases = [
+        ("ours", dict(layout="ours"), r"reads the target.s features before its final norm \(this project.s layout\)"),
+        ("kept", dict(layout="eagle", kept=[1, 2, 3], bias=False), "proposes 3 of the vocabulary's ids"),
+        ("bias", dict(layout="eagle", bias=True), "has an fc bias"),
+    ]
+    for name, args, why in cases:
+        save_head(FeatureHead(target, args.pop("kept", None), **args), tmp_path / name, {})
+        with pytest.raises(UserError, match=f"vllm_eagle: the feature head .*/{name} {why}; vLLM's EAGLE cannot"):
+            checkpoint(tmp_path / name)
+    save_head(FeatureHead(target, None, bias=False, layout="eagle"), tmp_path / "good", {})
+    assert checkpoint(tmp_path / "good") == tmp_path / "good"
+    (tmp_path / "good" / "feature_head.json").unlink()  # a published checkpoint
+    assert checkpoint(tmp_path / "good") == tmp_path / "good"
+    torch.save({"fc.weight": torch.zeros(2), "fc.bias": torch.zeros(2)}, tmp_path / "pytorch_model.bin")
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(UserError, match="has an fc bias, which vLLM's EAGLE for Llama has not"):
+        checkpoint(tmp_path)
+    with pytest.raises(UserError, match="is no EAGLE checkpoint"):
+        checkpoint(tmp_path / "missing")
 
 
 # ---- timing a worker ------------------------------------------------------------------------------
@@ -212,18 +273,30 @@ def vllm_ready():
 @pytest.fixture(scope="module")
 def vllm_run(tmp_path_factory, smol_tokenizer, vllm_ready):
     """The workflow on tiny models vLLM's CPU attention takes (heads of 32): our large_model and sd, vLLM's
-    prompt lookup and draft-model speculation (an identical draft) and its decoding, at T=0."""
+    prompt lookup and draft-model speculation (an identical draft) and its decoding, at T=0; and vLLM's EAGLE
+    beside our sd with the same feature head."""
     work = tmp_path_factory.mktemp("vllm")
     target = save_tiny(work / "tiny32", smol_tokenizer, hidden=64)
+    save_head(passing_head(AutoModelForCausalLM.from_pretrained(target), "eagle", 0.5), work / "head", {})
     config = {
         "experiment": "vllm-tiny",
-        "models": {"tiny32": {"source": str(target)}, "tiny32-copy": {"source": str(target)}},
+        "models": {
+            "tiny32": {"source": str(target)},
+            "tiny32-copy": {"source": str(target)},
+            "tiny32-eagle": {"source": str(target), "eagle": str(work / "head")},
+        },
         "grids": [
             {
                 "name": "engines",
                 "model_sets": {"pair": ["tiny32", "tiny32-copy"]},
                 "methods": ["large_model", "sd", "vllm_ngram", "vllm_sd", "vllm"],
-            }
+            },
+            {  # vLLM's EAGLE and ours, from one head of EAGLE's layout
+                "name": "eagle",
+                "model_sets": {"headed": ["tiny32-eagle"]},
+                "methods": ["sd", "vllm_eagle"],
+                "proposer": "eagle",
+            },
         ],
         "datasets": {"humaneval": {"size": 2}},
         "gamma": [2],
@@ -256,6 +329,65 @@ def test_vllm_cells_run_end_to_end_lossless_at_t0_against_vllms_own_decoding(vll
     derived = read_rows(cells / "vllm-T0.jsonl")  # vLLM's decoding: vllm_ngram's side-by-side runs
     source = {r["id"]: r for r in read_rows(cells / "vllm_ngram-T0-g2.jsonl")}
     assert [r["token_ids"] for r in derived] == [source[r["id"]]["baseline"]["token_ids"] for r in derived]
+
+
+def test_vllms_eagle_cell_runs_end_to_end_from_the_models_head_and_drafts_as_ours(vllm_run):
+    work, _ = vllm_run
+    cells = work / "results" / "generations" / "humaneval" / "headed"
+    speed = json.loads((cells / "vllm_eagle-T0-g2.speed.json").read_text())
+    assert speed["exactness"]["rate"] == 1.0 and speed["speedup_ci_low"] is not None, speed["exactness"]
+    vllm = {r["id"]: r["stats"] for r in read_rows(cells / "vllm_eagle-T0-g2.jsonl")}
+    ours = {r["id"]: r["stats"] for r in read_rows(cells / "sd-T0-g2.jsonl")}
+    assert vllm.keys() == ours.keys() and len(vllm) == 2
+    for key, theirs in vllm.items():  # one head, one greedy target: the same drafts, accepted the same
+        assert theirs["proposers"]["eagle"]["accepted"] > 0
+        assert theirs["proposers"]["eagle"]["accepted"] == ours[key]["proposers"]["eagle"]["accepted"]
+
+
+def test_vllms_eagle_drafts_what_ours_drafts_from_one_head_of_eagles_layout(vllm_ready, tmp_path):
+    """One head of EAGLE's layout (saved here, loaded by vLLM as an EAGLE checkpoint), one target whose greedy text
+    is partly repetitive (so a head that mixes the feature it reads with the next token's embedding is right
+    some of the time): vLLM's EAGLE and our ``eagle`` proposer give the same tokens and, prompt by prompt, the
+    same number of drafts and of accepted tokens. The same weights read before the final norm (this project's
+    layout) accept differently, so the comparison can tell where a head reads."""
+    import torch
+
+    from pipeline.decoding.feature import attach
+    from pipeline.vllm.engine import Worker
+
+    target = tiny_llama(7, vocab=512, hidden=64, layers=2, init=0.06).to(torch.float32)
+    for config in (target.config, target.generation_config):  # no EOS: every prompt runs to the limit
+        config.eos_token_id = config.bos_token_id = None
+    target.config.max_position_embeddings = 256
+    target.save_pretrained(tmp_path / "target")
+    torch.manual_seed(3)
+    prompts = [torch.randint(0, 512, (8,), generator=torch.Generator().manual_seed(i)).tolist() for i in range(4)]
+    ours = {}
+    for layout in ("eagle", "ours"):
+        head = passing_head(target, layout, embedding=0.5)
+        with torch.no_grad():  # a layer that adds something: the head's own attention and MLP count too
+            head.decoder.layers[0].self_attn.o_proj.weight.normal_(0, 0.02)
+            head.decoder.layers[0].mlp.down_proj.weight.normal_(0, 0.02)
+        attach(target, head)
+        if layout == "eagle":
+            save_head(head, tmp_path / "head", {})
+        ours[layout] = []
+        for prompt in prompts:
+            out = generate([target], prompt, "sd", 3, 32, method_args={"proposer": "eagle"})
+            ours[layout].append((out.token_ids, out.stats.rounds, out.stats.proposers["eagle"].accepted))
+    spec = {"method": "eagle", "model": str(tmp_path / "head"), "num_speculative_tokens": 3}
+    settings = {"model": str(tmp_path / "target"), "dtype": "float32", "speculative_config": spec, "max_model_len": 256}
+    worker = Worker(vllm_ready["python"], {**settings, "skip_tokenizer_init": True}, threads=1)
+    try:
+        ask = {"seed": 0, "max_new_tokens": 32, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "stop_ids": []}
+        replies = [worker.ask({**ask, "prompt_ids": p, "stop_strings": []}) for p in prompts]
+    finally:
+        worker.close()
+    theirs = [(r["token_ids"], r["drafts"], stats_of("vllm_eagle", r, 8, 32).accepted) for r in replies]
+    print("accepted (vLLM, ours, our layout):", [(t[2], e[2], o[2]) for t, e, o in zip(theirs, *ours.values())])
+    assert theirs == ours["eagle"]
+    assert sum(t[2] for t in theirs) > 10
+    assert [o[2] for o in ours["ours"]] != [e[2] for e in ours["eagle"]]
 
 
 def test_vllms_greedy_tokens_match_ours_or_part_at_a_near_tie(vllm_run):

@@ -2,8 +2,9 @@
 of the set, from that model's own last hidden states, which its verification forwards compute anyway.
 
 The head (``pipeline/models/feature_head.py``, attached by ``attach``) maps (f_t, x_{t+1}) to f_{t+1}: the target's
-feature before its final norm at position t and the next token, to the next feature, whose logits give the
-token after. Where the target has computed f_t (positions it has run, read by a hook on its final norm) the head
+feature at position t (before its final norm for this project's heads, after it for EAGLE's layout: ``LAYOUTS``)
+and the next token, to the next feature, whose logits give the token after. Where the target has computed f_t
+(positions it has run, read by a hook on its final norm) the head
 takes the true feature; beyond, its own prediction. Its inputs are kept between rounds in its own KV cache and
 recomputed from the first that changed, or that used a prediction where the true feature has since come. It is
 a proposer like any other: its token is drawn from its own distribution q (argmax when greedy) and the shared
@@ -36,6 +37,20 @@ def attached(model: torch.nn.Module | None) -> torch.nn.Module | None:
     return None if model is None else model.__dict__.get(FEATURE_HEAD)
 
 
+# where a head reads the target's features (``FeatureHead.layout``): this project's heads before its final norm,
+# EAGLE's published checkpoints (as vLLM runs them) after it
+LAYOUTS = {"ours": "before the final norm", "eagle": "after the final norm"}
+
+
+def read_features(model: torch.nn.Module, layout: str, found) -> torch.utils.hooks.RemovableHandle:
+    """Call ``found(hidden)`` (``[batch, n, d]``) with the features a head of ``layout`` reads, on each forward
+    of ``model``'s decoder; returns the hook's handle (``.remove()`` stops it)."""
+    norm = model.model.norm
+    if layout == "eagle":
+        return norm.register_forward_hook(lambda _m, _args, out: found(out))
+    return norm.register_forward_pre_hook(lambda _m, args: found(args[0]))
+
+
 @register_proposer("eagle")
 class FeatureProposer:
     def __init__(self, runner: HFRunner, head, sampling: Sampling, generator: torch.Generator | None):
@@ -47,7 +62,7 @@ class FeatureProposer:
         self.outputs: list[Tensor] = []  # per head input t: its predicted f_{t+1}
         self.true_at: dict[int, int] = {}  # per drafted position: how many true features it was drafted from
         self._reading = True
-        self._hook = runner.model.model.norm.register_forward_pre_hook(self._capture)
+        self._hook = read_features(runner.model, head.layout, self._capture)
         runner.followers.append(self)  # a token tree's compaction moves the features with the cache (tree/cache.py)
 
     @classmethod
@@ -80,10 +95,10 @@ class FeatureProposer:
         if self.features is not None and keep:
             self.features[start : start + len(keep)] = self.features[keep].clone()
 
-    def _capture(self, _module, args) -> None:
+    def _capture(self, hidden: Tensor) -> None:
         if not self._reading:
             return
-        hidden = args[0][0]
+        hidden = hidden[0]
         start, k = self.runner.length, hidden.shape[0]  # the runner counts these tokens once its forward returns
         if self.features is None or self.features.shape[0] < start + k:
             grown = hidden.new_zeros((max(2 * (start + k), 256), hidden.shape[1]))
@@ -154,7 +169,7 @@ class FeatureProposer:
         self._reading = False
         try:
             found: list[Tensor] = []
-            hook = self.runner.model.model.norm.register_forward_pre_hook(lambda _m, a: found.append(a[0][0]))
+            hook = read_features(self.runner.model, self.head.layout, lambda hidden: found.append(hidden[0]))
             try:
                 self.runner.model(input_ids=torch.tensor([tokens[:true]], device=self.runner.device), use_cache=False)
             finally:

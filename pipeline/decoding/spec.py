@@ -23,14 +23,15 @@ from .proposers import DRAFT, NAMED_PROPOSERS
 
 SINGLE_METHODS = ("large_model", "small_model")
 VLLM = "vllm"  # vLLM's autoregressive decoding of the set's first model: the baseline of its speculation
-# other engines' methods: name -> (the method it speeds up, what proposes: the set's draft or prompt
-# lookup, our method it is measured against)
+# other engines' methods: name -> (the method it speeds up, what proposes: the set's draft, prompt lookup or
+# the first model's feature head, our method it is measured against)
 PEERS = {
     "hf_assisted": ("large_model", DRAFT, "sd"),
     "hf_prompt_lookup": ("large_model", "lookup", "sd"),
     "hf_assisted_ensemble": ("we", DRAFT, "we_sd"),
     "vllm_sd": (VLLM, DRAFT, "sd"),  # vLLM's draft-model speculation ("draft_model")
     "vllm_ngram": (VLLM, "lookup", "sd"),  # vLLM's prompt lookup ("ngram", n-grams 2 to 4 as our lookup's)
+    "vllm_eagle": (VLLM, "eagle", "sd"),  # vLLM's EAGLE: the first model's feature head (our sd, proposer eagle)
 }
 # peers whose samples at T > 0 are not their standard method's distribution, measured (docs/exactness.md,
 # docs/vllm.md): why
@@ -176,7 +177,7 @@ class MethodSpec:
 
     @property
     def peer_proposer(self) -> str | None:
-        """What proposes for a peer method: ``draft`` (the set's second model) or ``lookup``."""
+        """What proposes for a peer method: ``draft`` (the set's second model), ``lookup`` or ``eagle``."""
         return PEERS[self.name][1] if self.peer else None
 
     @property

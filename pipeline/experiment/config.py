@@ -225,7 +225,7 @@ def check_config(config: dict[str, Any], schema: dict[str, Any] | None = None) -
     """Validate ``config`` (schema, then names); return it with every default filled in. Raises ConfigError."""
     from tasks import TASKS
 
-    from ..decoding.spec import accepted_args, method_names, proposer_kinds
+    from ..decoding.spec import accepted_args, method_names, parse_method, proposer_kinds
 
     schema = schema or load_schema()
     if errors := schema_errors(config, schema):
@@ -265,6 +265,13 @@ def check_config(config: dict[str, Any], schema: dict[str, Any] | None = None) -
                         f"and models.{members[0]} (of set {name!r}) has none; give it eagle: {{}} (trained here) "
                         "or eagle: <a head's directory>"
                     )
+        for method in grid["methods"]:  # vLLM's EAGLE drafts from a head of the large model that vLLM runs as ours
+            if parse_method(method).peer_proposer == "eagle":
+                from ..vllm.eagle import entry_problem
+
+                for name, members in grid["model_sets"].items():
+                    if why := entry_problem(members[0], models[members[0]].get("eagle")):
+                        raise ConfigError(f"config key grids[{i}].methods: {method} (set {name!r}): {why}")
     names = [g["name"] for g in config["grids"]]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)

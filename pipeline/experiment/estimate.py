@@ -155,7 +155,7 @@ def token_seconds(method: str, t: list[float], gamma: Any, proposer: str, accept
         return sum(t) / len(t) if spec.mixture else sum(t)
     if spec.peer:
         target = sum(t) if spec.ensemble else t[0]
-        draft = 0.0 if spec.peer_proposer == "lookup" else t[-1]
+        draft = t[-1] if spec.peer_proposer == "draft" else 0.0  # lookup and a feature head: as ours are counted
     else:
         target = t[0] if spec.name == "sd" else sum(t) / len(t) if spec.mixture else sum(t)
         draft = min(t) if "draft" in proposer.split("+") and len(t) > 1 else 0.0

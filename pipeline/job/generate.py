@@ -151,6 +151,12 @@ def vllm_runs(cell: Cell, stack: ExitStack):
             "); the workflow's vllm_env rule builds it, or: python -m pipeline.vllm.env"
         )
     paths = [str(resolve(spec)) for spec in cell.models]
+    eagle = None
+    if parse_method(cell.method).peer_proposer == "eagle":  # the first model's feature head, as vLLM's EAGLE model
+        from ..models.resolve import ensure_head
+        from ..vllm.eagle import checkpoint
+
+        eagle = str(checkpoint(ensure_head(cell.models[0])))
     tokenizer = load_tokenizer(paths[0])
     threads = torch.get_num_threads()
     gpu = record["build"] == "gpu"
@@ -164,6 +170,7 @@ def vllm_runs(cell: Cell, stack: ExitStack):
             threads,
             dtype=dtype,
             gpu=gpu,
+            eagle=eagle,
             **cell.sampling(),
         )
     )

@@ -1,7 +1,7 @@
 """A feature-level draft head (the EAGLE family): it drafts from the target model's own last hidden states.
 
 EAGLE (Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty") drafts at the
-level of features: at position t the head takes the target's last hidden state before its final norm, f_t, and
+level of features: at position t the head takes the target's last hidden state (here before its final norm), f_t, and
 the embedding of the next token x_{t+1}, fuses them (``fc``: 2d -> d), runs them through one decoder layer of
 the target's own kind, and so predicts f_{t+1}; the target's final norm and output head (here restricted to the
 kept ids, as a distilled draft's) turn that into the distribution of x_{t+2}. Drafting goes on from predicted
@@ -15,7 +15,9 @@ smooth-L1 regression of the next feature plus ``cls_weight`` times the forward K
 distribution (the teacher's whole distribution over the kept ids), with uniform noise on the input features
 (EAGLE's augmentation), for a fixed number of steps from a seed. A published EAGLE checkpoint (``config.json``
 plus ``pytorch_model.bin`` or ``model.safetensors`` with ``fc.*`` and ``layers.0.*``; the embedding and head
-taken from the target) loads as the same head (``load_head``). docs/proposers.md.
+taken from the target) loads as a head of EAGLE's layout (``load_head``): features after the final norm
+(``FeatureHead``). A head trained here in that layout (``layout: eagle``) is saved as such a checkpoint too, which
+vLLM runs (``vllm_eagle``, docs/vllm.md). docs/proposers.md.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..decoding.feature import attach
+from ..decoding.feature import LAYOUTS, attach, read_features
 from .cache import write_dir
 from .cpu_kernels import pack_linears
 from .distill import (
@@ -59,9 +61,12 @@ class HeadRecipe(Recipe):
     loss: str = "kl"  # the next token's part of the loss: its weight is cls_weight
     cls_weight: float = 0.1
     noise: float = 0.1  # half-width of the uniform noise on the input features while training, in their RMS
+    layout: str = "ours"  # "eagle": EAGLE's published layout, which vLLM loads (FeatureHead, docs/proposers.md)
 
     def __post_init__(self):
         super().__post_init__()
+        if self.layout not in LAYOUTS:
+            raise ModelError(f"feature head layout={self.layout!r}: accepted: {', '.join(LAYOUTS)}")
         for key in ("cls_weight", "noise"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
@@ -71,9 +76,16 @@ class HeadRecipe(Recipe):
 class FeatureHead(nn.Module):
     """``fc`` and a decoder of ``layers`` layers of the target's kind; the target's embedding, final norm and
     (kept rows of its) output head are borrowed, not owned. The decoder's KV cache is the caller's
-    (``new_cache``), so one head serves any number of generations."""
+    (``new_cache``), so one head serves any number of generations.
 
-    def __init__(self, target: nn.Module, kept: list[int] | None, layers: int = 1, bias: bool = True):
+    ``layout`` (``decoding.feature.LAYOUTS``): ``ours`` reads the target's features before its final norm and
+    puts its predictions through that norm before the output head; ``eagle`` is EAGLE-1's as published and as
+    vLLM runs it (``EagleLlamaForCausalLM``): features after the final norm, predictions straight into the output
+    head, and no input norm in the first decoder layer (the fused features enter its attention as they are)."""
+
+    def __init__(
+        self, target: nn.Module, kept: list[int] | None, layers: int = 1, bias: bool = True, layout: str = "ours"
+    ):
         super().__init__()
         from transformers import AutoModel
 
@@ -89,8 +101,17 @@ class FeatureHead(nn.Module):
         d = config.hidden_size
         self.fc = nn.Linear(2 * d, d, bias=bias, dtype=target.dtype)
         self.decoder = AutoModel.from_config(config, dtype=target.dtype)
-        self.decoder.norm = nn.Identity()  # it predicts the feature before the target's final norm
-        self.borrowed = (target.get_input_embeddings(), target.model.norm)  # a tuple: not submodules, not saved
+        self.decoder.norm = nn.Identity()  # it predicts the feature as it reads them: the target's norm is not its own
+        if layout not in LAYOUTS:
+            raise ModelError(f"feature head layout={layout!r}: accepted: {', '.join(LAYOUTS)}")
+        self.layout = layout
+        if layout == "eagle":
+            self.decoder.layers[0].input_layernorm = nn.Identity()
+        out_norm = target.model.norm if layout == "ours" else nn.Identity()
+        self.borrowed = (target.get_input_embeddings(), out_norm)  # a tuple: not submodules, not saved
+        self.target_config = json.loads(
+            target.config.to_json_string(use_diff=False)
+        )  # an EAGLE checkpoint's config.json
         full = target.get_output_embeddings().weight
         self.vocab_size = int(full.shape[0])
         ids = torch.tensor(sorted(kept) if kept else range(self.vocab_size), dtype=torch.long)
@@ -114,7 +135,7 @@ class FeatureHead(nn.Module):
 
     def kept_logits(self, features: torch.Tensor) -> torch.Tensor:
         """Logits over the kept ids ``[..., K]`` of the token after each predicted feature."""
-        return self.borrowed[1].forward(features) @ self.head_rows.T  # forward: not the target's norm hooks
+        return self.borrowed[1].forward(features) @ self.head_rows.T  # forward: not the target's norm hooks (ours)
 
     def logits(self, feature: torch.Tensor) -> torch.Tensor:
         """A full-vocabulary logits row for one predicted feature: -inf outside the kept ids (probability 0)."""
@@ -125,12 +146,25 @@ class FeatureHead(nn.Module):
     def own_state(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.state_dict().items() if not k.startswith("decoder.embed_tokens")}
 
+    def eagle_state(self) -> dict[str, torch.Tensor]:
+        """Its own weights under EAGLE's published names (``fc.*``, ``layers.N.*``)."""
+        return {k.removeprefix("decoder."): v for k, v in self.own_state().items()}
+
+
+def from_eagle_state(raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A head's state from weights under EAGLE's names (``eagle_state``; other weights, such as a published
+    checkpoint's own copy of the embedding, are the target's and left out)."""
+    return {
+        k if k.startswith("fc.") else f"decoder.{k}": v for k, v in raw.items() if k.split(".")[0] in ("fc", "layers")
+    }
+
 
 @torch.no_grad()  # not inference mode: the features are a training target, saved for backward
-def target_features(teacher, sequences: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The teacher's last hidden state before its final norm at every position of each ``[1, n]`` sequence."""
+def target_features(teacher, sequences: list[torch.Tensor], layout: str = "ours") -> list[torch.Tensor]:
+    """The teacher's features at every position of each ``[1, n]`` sequence, as a head of ``layout`` reads them
+    (its last hidden state before its final norm, or after it)."""
     found: list[torch.Tensor] = []
-    hook = teacher.model.norm.register_forward_pre_hook(lambda _m, args: found.append(args[0][0].float().clone()))
+    hook = read_features(teacher, layout, lambda hidden: found.append(hidden[0].float().clone()))
     try:
         for ids in sequences:
             teacher.model(input_ids=ids, use_cache=False)
@@ -167,7 +201,7 @@ def head_acceptance(head: FeatureHead, teacher, held) -> dict:
     agree = soft = total = 0.0
     for prompt, cont, logp in held:
         seq = torch.tensor([prompt + cont])
-        features = target_features(teacher, [seq])[0]
+        features = target_features(teacher, [seq], head.layout)[0]
         predicted = head.step(features[:-1], seq[0, 1:], None, 0)  # output t: the token at t + 2
         first = len(prompt) - 2  # the output that predicts cont[0]
         if first < 0:
@@ -185,8 +219,10 @@ def train_head(teacher, data: TeacherData, recipe: HeadRecipe, curve: bool = Fal
     """A head for ``teacher`` trained on ``data`` by ``recipe``: the head and its facts."""
     teacher.requires_grad_(False)  # its embedding and norm are borrowed by the head: they stay frozen
     torch.manual_seed(recipe.seed)
-    head = FeatureHead(teacher, data.kept if len(data.kept) < teacher.config.vocab_size else None, recipe.layers)
-    features = target_features(teacher, [e.ids for e in data.examples])
+    kept = data.kept if len(data.kept) < teacher.config.vocab_size else None
+    # EAGLE's layout as vLLM loads it: an fc without bias (vLLM's EagleLlamaForCausalLM has none)
+    head = FeatureHead(teacher, kept, recipe.layers, bias=recipe.layout == "ours", layout=recipe.layout)
+    features = target_features(teacher, [e.ids for e in data.examples], recipe.layout)
     scale = float(torch.cat(features).pow(2).mean().sqrt())
     by_id = {id(e): f for e, f in zip(data.examples, features)}
     noise = torch.Generator().manual_seed(recipe.seed)
@@ -223,15 +259,18 @@ def distill_head(teacher, tokenizer, out_dir: Path, recipe: HeadRecipe, teacher_
 
 
 def save_head(head: FeatureHead, out_dir: Path, meta: dict) -> None:
-    """The head's own weights, its kept ids and its layer count, with its facts, written whole or not at all."""
+    """The head's own weights, its kept ids, layer count and layout, with its facts, written whole or not at all.
+    A head of EAGLE's layout is also an EAGLE checkpoint (its weights under EAGLE's names in
+    ``model.safetensors``, beside the target's ``config.json`` of its layer count), which vLLM loads as it is."""
     from safetensors.torch import save_file
 
-    config = {"layers": len(head.decoder.layers), "bias": head.fc.bias is not None}
+    config = {"layers": len(head.decoder.layers), "bias": head.fc.bias is not None, "layout": head.layout}
     config["kept"] = head.kept.tolist() if len(head.kept) < head.vocab_size else None
     files = {HEAD_CONFIG: json.dumps(config), META: json.dumps(meta, indent=2)}
-    write_dir(
-        out_dir, lambda tmp: save_file({k: v.contiguous() for k, v in head.own_state().items()}, tmp / WEIGHTS), files
-    )
+    state, name = (head.own_state(), WEIGHTS) if head.layout == "ours" else (head.eagle_state(), EAGLE_WEIGHTS[0])
+    if head.layout == "eagle":
+        files["config.json"] = json.dumps({**head.target_config, "num_hidden_layers": len(head.decoder.layers)})
+    write_dir(out_dir, lambda tmp: save_file({k: v.contiguous() for k, v in state.items()}, tmp / name), files)
 
 
 def load_head(path: str | Path, target: nn.Module) -> FeatureHead:
@@ -241,8 +280,9 @@ def load_head(path: str | Path, target: nn.Module) -> FeatureHead:
     path = Path(path)
     if (path / HEAD_CONFIG).exists():
         config = json.loads((path / HEAD_CONFIG).read_text())
-        state = _read(path / WEIGHTS)
-        head = FeatureHead(target, config.get("kept"), int(config["layers"]), bool(config.get("bias", True)))
+        layout = config.get("layout", "ours")  # heads saved before layouts were named are this project's
+        head = FeatureHead(target, config.get("kept"), int(config["layers"]), bool(config.get("bias", True)), layout)
+        state = _read(path / WEIGHTS) if layout == "ours" else from_eagle_state(_read(path / EAGLE_WEIGHTS[0]))
     else:
         weights = next((path / f for f in EAGLE_WEIGHTS if (path / f).exists()), None)
         if weights is None or not (path / "config.json").exists():
@@ -254,14 +294,8 @@ def load_head(path: str | Path, target: nn.Module) -> FeatureHead:
         layers = 1 + max((int(k.split(".")[1]) for k in raw if k.startswith("layers.")), default=-1)
         if "fc.weight" not in raw or layers < 1:
             raise ModelError(f"EAGLE checkpoint {weights}: no fc.weight or layers.0.* (first keys: {sorted(raw)[:4]})")
-        state = {
-            k if k.startswith("fc.") else f"decoder.{k}": v
-            for k, v in raw.items()
-            if k.split(".")[0] in ("fc", "layers")
-        }
-        head = FeatureHead(target, None, layers, "fc.bias" in raw)
-        if "layers.0.input_layernorm.weight" not in raw:  # EAGLE's first layer has no input norm: the fused
-            head.decoder.layers[0].input_layernorm = nn.Identity()  # features enter its attention as they are
+        state = from_eagle_state(raw)
+        head = FeatureHead(target, None, layers, "fc.bias" in raw, layout="eagle")
     d = target.config.hidden_size
     if state.get("fc.weight") is None or tuple(state["fc.weight"].shape) != (d, 2 * d):
         shape = None if state.get("fc.weight") is None else tuple(state["fc.weight"].shape)

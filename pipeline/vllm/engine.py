@@ -43,9 +43,12 @@ class VLLMError(UserError):
     """A vLLM worker could not start or answer (one line: vLLM's own reason)."""
 
 
-def speculative_config(method: str, gamma: int, paths: Sequence[str]) -> dict[str, Any] | None:
-    """vLLM's ``speculative_config`` for a method: None for ``vllm``; the set's draft (``vllm_sd``) or prompt lookup
-    (``vllm_ngram``) proposing ``gamma`` tokens a step."""
+def speculative_config(
+    method: str, gamma: int, paths: Sequence[str], eagle: str | None = None
+) -> dict[str, Any] | None:
+    """vLLM's ``speculative_config`` for a method: None for ``vllm``; the set's draft (``vllm_sd``), prompt lookup
+    (``vllm_ngram``) or the EAGLE checkpoint ``eagle`` (``vllm_eagle``, ``eagle.checkpoint``) proposing ``gamma``
+    tokens a step."""
     spec = parse_method(method)
     if spec.engine != VLLM:
         raise UserError(f"{method!r} is not one of vLLM's methods")
@@ -53,6 +56,10 @@ def speculative_config(method: str, gamma: int, paths: Sequence[str]) -> dict[st
         return None
     if spec.peer_proposer == DRAFT:
         return {"method": "draft_model", "model": str(paths[1]), "num_speculative_tokens": gamma}
+    if spec.peer_proposer == "eagle":
+        if eagle is None:
+            raise UserError(f"{method!r} needs the first model's feature head as an EAGLE checkpoint")
+        return {"method": "eagle", "model": str(eagle), "num_speculative_tokens": gamma}
     return {"method": "ngram", "num_speculative_tokens": gamma, **NGRAM}
 
 
@@ -127,9 +134,18 @@ class Worker:
 
 def stats_of(method: str, reply: dict[str, Any], prompt_tokens: int, new_tokens: int) -> GenerationStats:
     """Our record of one vLLM generation: its wall time and, from vLLM's spec-decode counters, the target's steps
-    (each yields one token of its own beside the drafts it accepts), the drafts proposed and accepted."""
+    (each yields one token of its own beside the drafts it accepts), the drafts proposed and accepted.
+
+    vLLM's counters count the drafts its last step accepted even where ``max_tokens`` cut them off the output.
+    Where every step drafts (a draft model, EAGLE: the prompt's step makes one token, each step after it one
+    beside those it accepts), the tokens made give the drafts cut off, and they are not counted accepted, as
+    ours stop at the limit; prompt lookup skips steps it finds no n-gram for, so its count stays vLLM's. The
+    per-position counts stay vLLM's."""
     spec, made = parse_method(method), len(reply["token_ids"])
-    steps = made - reply["accepted"]
+    accepted = reply["accepted"]
+    if spec.peer_proposer in (DRAFT, "eagle"):  # every step after the prompt's drafts: 1 + drafts + accepted
+        accepted -= max(0, reply["drafts"] + accepted - made)  # tokens made, where max_tokens cut none off
+    steps = made - accepted
     stats = GenerationStats(method=method, prompt_tokens=prompt_tokens, new_tokens=new_tokens)
     stats.wall_time_s = reply["wall_s"]
     stats.models = [ModelStats(forward_calls=steps)]
@@ -138,13 +154,13 @@ def stats_of(method: str, reply: dict[str, Any], prompt_tokens: int, new_tokens:
             forward_calls=reply["drafts"] if spec.peer_proposer == DRAFT else 0,
             proposed=reply["draft_tokens"],
             verified=reply["draft_tokens"],
-            accepted=reply["accepted"],
+            accepted=accepted,
         )
         if spec.peer_proposer == DRAFT:
             stats.models.append(drafted)
         else:
-            stats.proposers = {"lookup": drafted}
-        stats.rounds, stats.accepted = reply["drafts"], reply["accepted"]
+            stats.proposers = {spec.peer_proposer: drafted}  # lookup, or eagle: as our proposers are named
+        stats.rounds, stats.accepted = reply["drafts"], accepted
         stats.position_accepted = list(reply["accepted_per_pos"])
         stats.position_verified = [reply["drafts"]] * len(stats.position_accepted)  # vLLM's own denominator
     else:
@@ -171,12 +187,13 @@ class VLLMRun:
         top_p: float = 1.0,
         dtype: str = "float32",
         gpu: bool = False,
+        eagle: str | None = None,
         log=None,
     ):
         if gamma_schedule != "fixed":
             raise UserError(f"gamma_schedule={gamma_schedule!r}: vLLM's speculation takes a fixed gamma")
         self.python, self.paths, self.tokenizer, self.eos_ids = python, list(paths), tokenizer, eos_ids
-        self.threads, self.dtype, self.gpu, self.log = threads, dtype, gpu, log
+        self.threads, self.dtype, self.gpu, self.eagle, self.log = threads, dtype, gpu, eagle, log
         self.gamma = gamma[-1] if isinstance(gamma, list) else gamma
         self.sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
         self.max_new_tokens = max_new_tokens
@@ -190,7 +207,7 @@ class VLLMRun:
                 "model": str(self.paths[0]),
                 "dtype": self.dtype,
                 "enforce_eager": bool(method_args.get("eager", True)),
-                "speculative_config": speculative_config(method, self.gamma, self.paths),
+                "speculative_config": speculative_config(method, self.gamma, self.paths, self.eagle),
                 "max_model_len": 4096,
                 "gpu_share": GPU_SHARE if self.gpu else None,
             }

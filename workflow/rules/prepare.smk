@@ -41,7 +41,7 @@ rule prepare_model:
 
 # vLLM's own environment (pipeline/vllm/env.py: a virtual environment from the pinned lock in workflow/envs/), built
 # once per machine into the model cache where Snakemake runs (on a cluster: the login node, where the registry is),
-# for the generation jobs of vLLM's cells (methods vllm, vllm_sd, vllm_ngram). Its record names the interpreter.
+# for the generation jobs of vLLM's cells (methods vllm, vllm_sd, vllm_ngram, vllm_eagle). Its record names the interpreter.
 rule vllm_env:
     output:
         f"{RESULTS}/envs/vllm.json",
