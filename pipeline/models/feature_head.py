@@ -109,9 +109,8 @@ class FeatureHead(nn.Module):
             self.decoder.layers[0].input_layernorm = nn.Identity()
         out_norm = target.model.norm if layout == "ours" else nn.Identity()
         self.borrowed = (target.get_input_embeddings(), out_norm)  # a tuple: not submodules, not saved
-        self.target_config = json.loads(
-            target.config.to_json_string(use_diff=False)
-        )  # an EAGLE checkpoint's config.json
+        # the target's config: an EAGLE checkpoint's config.json, of the head's layer count (save_head)
+        self.target_config = json.loads(target.config.to_json_string(use_diff=False))
         full = target.get_output_embeddings().weight
         self.vocab_size = int(full.shape[0])
         ids = torch.tensor(sorted(kept) if kept else range(self.vocab_size), dtype=torch.long)
