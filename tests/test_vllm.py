@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pandas as pd
 import pytest
@@ -277,29 +278,22 @@ def vllm_ready():
 @pytest.fixture(scope="module")
 def vllm_run(tmp_path_factory, smol_tokenizer, vllm_ready):
     """The workflow on tiny models vLLM's CPU attention takes (heads of 32): our large_model and sd, vLLM's
-    prompt lookup and draft-model speculation (an identical draft) and its decoding, at T=0; and vLLM's EAGLE
-    beside our sd with the same feature head."""
+    prompt lookup, draft-model speculation (an identical draft) and EAGLE (a feature head of EAGLE's layout on the
+    first model) and its decoding, at T=0."""
     work = tmp_path_factory.mktemp("vllm")
     target = save_tiny(work / "tiny32", smol_tokenizer, hidden=64)
     save_head(passing_head(AutoModelForCausalLM.from_pretrained(target), "eagle", 0.5), work / "head", {})
     config = {
         "experiment": "vllm-tiny",
         "models": {
-            "tiny32": {"source": str(target)},
+            "tiny32": {"source": str(target), "eagle": str(work / "head")},
             "tiny32-copy": {"source": str(target)},
-            "tiny32-eagle": {"source": str(target), "eagle": str(work / "head")},
         },
         "grids": [
             {
                 "name": "engines",
                 "model_sets": {"pair": ["tiny32", "tiny32-copy"]},
-                "methods": ["large_model", "sd", "vllm_ngram", "vllm_sd", "vllm"],
-            },
-            {  # vLLM's EAGLE and ours, from one head of EAGLE's layout
-                "name": "eagle",
-                "model_sets": {"headed": ["tiny32-eagle"]},
-                "methods": ["sd", "vllm_eagle"],
-                "proposer": "eagle",
+                "methods": ["large_model", "sd", "vllm_ngram", "vllm_sd", "vllm_eagle", "vllm"],
             },
         ],
         "datasets": {"humaneval": {"size": 2}},
@@ -335,17 +329,15 @@ def test_vllm_cells_run_end_to_end_lossless_at_t0_against_vllms_own_decoding(vll
     assert [r["token_ids"] for r in derived] == [source[r["id"]]["baseline"]["token_ids"] for r in derived]
 
 
-def test_vllms_eagle_cell_runs_end_to_end_from_the_models_head_and_drafts_as_ours(vllm_run):
+def test_vllms_eagle_cell_runs_end_to_end_from_the_first_models_head(vllm_run):
+    """The config names the head on the first model; the job hands it to vLLM as an EAGLE checkpoint. Whether
+    vLLM drafts what ours does from it: ``test_vllms_eagle_drafts_what_ours_drafts_from_one_head_of_eagles_layout``."""
     work, _ = vllm_run
-    cells = work / "results" / "generations" / "humaneval" / "headed"
+    cells = work / "results" / "generations" / "humaneval" / "pair"
     speed = json.loads((cells / "vllm_eagle-T0-g2.speed.json").read_text())
     assert speed["exactness"]["rate"] == 1.0 and speed["speedup_ci_low"] is not None, speed["exactness"]
-    vllm = {r["id"]: r["stats"] for r in read_rows(cells / "vllm_eagle-T0-g2.jsonl")}
-    ours = {r["id"]: r["stats"] for r in read_rows(cells / "sd-T0-g2.jsonl")}
-    assert vllm.keys() == ours.keys() and len(vllm) == 2
-    for key, theirs in vllm.items():  # one head, one greedy target: the same drafts, accepted the same
-        assert theirs["proposers"]["eagle"]["accepted"] > 0
-        assert theirs["proposers"]["eagle"]["accepted"] == ours[key]["proposers"]["eagle"]["accepted"]
+    rows = read_rows(cells / "vllm_eagle-T0-g2.jsonl")
+    assert len(rows) == 2 and all(r["stats"]["proposers"]["eagle"]["accepted"] > 0 for r in rows)
 
 
 def test_vllms_eagle_drafts_what_ours_drafts_from_one_head_of_eagles_layout(vllm_ready, tmp_path):
@@ -423,7 +415,7 @@ def test_the_tables_set_vllm_beside_ours_and_say_the_engines_ran_in_other_jobs(v
     print(f"vLLM's tiny workflow: {seconds:.0f} s")
 
 
-SEEDS = 600  # the biases are large (total variation 0.13 to 0.43 at 2,000 seeds): 600 reject each below 1e-4
+SEEDS = 400  # the biases are large (total variation 0.25 to 0.50 at 2,000 seeds): 400 reject each below 1e-4
 
 
 def test_vllms_speculation_is_biased_at_t1_on_its_cpu_build(vllm_ready, tmp_path):
@@ -475,23 +467,29 @@ def test_vllms_speculation_is_biased_at_t1_on_its_cpu_build(vllm_ready, tmp_path
         ("vllm_eagle", {"method": "eagle", "model": str(tmp_path / "head")}, prompt),
         ("vllm_ngram", {"method": "ngram", **NGRAM}, every_pair),
     ]
-    found = {}
-    for method, spec, context in runs:
+
+    def start(spec):  # the four engines start side by side: their start-up is most of this test's time
         spec = spec and {**spec, "num_speculative_tokens": 1}
         settings = {"model": str(tmp_path / "target"), "dtype": "float32", "speculative_config": spec}
-        worker = Worker(vllm_ready["python"], {**settings, "max_model_len": 64, "skip_tokenizer_init": True}, 1)
-        joint, drafts = np.zeros((vocab, vocab)), 0
-        try:
+        return Worker(vllm_ready["python"], {**settings, "max_model_len": 64, "skip_tokenizer_init": True}, 1)
+
+    with ThreadPoolExecutor(len(runs)) as pool:
+        workers = list(pool.map(start, [spec for _, spec, _ in runs]))
+    found = {}
+    try:
+        for (method, _, context), worker in zip(runs, workers):
+            joint, drafts = np.zeros((vocab, vocab)), 0
             for seed in range(SEEDS):
                 ask = {"prompt_ids": context, "seed": seed, "max_new_tokens": 2, "temperature": 1.0, "top_k": 0}
                 reply = worker.ask({**ask, "top_p": 1.0, "stop_ids": [], "stop_strings": []})
                 joint[reply["token_ids"][0], reply["token_ids"][1]] += 1
                 drafts += reply["drafts"]
-        finally:
+            want = exact(context)
+            found[method] = (chi_square_pvalue(joint, want), 0.5 * float(np.abs(joint / SEEDS - want).sum()), drafts)
+            print(f"{method}: chi-square p = {found[method][0]:.3g}, total variation {found[method][1]:.3f}")
+    finally:
+        for worker in workers:
             worker.close()
-        want = exact(context)
-        found[method] = (chi_square_pvalue(joint, want), 0.5 * float(np.abs(joint / SEEDS - want).sum()), drafts)
-        print(f"{method}: chi-square p = {found[method][0]:.3g}, total variation {found[method][1]:.3f}")
     assert found["vllm"][0] > 1e-3 and found["vllm"][2] == 0  # vLLM's decoding samples the target
     for method in ("vllm_sd", "vllm_eagle", "vllm_ngram"):
         assert found[method][2] == SEEDS, method  # it proposed the second token every time
