@@ -52,6 +52,12 @@ HEAD_CONFIG = "feature_head.json"
 EAGLE_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # a published EAGLE checkpoint's weight files
 
 
+def check_layout(layout: str) -> None:
+    """One line (``ModelError``) naming a layout that is none of ``LAYOUTS``."""
+    if layout not in LAYOUTS:
+        raise ModelError(f"feature head layout={layout!r}: accepted: {', '.join(LAYOUTS)}")
+
+
 @dataclass
 class HeadRecipe(Recipe):
     layers: int = 1  # the head's decoder layers
@@ -65,8 +71,7 @@ class HeadRecipe(Recipe):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.layout not in LAYOUTS:
-            raise ModelError(f"feature head layout={self.layout!r}: accepted: {', '.join(LAYOUTS)}")
+        check_layout(self.layout)
         for key in ("cls_weight", "noise"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
@@ -102,8 +107,7 @@ class FeatureHead(nn.Module):
         self.fc = nn.Linear(2 * d, d, bias=bias, dtype=target.dtype)
         self.decoder = AutoModel.from_config(config, dtype=target.dtype)
         self.decoder.norm = nn.Identity()  # it predicts the feature as it reads them: the target's norm is not its own
-        if layout not in LAYOUTS:
-            raise ModelError(f"feature head layout={layout!r}: accepted: {', '.join(LAYOUTS)}")
+        check_layout(layout)
         self.layout = layout
         if layout == "eagle":
             self.decoder.layers[0].input_layernorm = nn.Identity()

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from ..models.feature_head import EAGLE_WEIGHTS, HEAD_CONFIG
+from ..models.feature_head import EAGLE_WEIGHTS, HEAD_CONFIG, HeadRecipe
+from ..models.resolve import recipe_of
 
 TRAIN_FOR_VLLM = "eagle: {layout: eagle, head_tokens: 0}"  # a recipe whose head vLLM runs as ours does
 
@@ -25,12 +26,16 @@ def entry_problem(model: str, eagle: str | dict[str, Any] | None) -> str | None:
     may; a directory is checked when the job starts, ``checkpoint``)."""
     if eagle is None:
         return f"model {model!r} has no feature head; give it {TRAIN_FOR_VLLM} or a published EAGLE checkpoint"
-    if isinstance(eagle, dict) and (eagle.get("layout", "ours") != "eagle" or eagle.get("head_tokens") != 0):
+    if isinstance(eagle, dict) and not _runs_in_vllm(recipe_of(HeadRecipe, eagle, f"eagle settings for {model!r}")):
         return (
             f"vLLM runs EAGLE's layout over the whole vocabulary, and model {model!r}'s head recipe "
             f"{json.dumps(eagle)} is not; give it {TRAIN_FOR_VLLM}"
         )
     return None
+
+
+def _runs_in_vllm(recipe: HeadRecipe) -> bool:
+    return recipe.layout == "eagle" and recipe.head_tokens == 0  # EAGLE's layout over the whole vocabulary
 
 
 def checkpoint(head: Path) -> Path:
