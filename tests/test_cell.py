@@ -146,5 +146,7 @@ def test_a_registered_proposer_is_a_proposer_kind_everywhere(trio):
         assert check_config({**config, "proposer": "repeat+draft"})["proposer"] == "repeat+draft"
     finally:
         NAMED_PROPOSERS.pop("repeat")
-    with pytest.raises(UserError, match=r"config key proposer: \"repeat\" is not accepted; expected one of draft, "):
+    with pytest.raises(
+        UserError, match=r"config key proposer: \"repeat\" is not accepted; expected draft, a registered "
+    ):
         check_config({**config, "proposer": "repeat"})

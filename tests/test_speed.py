@@ -223,20 +223,20 @@ def test_the_speed_record_is_one_type_with_one_json_form(cell, tmp_path):
     # what the tables and results.json publish (cells.csv's columns in their order): a tag lost is a column lost
     assert " ".join(CELLS_CSV) == (
         "samples new_tokens tokens_per_s baseline_tokens_per_s speedup_side_by_side speedup_ci_low speedup_ci_high "
-        "tau tau_by_model acceptance_rate draft_acceptance_rate position_acceptance predicted_speedup exact_match "
-        "mismatches_numerics mismatches_bug mismatches_unchecked pairs_interfered pairs_remeasured overhead "
-        "union_size union_map_s unstable flags"
+        "tau tau_by_model acceptance_rate draft_acceptance_rate ceiling proposal_cost position_acceptance "
+        "predicted_speedup exact_match mismatches_numerics mismatches_bug mismatches_unchecked pairs_interfered "
+        "pairs_remeasured overhead union_size union_map_s unstable flags"
     )
     assert " ".join(SPEED) == (
         "samples new_tokens tokens_per_s baseline_tokens_per_s speedup_side_by_side tau tau_by_model acceptance_rate "
-        "draft_acceptance_rate position_acceptance predicted_speedup pairs_interfered pairs_remeasured overhead "
-        "union_size union_map_s"
+        "draft_acceptance_rate ceiling proposal_cost position_acceptance predicted_speedup pairs_interfered "
+        "pairs_remeasured overhead union_size union_map_s"
     )
     assert set(SPEED_KEYS) == set(
         "samples new_tokens wall_time_s tokens_per_s baseline_tokens_per_s speedup_side_by_side speedup_ci_low "
         "speedup_ci_high speedup_ci_method confidence tau tau_by_model acceptance_rate draft_acceptance_rate "
-        "predicted_speedup overhead union_size union_map_s pairs_interfered pairs_remeasured unstable flags "
-        "provenance".split()
+        "ceiling proposal_cost predicted_speedup overhead union_size union_map_s pairs_interfered pairs_remeasured "
+        "unstable flags provenance".split()
     )
     alone = summarize([{k: v for k, v in r.items() if k != "baseline"} for r in read_rows(out)]).to_json()
     assert "speedup_side_by_side" not in alone and "predicted_speedup" not in alone and alone["samples"] == 4

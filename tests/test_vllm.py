@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 
 from pipeline.decoding import generate
 from pipeline.decoding.lookup import PromptLookup
-from pipeline.decoding.spec import method_names, parse_method
+from pipeline.decoding.spec import PR55006, method_names, parse_method
 from pipeline.errors import ArgumentError, UserError
 from pipeline.measure.acceptance import decoding_metrics
 from pipeline.measure.speed import Policy
@@ -418,13 +418,13 @@ def test_the_tables_set_vllm_beside_ours_and_say_the_engines_ran_in_other_jobs(v
 SEEDS = 400  # the biases are large (total variation 0.25 to 0.50 at 2,000 seeds): 400 reject each below 1e-4
 
 
-def test_vllms_speculation_is_biased_at_t1_on_its_cpu_build(vllm_ready, tmp_path):
+def test_vllms_speculation_is_biased_at_t1_on_its_cpu_build_and_exact_with_its_shim_corrected(vllm_ready, tmp_path):
     """vLLM's speculation at T = 1 against the target's exact joint of the first two tokens (vocabulary 8, γ = 1):
-    draft-model speculation (an unrelated draft), whose rejection sampler is not given the draft's probabilities
-    (vLLM issue #40149); and, on this CPU build, prompt lookup and EAGLE too, whose proposals are deterministic (a
-    one-hot draft, exact by the rule) but whose drafts are accepted far less often than the target's probability
-    of them. Each is rejected by the chi-square test; vLLM's own decoding, sampled the same way, is not (so the
-    test can tell them apart). docs/vllm.md, "Exactness"."""
+    draft-model speculation (an unrelated draft), prompt lookup and EAGLE. On this CPU build each is rejected by the
+    chi-square test: its ``expand_kernel`` shim discards what it computes, so the rejection sampler divides the
+    target's logits by uninitialised memory as temperature (vLLM issue #55005). With that shim alone corrected in
+    the worker (``*_pr55006``: the behaviour of vLLM's fix, PR #55006) each passes, its drafts accepted; vLLM's own
+    decoding, sampled the same way, passes too (so the test can tell them apart). docs/vllm.md, "Exactness"."""
     import numpy as np
     import torch
 
@@ -461,39 +461,49 @@ def test_vllms_speculation_is_biased_at_t1_on_its_cpu_build(vllm_ready, tmp_path
                 ]
             )
 
-    runs = [
-        ("vllm", None, prompt),
+    speculative = [
         ("vllm_sd", {"method": "draft_model", "model": str(tmp_path / "draft")}, prompt),
         ("vllm_eagle", {"method": "eagle", "model": str(tmp_path / "head")}, prompt),
         ("vllm_ngram", {"method": "ngram", **NGRAM}, every_pair),
     ]
+    runs = [("vllm", None, prompt, False), *((m, s, c, False) for m, s, c in speculative)]
+    runs += [(f"{m}{PR55006}", s, c, True) for m, s, c in speculative]
 
-    def start(spec):  # the four engines start side by side: their start-up is most of this test's time
+    def start(run):  # the engines start side by side: their start-up is most of this test's time
+        _, spec, _, fix = run
         spec = spec and {**spec, "num_speculative_tokens": 1}
         settings = {"model": str(tmp_path / "target"), "dtype": "float32", "speculative_config": spec}
-        return Worker(vllm_ready["python"], {**settings, "max_model_len": 64, "skip_tokenizer_init": True}, 1)
+        settings |= {"max_model_len": 64, "skip_tokenizer_init": True, "expand_fix": fix}
+        return Worker(vllm_ready["python"], settings, 1)
 
     with ThreadPoolExecutor(len(runs)) as pool:
-        workers = list(pool.map(start, [spec for _, spec, _ in runs]))
+        workers = list(pool.map(start, runs))
     found = {}
     try:
-        for (method, _, context), worker in zip(runs, workers):
-            joint, drafts = np.zeros((vocab, vocab)), 0
+        for (method, _, context, fix), worker in zip(runs, workers):
+            assert ("expand_fix" in worker.versions) == fix and (
+                not fix or worker.versions["expand_fix"].startswith("applied")
+            )
+            joint, drafts, accepted = np.zeros((vocab, vocab)), 0, 0
             for seed in range(SEEDS):
                 ask = {"prompt_ids": context, "seed": seed, "max_new_tokens": 2, "temperature": 1.0, "top_k": 0}
                 reply = worker.ask({**ask, "top_p": 1.0, "stop_ids": [], "stop_strings": []})
                 joint[reply["token_ids"][0], reply["token_ids"][1]] += 1
-                drafts += reply["drafts"]
+                drafts, accepted = drafts + reply["drafts"], accepted + reply["accepted"]
             want = exact(context)
-            found[method] = (chi_square_pvalue(joint, want), 0.5 * float(np.abs(joint / SEEDS - want).sum()), drafts)
-            print(f"{method}: chi-square p = {found[method][0]:.3g}, total variation {found[method][1]:.3f}")
+            tv = 0.5 * float(np.abs(joint / SEEDS - want).sum())
+            found[method] = (chi_square_pvalue(joint, want), tv, drafts, accepted)
+            print(f"{method}: chi-square p = {found[method][0]:.3g}, total variation {tv:.3f}, accepted {accepted}")
     finally:
         for worker in workers:
             worker.close()
     assert found["vllm"][0] > 1e-3 and found["vllm"][2] == 0  # vLLM's decoding samples the target
-    for method in ("vllm_sd", "vllm_eagle", "vllm_ngram"):
+    for method, _, _ in speculative:
         assert found[method][2] == SEEDS, method  # it proposed the second token every time
         assert found[method][0] < 1e-4 and found[method][1] > 0.1, method  # and the result is not the target's
+        fixed = found[f"{method}{PR55006}"]
+        assert fixed[2] == SEEDS and fixed[3] > 0.05 * SEEDS, method  # corrected: it drafts, and drafts are kept
+        assert fixed[0] > 1e-3, method  # and the result is the target's
 
 
 def test_lm_evals_vllm_model_runs_in_vllms_environment_and_scores_as_its_hf_model(vllm_ready, tmp_path, smol_tokenizer):

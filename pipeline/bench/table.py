@@ -12,6 +12,7 @@ from typing import Any
 
 from pipeline.bench.variants import Variant, same_budget_chain
 from pipeline.decoding.spec import PEERS, parse_method
+from pipeline.measure.acceptance import decoding_metrics
 from pipeline.measure.cost import predicted_speedup
 from pipeline.measure.speed import fmt as speed_fmt
 from pipeline.measure.speed import series_speedup, speedup_ratio
@@ -46,10 +47,13 @@ class Totals:
         self.outputs.append(r.token_ids)
 
 
-def measure(runs: list[tuple[str, Callable]], prompts: list[list[int]], max_new: int, warm_up: int, desc=None):
+def measure(
+    runs: list[tuple[str, Callable]], prompts: list[list[int]], max_new: int, warm_up: int, desc=None, done=None
+):
     """Totals by label of every run (``(label, run)``, ``run(ids, max_new_tokens, seed)`` a ``GenerationResult``)
     over every prompt, in an order rotated per prompt so that no run always goes first, after an untimed warm-up
-    of ``warm_up`` tokens on the first prompt; ``desc``: a progress bar on stderr."""
+    of ``warm_up`` tokens on the first prompt; ``desc``: a progress bar on stderr; ``done(i, results)``, if given,
+    is called once prompt ``i`` has run every run (its results by label)."""
     from tqdm import tqdm
 
     for _, run in runs:  # warm-up, not timed
@@ -57,9 +61,13 @@ def measure(runs: list[tuple[str, Callable]], prompts: list[list[int]], max_new:
     totals: dict[str, Totals] = defaultdict(Totals)
     with tqdm(total=len(prompts) * len(runs), desc=desc, unit="run", file=sys.stderr, disable=desc is None) as bar:
         for i, ids in enumerate(prompts):
+            results = {}
             for label, run in runs[i % len(runs) :] + runs[: i % len(runs)]:
-                totals[label].add(run(ids, max_new, i))
+                results[label] = run(ids, max_new, i)
+                totals[label].add(results[label])
                 bar.update()
+            if done is not None:
+                done(i, results)
     return totals
 
 
@@ -89,6 +97,7 @@ def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
         speedup, ci = _speedup(t, base[v.group])
         same = sum(tokens == ref for tokens, ref in zip(t.outputs, base[v.group].outputs))  # token for token (greedy)
         pairs = [{"stats": m, "baseline": {"stats": b}} for m, b in zip(t.stats, base[v.group].stats)]
+        metrics = decoding_metrics(t.stats)  # the ceiling and the proposers' cost, as a cell's speed record has them
         row = {
             "group": v.group,
             "method": v.label,
@@ -103,6 +112,7 @@ def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
             "predicted": None if t is base[v.group] else predicted_speedup(pairs),  # counted forwards, measured costs
             "per_prompt": t.per_prompt,  # (tokens, wall s) per prompt: any two rows' ratio with its interval
             "identical": f"{same}/{len(t.outputs)}" if v.temperature == 0 else "-",
+            **{k: metrics[k] for k in ("ceiling", "proposal_cost")},
         }
         named = f"{parse_method(v.method).ours} g={v.gamma}"  # in a sweep of proposers: the first one's
         ours = next((label for label in totals if label == named or label.startswith(f"{named} [")), None)
@@ -187,8 +197,8 @@ def render_table(rows: list[dict]) -> str:
         return "-" if x is None else format(x, spec)
 
     head = (
-        f"| {'group':8} | {'method':18} | tok/s | {'speed-up [95% interval]':23} | predicted | accept |    τ "
-        "| overhead | same as baseline |"
+        f"| {'group':8} | {'method':18} | tok/s | {'speed-up [95% interval]':23} | predicted | accept | ceiling "
+        "|    τ | overhead | prop. cost | same as baseline |"
     )
     lines = [head, "|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|"]
     for r in rows:
@@ -203,7 +213,7 @@ def render_table(rows: list[dict]) -> str:
         lines.append(
             f"| {r['group']:8} | {r['method']:18} | {r['tok_per_s']:5.1f} | {speedup:23} | "
             f"{fmt(r['predicted'], '8.2f') + 'x' if r['predicted'] else '-':>9} | "
-            f"{fmt(r['acceptance'], '6.1%')} | {fmt(r['tau'], '4.2f')} | "
-            f"{fmt(r['overhead'], '8.1%')} | {r['identical']}{extra} |"
+            f"{fmt(r['acceptance'], '6.1%')} | {fmt(r.get('ceiling'), '7.1%')} | {fmt(r['tau'], '4.2f')} | "
+            f"{fmt(r['overhead'], '8.1%')} | {fmt(r.get('proposal_cost'), '10.2%')} | {r['identical']}{extra} |"
         )
     return "\n".join(lines)

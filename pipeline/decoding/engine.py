@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -94,6 +94,7 @@ class Decoder:
     dynamic: DynamicGamma | None = None  # None: every turn keeps its gamma
     fixed_turns: frozenset[int] = frozenset()  # turns that keep their gamma under a dynamic schedule (and a tree)
     mixture: Tensor | None = None  # [1, len(targets)]: the weights of a mixture method (one member per position)
+    watchers: list = field(default_factory=list)  # proposers that read the target's rows (NamedProposer.watches)
 
     def run(
         self,
@@ -131,14 +132,32 @@ class Decoder:
         step, vocab = start - self.prompt_len, rows[0].shape[-1]
         if self.sampling.greedy:
             if self.target_fn is single_model:  # argmax softmax(l) = argmax l: skip the softmax
-                return check_output(rows[0], single_model, step, stop - start, vocab, logits=True).argmax(dim=-1)
-            out = self.target_fn(rows, Sampling.identity())
-            return check_output(out, self.target_fn, step, stop - start, vocab, inputs=rows).argmax(dim=-1)
+                out = check_output(rows[0], single_model, step, stop - start, vocab, logits=True)
+            else:
+                out = self.target_fn(rows, Sampling.identity())
+                out = check_output(out, self.target_fn, step, stop - start, vocab, inputs=rows)
+            self._show(start, stop, out)
+            return out.argmax(dim=-1)
         out = self.target_fn(rows, self.sampling)
-        return check_output(out, self.target_fn, step, stop - start, vocab, inputs=rows, sampling=self.sampling)
+        out = check_output(out, self.target_fn, step, stop - start, vocab, inputs=rows, sampling=self.sampling)
+        self._show(start, stop, out)
+        return out
+
+    def _show(self, start: int, stop: int, rows: Tensor) -> None:
+        """The target's rows at positions [start, stop) to the proposers that watch them (before acceptance)."""
+        for watcher in self.watchers:
+            watcher.observe(self.tokens[start - 1 : stop - 1], rows)
+
+    def _show_tree(self, tree, rows: Tensor) -> None:
+        """A token tree's target rows (the root's, then each node's) to the proposers that watch them."""
+        if self.watchers:
+            before = [self.tokens[self.committed - 1], *(node.token for node in tree.nodes)]
+            for watcher in self.watchers:
+                watcher.observe(before, rows)
 
     def _draw_target(self) -> int:
         dist = self._target(self.committed, self.committed + 1)
+        self.stats.record_ceiling(None if self.sampling.greedy else dist, 1)
         return int(dist[0] if self.sampling.greedy else sample(dist, self.generator)[0])
 
     # ---- committing ---------------------------------------------------------------
@@ -274,6 +293,9 @@ class Decoder:
         else:
             accepted, fix = verify_sampled(target, proposed, [p.q for p in pending], self.generator)
         self.stats.record_round(count, accepted)
+        if self.mixture is None:  # the positions this round commits (a mixture's target is no one distribution)
+            n = min(accepted + 1, count)
+            self.stats.record_ceiling(None if self.sampling.greedy else target[:n], n)
         for j, p in enumerate(pending[: accepted + 1]):
             p.by.stats.verified += 1
             p.by.stats.accepted += j < accepted

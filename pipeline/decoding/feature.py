@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ArgumentError
-from .proposers import Proposal, register_proposer
+from .proposers import NamedProposer, Proposal, ProposerSetup, register_proposer
 from .runner import HFRunner
 from .sampling import Sampling, probs, sample
 from .stats import ModelStats
@@ -52,7 +52,9 @@ def read_features(model: torch.nn.Module, layout: str, found) -> torch.utils.hoo
 
 
 @register_proposer("eagle")
-class FeatureProposer:
+class FeatureProposer(NamedProposer):
+    branches = True  # a distribution per node (``logits``): EAGLE-2's dynamic trees grow by it
+
     def __init__(self, runner: HFRunner, head, sampling: Sampling, generator: torch.Generator | None):
         self.runner, self.head, self.sampling, self.generator = runner, head, sampling, generator
         self.stats = ModelStats()
@@ -66,9 +68,10 @@ class FeatureProposer:
         runner.followers.append(self)  # a token tree's compaction moves the features with the cache (tree/cache.py)
 
     @classmethod
-    def for_decoder(cls, members, sampling: Sampling, generator: torch.Generator | None) -> FeatureProposer:
+    def for_decoder(cls, setup: ProposerSetup) -> FeatureProposer:
         """The proposer of the first member with an attached head; one line when none has one or it cannot run."""
-        for member in members:
+        sampling, generator = setup.sampling, setup.generator
+        for member in setup.members:
             head = attached(getattr(member.runner, "model", None))
             if head is None:
                 continue

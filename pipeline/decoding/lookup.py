@@ -8,23 +8,23 @@ rule keeps it lossless.
 
 from __future__ import annotations
 
+import time
 from array import array
 
 from ..errors import ArgumentError
-from .proposers import Proposal, register_proposer
+from .proposers import NamedProposer, Proposal, register_proposer
 from .stats import ModelStats
 
 
 @register_proposer("lookup")
-class PromptLookup:
+class PromptLookup(NamedProposer):
+    branches = True  # several continuations (``continuations``): a token tree's lookup branches
+
     def __init__(self, max_ngram: int = 4, min_ngram: int = 2):
         if not 1 <= min_ngram <= max_ngram:
             raise ArgumentError(f"lookup n-gram range {min_ngram}..{max_ngram} is empty")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.stats = ModelStats()
-
-    def feed(self, tokens: list[int], committed: int) -> None:
-        """Nothing to feed: a proposal is read off the context."""
 
     def draft(self, tokens: list[int], committed: int) -> Proposal | None:
         token = self.propose(tokens)
@@ -40,6 +40,7 @@ class PromptLookup:
     def continuations(self, tokens: list[int], limit: int) -> list[int]:
         """Up to ``limit`` distinct tokens that followed earlier matches of the context's tail: longer n-grams
         first, later matches first (a token tree's lookup branches; the first is ``propose``'s)."""
+        start = time.perf_counter()
         size = array("i").itemsize
         buf = array("i", tokens).tobytes()
         found: list[int] = []
@@ -50,4 +51,5 @@ class PromptLookup:
                 if at % size == 0 and (token := tokens[at // size + n]) not in found:
                     found.append(token)
                 end = at + len(pattern) - 1
+        self.stats.propose_time_s += time.perf_counter() - start
         return found

@@ -33,9 +33,18 @@ from .joined import Joined, join
 from .member import Member, Stopper
 from .parallel import ConcurrentForwards
 from .peers import run_peer
-from .proposers import NAMED_PROPOSERS, Chain, ModelProposer, Proposer, drafts_trees, parts
-from .sampling import Sampling
-from .spec import DRAFT, VLLM, is_int, parse_method
+from .proposers import (
+    NAMED_PROPOSERS,
+    Chain,
+    ModelProposer,
+    Proposer,
+    ProposerSetup,
+    capabilities,
+    drafts_trees,
+    parse_proposer,
+    parts,
+)
+from .spec import VLLM, is_int, parse_method
 from .static import make_runner
 from .stats import GenerationStats, ModelStats
 from .tree.loop import check_tree_models, parse_tree, tree_loop
@@ -126,9 +135,9 @@ def _schedule(proposer: str, targets: list[int], drafters: list[int], gammas: li
     """The turns of a speculative method (see ``engine.py``): ``drafters`` propose in turn, ``gammas``
     tokens each; the other target models only verify. Without ``draft`` in the proposer kind no model
     drafts: one turn proposes the first drafter's gamma, then every target model verifies."""
-    parts = proposer.split("+")
-    named = tuple(p for p in parts if p != DRAFT)
-    if DRAFT not in parts:
+    kind = parse_proposer(proposer)
+    named = kind.named
+    if not kind.draft:
         return [(named, gammas[0])] + [((i,), 0) for i in targets]
     turns: list[Turn] = [((*named, i), g) for i, g in zip(drafters, gammas)]
     return turns + [((i,), 0) for i in targets if i not in drafters]
@@ -137,16 +146,16 @@ def _schedule(proposer: str, targets: list[int], drafters: list[int], gammas: li
 def _proposers(
     schedule: list[Turn],
     members: list[Member],
-    sampling: Sampling,
-    generator: torch.Generator | None,
+    setup: ProposerSetup,
     stats: GenerationStats,
     audit: Audit | None,
     tree: bool = False,
-) -> list[tuple[Proposer, int]]:
-    """The schedule's proposers: one instance of each named proposer, its stats recorded by name (built by its
-    ``for_decoder(members, sampling, generator)`` where it has one, else without arguments). A token tree takes
-    only proposers that can draft several candidates per node (``proposers.drafts_trees``): another is refused
-    in one line, never dropped."""
+) -> tuple[list[tuple[Proposer, int]], list[Proposer]]:
+    """The schedule's proposers, and those of them that watch the target's verified rows (``NamedProposer``'s
+    ``watches``): one instance of each named proposer, built by its ``for_decoder(setup)`` (a class written to the
+    protocol alone and without one: without arguments), its stats recorded by name. A token tree takes only
+    proposers that can draft several candidates per node (``proposers.drafts_trees``): another is refused in one
+    line, never dropped."""
     kinds = {s: NAMED_PROPOSERS[s] for turn, _ in schedule for s in turn if isinstance(s, str)}
     for name, cls in kinds.items():
         if tree and not drafts_trees(cls):
@@ -155,13 +164,15 @@ def _proposers(
                 "neither continuations nor logits): use it without tree, or a tree with another proposer"
             )
     build = {s: getattr(c, "for_decoder", None) for s, c in kinds.items()}
-    named = {s: build[s](members, sampling, generator) if build[s] else c() for s, c in kinds.items()}
+    named = {s: build[s](setup) if build[s] else c() for s, c in kinds.items()}
     stats.proposers.update({name: p.stats for name, p in named.items()})
+    watching = [named[s] for s, c in kinds.items() if capabilities(c).watches]
 
     def one(s: str | int) -> Proposer:
-        return named[s] if isinstance(s, str) else ModelProposer(s, members[s], sampling, generator, audit)
+        return named[s] if isinstance(s, str) else ModelProposer(s, members[s], setup.sampling, setup.generator, audit)
 
-    return [(one(turn[0]) if len(turn) == 1 else Chain([one(s) for s in turn]), gamma) for turn, gamma in schedule]
+    turns = [(one(turn[0]) if len(turn) == 1 else Chain([one(s) for s in turn]), gamma) for turn, gamma in schedule]
+    return turns, watching
 
 
 @contextmanager
@@ -198,6 +209,7 @@ def generate(
     audit: Audit | None = None,
     gamma_schedule: str = "fixed",
     tree: Any = None,
+    corpus: Any = None,
 ) -> GenerationResult:
     """Generate a continuation of ``prompt_ids`` with ``method`` (its arguments: docs/decoder.md).
 
@@ -206,11 +218,13 @@ def generate(
     ``small_model`` ``models[-1]``). ``gamma`` is an int, or for ``*_se`` one per model; ``gamma_schedule="dynamic"``
     lets each proposer's gamma move between rounds (``engine.DynamicGamma``; speculative methods only, the largest
     model's excepted: ``fixed_turns``). ``method_args``: the ensemble's parameters, ``first_proposer`` and
-    ``proposer`` (``draft``, ``lookup``, ``lookup+draft``). ``tree`` drafts a token tree per round instead of a chain
-    (``tree/loop.py``). Stop strings need a ``tokenizer``; tests pass an ``audit`` (``audit.py``) to have every
-    distribution recomputed. Models with different tokenizers take ``tokenizers`` (one per model) and decode over
-    the union of their vocabularies (docs/tokenizers.md): ``prompt_ids`` are the first model's ids, ``token_ids``
-    union ids, ``pieces`` and ``text`` their text. Raises ``ValueError`` on any bad argument before decoding.
+    ``proposer`` (``draft``, ``lookup``, ``suffix``, ``lookup+draft``, ...: ``proposers.parse_proposer``). ``tree``
+    drafts a token tree per round instead of a chain (``tree/loop.py``). ``corpus``: what ``suffix`` and ``recycle``
+    may read beside the context, one prompt's view of the job's corpus (``corpus.Corpus.view``). Stop strings need
+    a ``tokenizer``; tests pass an ``audit`` (``audit.py``) to have every distribution recomputed. Models with
+    different tokenizers take ``tokenizers`` (one per model) and decode over the union of their vocabularies
+    (docs/tokenizers.md): ``prompt_ids`` are the first model's ids, ``token_ids`` union ids, ``pieces`` and
+    ``text`` their text. Raises ``ValueError`` on any bad argument before decoding.
     """
     if not isinstance(models, (list, tuple)) or not models:
         raise ArgumentError("models must be a non-empty list of causal LMs")
@@ -293,9 +307,10 @@ def generate(
         fixed_turns=fixed_turns(plan.schedule, sizes) if dynamic or shape else frozenset(),
         mixture=None if plan.mixture is None else torch.tensor([plan.mixture], dtype=torch.float64, device=device),
     )
-    schedule = plan.schedule and _proposers(
-        plan.schedule, members, sampling, generator, stats, audit, shape is not None
-    )
+    schedule = None
+    if plan.schedule:
+        setup = ProposerSetup(members, sampling, generator, corpus)
+        schedule, decoder.watchers = _proposers(plan.schedule, members, setup, stats, audit, shape is not None)
     events = None
     if device.type == "cuda":  # device time too: CUDA events around the whole decode
         torch.cuda.synchronize(device)

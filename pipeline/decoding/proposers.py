@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import torch
 from torch import Tensor
@@ -41,12 +41,83 @@ class Proposer(Protocol):
     def draft(self, tokens: list[int], committed: int) -> Proposal | None:
         """A proposal for the token at ``len(tokens)``, or None when it has none."""
 
-    # A token tree (tree/draft.py) asks a proposer for several candidates at a node through one of two optional
-    # methods; a proposer with neither drafts chains only, and a tree refuses it in one line (``drafts_trees``):
-    #   continuations(context: list[int], limit: int) -> list[int]: up to ``limit`` distinct one-hot candidates
-    #       for the token after ``context`` (a deterministic function of it, as prompt lookup's);
-    #   logits(context: list[int]) -> Tensor | None: the logits row ``[V]`` its draws for the token after
-    #       ``context`` come from (the tree draws its children from it: top tokens greedy, samples otherwise).
+
+@dataclass(frozen=True)
+class ProposerSetup:
+    """What a named proposer may be built from, one generation's (``NamedProposer.for_decoder``): the members
+    (each model's runner), the sampling settings and generator, and the text the job lets it search
+    (``suffix.CorpusView``, None: the context alone)."""
+
+    members: list
+    sampling: Sampling
+    generator: torch.Generator | None
+    corpus: object = None
+
+
+class NamedProposer:
+    """The base of a proposer that is not a model of the set, registered by name (``register_proposer``).
+
+    It declares what it can do, and the decoder reads the declarations, never probes for methods:
+
+    * ``branches``: it gives several candidates for one position (``continuations``: distinct one-hot tokens,
+      or ``logits``: a row its draws come from), so it can draft a token tree; one that cannot is refused by a
+      tree in one line when the config is checked;
+    * ``watches``: it reads the target's distribution at every verified position (``observe``): the rows the
+      verification computed anyway, before anything is accepted;
+    * ``reads_corpus``: it reads the job's corpus (``ProposerSetup.corpus``): the text it holds, or what the
+      generations of the job's earlier prompts left there.
+
+    One instance serves one generation: ``for_decoder(setup)`` builds it (by default without arguments), ``close``
+    is called when the generation ends.
+    """
+
+    branches: ClassVar[bool] = False
+    watches: ClassVar[bool] = False
+    reads_corpus: ClassVar[bool] = False
+    stats: ModelStats
+
+    @classmethod
+    def for_decoder(cls, setup: ProposerSetup) -> NamedProposer:
+        return cls()
+
+    def feed(self, tokens: list[int], committed: int) -> None:
+        """Its turn begins: take in ``tokens`` (``tokens[:committed]`` are final). Nothing by default."""
+
+    def draft(self, tokens: list[int], committed: int) -> Proposal | None:
+        raise NotImplementedError
+
+    def continuations(self, context: list[int], limit: int) -> list[int]:
+        """Up to ``limit`` distinct one-hot candidates for the token after ``context`` (a deterministic function of
+        it and of what the proposer has observed), best first; none by default."""
+        return []
+
+    def logits(self, context: list[int]) -> Tensor | None:
+        """The logits row ``[V]`` its draws for the token after ``context`` come from (a tree draws a node's
+        children from it); None by default."""
+        return None
+
+    def observe(self, before: list[int], rows: Tensor) -> None:
+        """The target's rows ``[n, V]`` (logits or probabilities) at ``n`` verified positions, ``before[j]`` the
+        token each position follows (``watches`` proposers only)."""
+
+    def close(self) -> None:
+        """The generation is over."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a named proposer can do (``NamedProposer``'s declarations, or for a class written to the protocol
+    alone, the optional methods it has, read once here)."""
+
+    branches: bool
+    watches: bool
+    reads_corpus: bool
+
+
+def capabilities(cls: type) -> Capabilities:
+    if isinstance(cls, type) and issubclass(cls, NamedProposer):
+        return Capabilities(cls.branches, cls.watches, cls.reads_corpus)
+    return Capabilities(any(hasattr(cls, m) for m in ("continuations", "logits")), hasattr(cls, "observe"), False)
 
 
 def parts(proposer: Proposer) -> list[Proposer]:
@@ -56,8 +127,10 @@ def parts(proposer: Proposer) -> list[Proposer]:
 
 def drafts_trees(proposer: object) -> bool:
     """Whether a proposer (class or instance) can draft a token tree's several candidates per node: a model of
-    the set, or one with ``continuations`` or ``logits``."""
-    return isinstance(proposer, ModelProposer) or any(hasattr(proposer, m) for m in ("continuations", "logits"))
+    the set, or a named proposer that ``branches``."""
+    if isinstance(proposer, ModelProposer):
+        return True
+    return capabilities(proposer if isinstance(proposer, type) else type(proposer)).branches
 
 
 DRAFT = "draft"  # in a proposer kind: the turn's own model
@@ -65,8 +138,9 @@ NAMED_PROPOSERS: dict[str, Callable[[], Proposer]] = {}  # proposers that are no
 
 
 def register_proposer(name: str) -> Callable[[type], type]:
-    """Register a proposer that is not a model under ``name`` (a decorator on its class, built without
-    arguments, one instance per generation): ``name`` and ``name+draft`` become proposer kinds."""
+    """Register a proposer that is not a model under ``name`` (a decorator on its class, a ``NamedProposer`` or
+    any class with the ``Proposer`` protocol, one instance per generation): ``name``, ``name+draft`` and chains of
+    named proposers (``name+other+draft``) become proposer kinds (``ProposerKind``)."""
 
     def decorator(cls: type) -> type:
         if name in NAMED_PROPOSERS or name == DRAFT or not name.isidentifier():
@@ -75,6 +149,46 @@ def register_proposer(name: str) -> Callable[[type], type]:
         return cls
 
     return decorator
+
+
+@dataclass(frozen=True)
+class ProposerKind:
+    """A ``proposer`` value, parsed once (``parse_proposer``): named proposers asked in order, then, with
+    ``draft``, the turn's own model (``lookup+draft``: prompt lookup where it matches, the model elsewhere)."""
+
+    named: tuple[str, ...]
+    draft: bool
+
+    @property
+    def text(self) -> str:
+        return "+".join((*self.named, *((DRAFT,) if self.draft else ())))
+
+    def classes(self) -> list[type]:
+        return [NAMED_PROPOSERS[n] for n in self.named]
+
+    @property
+    def branches(self) -> bool:
+        """Every part can give several candidates at a node (a token tree takes it)."""
+        return all(capabilities(c).branches for c in self.classes())
+
+    def has(self, name: str) -> bool:
+        return name in self.named
+
+
+def parse_proposer(text: object) -> ProposerKind:
+    """The kind a ``proposer`` value names: registered names joined by ``+``, each once, ``draft`` only last
+    (raises ArgumentError, one line, naming what is accepted)."""
+    accepted = f"{DRAFT}, a registered proposer ({', '.join(NAMED_PROPOSERS)}), or several joined by '+', {DRAFT} last"
+    if not isinstance(text, str) or not text:
+        raise ArgumentError(f"proposer={text!r}: expected {accepted}")
+    names = text.split("+")
+    draft = names[-1] == DRAFT
+    named = tuple(names[:-1] if draft else names)
+    bad = [n for n in named if n not in NAMED_PROPOSERS]
+    if bad or len(set(named)) < len(named) or (not named and not draft):
+        why = f"unknown proposer {bad[0]!r}" if bad else "a proposer named twice, or draft not last"
+        raise ArgumentError(f"proposer={text!r}: {why}; expected {accepted}")
+    return ProposerKind(named, draft)
 
 
 class ModelProposer:

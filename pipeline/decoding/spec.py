@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ArgumentError
-from . import feature, lookup  # noqa: F401  (register the built-in "eagle" and "lookup" proposers)
+from . import feature, lookup, recycle, suffix  # noqa: F401  (register the built-in proposers)
 from .ensemble import ENSEMBLES, Ensemble
 from .forms import KINDS, Form, ensemble_forms, split
-from .proposers import DRAFT, NAMED_PROPOSERS
+from .proposers import DRAFT, NAMED_PROPOSERS, parse_proposer
 
 SINGLE_METHODS = ("large_model", "small_model")
 VLLM = "vllm"  # vLLM's autoregressive decoding of the set's first model: the baseline of its speculation
@@ -33,14 +33,25 @@ PEERS = {
     "vllm_ngram": (VLLM, "lookup", "sd"),  # vLLM's prompt lookup ("ngram", n-grams 2 to 4 as our lookup's)
     "vllm_eagle": (VLLM, "eagle", "sd"),  # vLLM's EAGLE: the first model's feature head (our sd, proposer eagle)
 }
+# vLLM's CPU build's one bug behind its inexact speculation at T > 0 (vLLM issue #55005): the shim that stands in
+# for the Triton kernel ``expand_kernel`` hands the int64-only C++ kernel an int64 copy of its output and discards
+# it, so the rejection sampler divides the target's logits by uninitialised memory as their temperature (and
+# truncates top-p). ``vllm_*_pr55006`` run vLLM with only that shim corrected in their worker, as the upstream fix
+# (vLLM PR #55006, open) does: the behaviour of vLLM's speculation once exact (worker.py)
+PR55006 = "_pr55006"
+PEERS |= {f"{name}{PR55006}": PEERS[name] for name in ("vllm_sd", "vllm_ngram", "vllm_eagle")}
+CPU_EXPAND = (
+    "vLLM's CPU build divides the target's logits by uninitialised memory as temperature (its expand_kernel shim "
+    "discards its output: vLLM issue #55005; fix PR #55006, open; the *_pr55006 variant applies it)"
+)
 # peers whose samples at T > 0 are not their standard method's distribution, measured (docs/exactness.md,
-# docs/vllm.md): why
+# docs/vllm.md): why. Verifying a sampled draft token as if one-hot (accept with r(x), else draw from r without x)
+# is exact, only less accepting: vllm_sd's inexactness is the CPU build's, as that of lookup's and EAGLE's drafts
 NOT_EXACT_SAMPLING = {
     "hf_assisted_ensemble": "transformers draws a fully accepted block's next token from the target alone",
-    "vllm_sd": "vLLM's rejection sampler is not given the draft's probabilities (vLLM issue #40149)",
-    # deterministic proposals, exact by the rule, but vLLM 0.32.0's CPU build samples them wrongly (docs/vllm.md)
-    "vllm_ngram": "its samples fail the chi-square test at T = 1 (vLLM's CPU build; its acceptance far too low)",
-    "vllm_eagle": "its samples fail the chi-square test at T = 1 (vLLM's CPU build; its acceptance far too low)",
+    "vllm_sd": CPU_EXPAND,
+    "vllm_ngram": CPU_EXPAND,
+    "vllm_eagle": CPU_EXPAND,
 }
 
 
@@ -49,8 +60,10 @@ def is_int(x: Any) -> bool:
 
 
 def proposer_kinds() -> tuple[str, ...]:
-    """Every ``proposer`` value: ``draft`` (the models), and each named proposer (``register_proposer``) alone
-    and chained before the models (``lookup+draft``: ``+`` chains proposers, the first that proposes wins)."""
+    """The ``proposer`` values each proposer gives: ``draft`` (the models), and each named proposer
+    (``register_proposer``) alone and chained before the models (``lookup+draft``: ``+`` chains proposers, the
+    first that proposes wins). Longer chains of named proposers (``suffix+recycle+draft``) are accepted too
+    (``proposers.parse_proposer``)."""
     return (DRAFT, *NAMED_PROPOSERS, *(f"{name}+{DRAFT}" for name in NAMED_PROPOSERS))
 
 
@@ -95,6 +108,11 @@ class MethodSpec:
     def engine(self) -> str:
         """What decodes it: ``ours`` (our decoder; transformers' ``generate`` for the ``hf_*``) or ``vllm``."""
         return VLLM if self.base == VLLM else "ours"
+
+    @property
+    def expand_fixed(self) -> bool:
+        """vLLM's speculation with its CPU build's ``expand_kernel`` shim corrected in the worker (``PR55006``)."""
+        return self.name.endswith(PR55006) and self.engine == VLLM
 
     @property
     def engine_name(self) -> str:
@@ -163,8 +181,8 @@ class MethodSpec:
             return (2, 2) if self.peer_proposer == DRAFT else (1, 2)
         if self.ensemble is not None:
             return self.ensemble.min_models, self.ensemble.max_models
-        if self.name == "sd":  # [target, draft]; prompt lookup alone needs no draft
-            return (2, 2) if DRAFT in proposer.split("+") else (1, 2)
+        if self.name == "sd":  # [target, draft]; a named proposer alone needs no draft
+            return (2, 2) if parse_proposer(proposer).draft else (1, 2)
         return 1, None
 
     def check_heads(self, heads: Sequence[int]) -> None:
@@ -205,9 +223,14 @@ class MethodSpec:
             raise ArgumentError(f"unknown method_args {unknown} for {self.name!r}; accepted: {keys}")
         resolved = {**accepted, **method_args}
         proposer = resolved.get("proposer", DRAFT)
-        if self.proposer_kinds and proposer not in self.proposer_kinds:
-            kinds = ", ".join(self.proposer_kinds)
-            raise ArgumentError(f"proposer={proposer!r} for {self.name!r}: expected one of {kinds}")
+        if self.proposer_kinds:
+            try:
+                kind = parse_proposer(proposer)
+            except ArgumentError as err:
+                raise ArgumentError(f"{err} (method {self.name!r})") from None
+            if self.mixture and kind.named:
+                kinds = ", ".join(self.proposer_kinds)
+                raise ArgumentError(f"proposer={proposer!r} for {self.name!r}: expected one of {kinds}")
         if not self.fits(n, proposer):
             low, high = self.model_range(proposer)
             want = str(low) if low == high else f"{low} to {high}" if high else f"{low} or more"

@@ -16,6 +16,7 @@ class ModelStats:
     proposed: int = 0  # tokens this model drafted (including ones discarded unverified)
     verified: int = 0  # of those, how many reached verification
     accepted: int = 0  # of those, how many were accepted
+    propose_time_s: float = 0.0  # a proposer that runs no network: seconds spent proposing and learning
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -40,6 +41,10 @@ class GenerationStats:
     stop_reason: str = ""
     union_size: int = 0  # models with different tokenizers: the size of the union vocabulary (0: one vocabulary)
     union_map_s: float = 0.0  # ... and the seconds spent mapping the members' rows into it
+    # the sum over the emitted tokens' positions of the target's largest probability there, and their count
+    # (``ceiling``); greedy, the target is one-hot at its argmax: 1 at every position
+    ceiling_sum: float = 0.0
+    ceiling_positions: int = 0
 
     def record_round(self, count: int, accepted: int) -> None:
         """One verification round: ``count`` proposals checked in order, the first ``accepted`` accepted."""
@@ -53,6 +58,17 @@ class GenerationStats:
         for j in range(reached):
             self.position_verified[j] += 1
             self.position_accepted[j] += j < accepted
+
+    def record_ceiling(self, target: Any, positions: int) -> None:
+        """The target's probabilities ``[positions, V]`` at positions whose tokens are emitted (None: greedy)."""
+        self.ceiling_sum += positions if target is None else float(target.amax(dim=-1).sum())
+        self.ceiling_positions += positions
+
+    @property
+    def ceiling(self) -> float | None:
+        """The mean of max_x p(x) over the emitted tokens' positions: the acceptance rate of the best one-hot
+        proposer at this temperature (a one-hot proposal x is accepted with probability p(x)); 1 when greedy."""
+        return self.ceiling_sum / self.ceiling_positions if self.ceiling_positions else None
 
     @property
     def tau(self) -> float | None:
@@ -77,6 +93,7 @@ class GenerationStats:
         for name, m in self.proposers.items():
             out["proposers"][name]["acceptance_rate"] = m.acceptance_rate
         out["tau"] = self.tau
+        out["ceiling"] = self.ceiling
         out["forward_time_s"] = self.forward_time_s
         out["overhead"] = self.overhead
         return out

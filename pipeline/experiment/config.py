@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from .. import ROOT
-from ..errors import UserError
+from ..errors import ArgumentError, UserError
 from ..files import read_user_text, schema_validator
 from .preflight import own_tokenizer
 
@@ -225,7 +225,8 @@ def check_config(config: dict[str, Any], schema: dict[str, Any] | None = None) -
     """Validate ``config`` (schema, then names); return it with every default filled in. Raises ConfigError."""
     from tasks import TASKS
 
-    from ..decoding.spec import accepted_args, method_names, parse_method, proposer_kinds
+    from ..decoding.proposers import capabilities, parse_proposer
+    from ..decoding.spec import accepted_args, method_names, parse_method
 
     schema = schema or load_schema()
     if errors := schema_errors(config, schema):
@@ -234,9 +235,19 @@ def check_config(config: dict[str, Any], schema: dict[str, Any] | None = None) -
     proposers = {"proposer": config["proposer"]}  # the registered proposer kinds (decoding/proposers.py)
     proposers |= {f"grids[{i}].proposer": g["proposer"] for i, g in enumerate(config["grids"]) if "proposer" in g}
     for key, value in proposers.items():
-        if value not in proposer_kinds():
+        try:
+            parse_proposer(value)
+        except ArgumentError as err:
+            accepted = str(err).split("; ")[-1]
+            raise ConfigError(f"config key {key}: {json.dumps(value)} is not accepted; {accepted}") from None
+    for i, grid in enumerate(config["grids"]):  # a token tree needs proposers that give several candidates
+        kind = parse_proposer(grid.get("proposer", config["proposer"]))
+        trees = [t for t in grid.get("tree", config.get("tree") or [None]) if t is not None]
+        cannot = [n for n, c in zip(kind.named, kind.classes()) if not capabilities(c).branches]
+        if trees and cannot:
             raise ConfigError(
-                f"config key {key}: {json.dumps(value)} is not accepted; expected one of " + ", ".join(proposer_kinds())
+                f"config key grids[{i}].tree: {json.dumps(trees[0])} with proposer {cannot[0]!r}, which drafts one "
+                "candidate per position and cannot draft a token tree; drop the tree or use another proposer"
             )
     models = config["models"]
     methods_ok = method_names()
@@ -257,7 +268,7 @@ def check_config(config: dict[str, Any], schema: dict[str, Any] | None = None) -
     for key in config["method_args"]:  # the defaults of every grid: some method somewhere must take them
         _known(key, usable, f"config key method_args.{key}: no method of any grid takes it")
     for i, grid in enumerate(config["grids"]):  # the eagle proposer drafts from the large model's feature head
-        if "eagle" in grid.get("proposer", config["proposer"]).split("+"):
+        if parse_proposer(grid.get("proposer", config["proposer"])).has("eagle"):
             for name, members in grid["model_sets"].items():
                 if models[members[0]].get("eagle") is None:
                     raise ConfigError(

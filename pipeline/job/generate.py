@@ -22,6 +22,8 @@ import torch
 from tasks import get_task, render
 
 from ..decoding import generate
+from ..decoding.corpus import Corpus
+from ..decoding.proposers import capabilities, parse_proposer
 from ..decoding.runner import engine_of
 from ..decoding.spec import VLLM, parse_method
 from ..decoding.static import compile_ahead
@@ -32,6 +34,7 @@ from ..experiment.layout import beside
 from ..files import writable_dir, write_atomic
 from ..measure.timing import Probe, provenance, run_record
 from ..models import decode_vocabulary, load_members
+from ..models.corpus import teacher_documents
 from .journal import Journal, journal_lock
 from .judge import write_speed
 
@@ -119,6 +122,24 @@ def _run_cell(cell: Cell, out: Path, progress: bool, journal: Path, speed: bool)
         return _generate(cell, out, progress, journal, speed, task, examples, log, done, run, tokenizer, prepared)
 
 
+def reads_corpus(cell: Cell) -> bool:
+    """Whether the cell's method has a proposer that reads the job's corpus (``suffix``, ``recycle``)."""
+    proposer = cell.method_args.get("proposer")
+    if proposer is None or parse_method(cell.method).engine == VLLM:
+        return False
+    return any(capabilities(c).reads_corpus for c in parse_proposer(proposer).classes())
+
+
+def job_corpus(cell: Cell, union: bool) -> Corpus:
+    """The job's corpus (``decoding/corpus.py``): the target's own text in the model cache (``models/corpus.py``;
+    none for models of different tokenizers, which decode over the union's ids), then each prompt's output as it
+    is done. It lives in this job's memory only."""
+    if union:
+        return Corpus([], "no fixed documents: the set's models decode over the union of their vocabularies")
+    documents, source = teacher_documents(cell.models)
+    return Corpus(documents, source)
+
+
 def our_runs(cell: Cell):
     """The cell's runs by our decoder: its models loaded, and what makes them ready once the prompts are known."""
     models, tokenizers = load_members(cell.models)
@@ -134,6 +155,7 @@ def our_runs(cell: Cell):
         compile_ahead(models, [len(p) + cell.max_new_tokens + 1 for p in prompts.values()], tree_tokens=nodes)
         return provenance(next(models[0].parameters()).device, {engine_of(m)[0] for m in models})
 
+    run.corpus = job_corpus(cell, "tokenizers" in vocabulary) if reads_corpus(cell) else None
     return run, tokenizer, prepared
 
 
@@ -177,9 +199,10 @@ def vllm_runs(cell: Cell, stack: ExitStack):
 
     def prepared(prompts: dict[str, list[int]]) -> dict[str, Any]:
         versions = run.versions
+        fixed = " with its expand_kernel shim corrected (vLLM #55005)" if parse_method(cell.method).expand_fixed else ""
         return {
             **provenance("cuda" if gpu else "cpu"),  # its threads: the job's, as the workers' (torch's count)
-            "engine": f"vllm {versions.get('vllm')} ({record['build']}), torch {versions.get('torch')}",
+            "engine": f"vllm {versions.get('vllm')} ({record['build']}){fixed}, torch {versions.get('torch')}",
         }
 
     return run, tokenizer, prepared
@@ -189,7 +212,10 @@ def _generate(cell, out, progress, journal, speed, task, examples, log, done, ru
     """``run_cell``'s samples, once the cell's runs are ready (``our_runs``, ``vllm_runs``)."""
     from tqdm import tqdm
 
+    corpus = getattr(run, "corpus", None)  # the job's corpus, read by its proposers (our_runs)
     meta = {"environment": environment(), "cell": cell.described()}
+    if corpus is not None:
+        meta["corpus"] = corpus.describe()
     write_atomic(beside(out, "meta"), json.dumps(meta, indent=2, default=str) + "\n")
     trees = {"tree": cell.tree} if cell.tree is not None else {}  # the method's own, never its baseline's
     pids = lambda: getattr(run, "pids", ())  # noqa: E731  (worker processes: a probe counts their time as the job's)
@@ -204,7 +230,7 @@ def _generate(cell, out, progress, journal, speed, task, examples, log, done, ru
         run(first_ids, cell.baseline, method_args=cell.baseline_args, seed=cell.seed, max_new_tokens=8)
     here = prepared(prompts)
     this_run = run_record()  # which run generated each sample: a resume or a requeue shows in the speed record
-    todo = [(i, r) for i, r in enumerate(rendered) if r[0].id not in done]
+    todo = [r for r in rendered if r[0].id not in done]
     if done and progress:
         print(f"resuming {journal}: {len(done)} of {len(rendered)} samples already generated", flush=True)
         timed_on = {json.dumps(json.loads(line).get("provenance"), sort_keys=True) for line in done.values()}
@@ -217,7 +243,8 @@ def _generate(cell, out, progress, journal, speed, task, examples, log, done, ru
         """One sample (and its baseline beside it), re-run while interfered, at most ``remeasure`` more times; run
         once while two pairs or more in a row stayed interfered through every attempt (docs/speed.md)."""
         nonlocal stuck
-        order = [("method", cell.method, cell.method_args, trees), ("baseline", cell.baseline, cell.baseline_args, {})]
+        own = {**trees, **({"corpus": corpus.view(ex.id)} if corpus is not None else {})}
+        order = [("method", cell.method, cell.method_args, own), ("baseline", cell.baseline, cell.baseline_args, {})]
         order = [o for o in (order if i % 2 == 0 else order[::-1]) if o[1] is not None]
         attempts, results = [], []
         for _ in range(cell.policy.remeasure + 1 if stuck < 2 else 1):
@@ -251,9 +278,16 @@ def _generate(cell, out, progress, journal, speed, task, examples, log, done, ru
         row["provenance"], row["run"] = here, this_run
         return row
 
-    with log.writer() as add:
-        for i, (ex, _, stops) in tqdm(todo, desc=f"{cell.method} {cell.task}", disable=not progress):
-            add(measure(i, ex, stops))
+    with log.writer() as add, tqdm(total=len(todo), desc=f"{cell.method} {cell.task}", disable=not progress) as bar:
+        for i, (ex, _, stops) in enumerate(rendered):  # in the task's order: the corpus grows the same on a resume
+            if ex.id in done:
+                row = json.loads(done[ex.id])
+            else:
+                row = measure(i, ex, stops)
+                add(row)
+                bar.update()
+            if corpus is not None:  # searched by the prompts after this one, never by this one
+                corpus.add_output(ex.id, row["token_ids"])
     rows = log.finish(out)  # every sample, each id once, in the task's order
     summary = write_speed(cell, out, rows, prompts) if speed else None
     if journal != out:

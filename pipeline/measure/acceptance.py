@@ -29,13 +29,29 @@ def decoding_metrics(stats: list[dict[str, Any]]) -> dict[str, Any]:
     accepted = sum(m["accepted"] for m in proposers)
     reached = _sum_lists([s.get("position_verified", []) for s in stats])
     hits = _sum_lists([s.get("position_accepted", []) for s in stats])
+    positions = sum(s.get("ceiling_positions", 0) for s in stats)
     return {
         "tau": tau_by_model[0] if tau_by_model else None,
         "tau_by_model": tau_by_model,
         "acceptance_rate": accepted / verified if verified else None,
         "draft_acceptance_rate": accepted / proposed if proposed else None,
+        "ceiling": sum(s.get("ceiling_sum", 0.0) for s in stats) / positions if positions else None,
+        "proposal_cost": proposal_cost(stats),
         "position_acceptance": [a / r if r else None for a, r in zip(hits, reached)],
     }
+
+
+def proposal_cost(stats: list[dict[str, Any]]) -> float | None:
+    """The seconds the proposers that run no network (``suffix``, ``recycle``, ``lookup``) spent per proposed token,
+    over the seconds of one forward of the large model: what a drafted token costs beside what it can save (None:
+    no such proposer proposed, or none recorded its time)."""
+    named = [p for s in stats for p in s.get("proposers", {}).values() if p.get("propose_time_s")]
+    proposed = sum(p["proposed"] for p in named)
+    calls = sum(s["models"][0]["forward_calls"] for s in stats if s["models"])
+    forward = sum(s["models"][0]["forward_time_s"] for s in stats if s["models"])
+    if not proposed or not calls or not forward:
+        return None
+    return sum(p["propose_time_s"] for p in named) / proposed / (forward / calls)
 
 
 def union_metrics(stats: list[dict[str, Any]]) -> dict[str, Any]:

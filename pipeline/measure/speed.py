@@ -239,6 +239,8 @@ class SpeedSummary:
     tau_by_model: list | None = _shown("figure", "column", "published")
     acceptance_rate: float | None = _shown("figure", "column", "published")
     draft_acceptance_rate: float | None = _shown("figure", "column", "published")
+    ceiling: float | None = _shown("figure", "column", "published", optional=True)
+    proposal_cost: float | None = _shown("figure", "column", "published", optional=True)
     position_acceptance: list | None = _shown("figure", "column")
     predicted_speedup: float | None = _shown("figure", "column", "published", optional=True)
     exactness: dict | None = _shown(

@@ -46,7 +46,17 @@ LOSSES = {  # a draft's training loss -> what it fits
     "ce": "cross-entropy to the teacher's argmax",
     "kl": "forward KL to the teacher's distribution over the head's tokens",
     "tvd": "total variation to the teacher's distribution (1 - sum of min(p, q): the rejection rate at T=1)",
+    "kl_tvd": "forward KL for the first half of the steps, then total variation (KL's gradient to reach the "
+    "teacher's mass, TV's to fit the rejection rate itself)",
 }
+
+
+def loss_at(name: str, step: int, steps: int) -> str:
+    """The loss ``name`` trains with at ``step`` of ``steps``: ``kl_tvd`` is ``kl`` for the first half, ``tvd``
+    after; every other loss is itself throughout."""
+    if name == "kl_tvd":
+        return "kl" if step < steps // 2 else "tvd"
+    return name
 
 
 @dataclass
@@ -345,9 +355,9 @@ def train(draft: RestrictedHeadLM, examples: list[Example], recipe: Recipe, prob
     draft.requires_grad_(False)
     trainable = [p for layer in base.model.layers for p in layer.parameters()] + list(base.model.norm.parameters())
 
-    def loss(example: Example) -> torch.Tensor:
+    def loss(example: Example, step: int) -> torch.Tensor:
         hidden = base.model(input_ids=example.ids, use_cache=False).last_hidden_state[0]
-        return draft_loss(recipe.loss, draft.head_logits(hidden), example)
+        return draft_loss(loss_at(recipe.loss, step, recipe.steps), draft.head_logits(hidden), example)
 
     return fit(base, trainable, examples, recipe, loss, "train draft", probe)
 
@@ -355,7 +365,7 @@ def train(draft: RestrictedHeadLM, examples: list[Example], recipe: Recipe, prob
 def fit(model, params: list, examples: list, recipe, loss, desc: str, probe=None) -> dict:
     """Train ``params`` of ``model`` (the rest frozen): AdamW at ``lr_at``'s rate for exactly ``recipe.steps``
     steps, each on one of ``examples`` drawn by a generator seeded with ``recipe.seed``, minimising
-    ``loss(example)``; returns training facts. Never bounded by time: the same recipe makes the same weights
+    ``loss(example, step)``; returns training facts. Never bounded by time: the same recipe makes the same weights
     however busy the machine. ``probe(step)``, if given, is called every 50 steps and at the end (a learning
     curve); its results are returned under ``curve``. Shared by drafts and students (``student.py``)."""
     from tqdm import tqdm
@@ -376,7 +386,7 @@ def fit(model, params: list, examples: list, recipe, loss, desc: str, probe=None
         example = examples[rng.randrange(len(examples))]
         for group in opt.param_groups:
             group["lr"] = lr_at(step, recipe, recipe.steps)
-        value = loss(example)
+        value = loss(example, step)
         opt.zero_grad(set_to_none=True)
         value.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -236,7 +236,7 @@ def train_head(teacher, data: TeacherData, recipe: HeadRecipe, curve: bool = Fal
         params,
         data.examples,
         recipe,
-        lambda e: head_loss(head, e, by_id[id(e)], recipe, noise, scale),
+        lambda e, step: head_loss(head, e, by_id[id(e)], recipe, noise, scale),
         "train head",
         probe,
     )

@@ -247,7 +247,7 @@ def _distill_student(teacher, teacher_tokenizer, out_dir: Path, recipe: StudentR
     if not examples:
         raise ModelError(f"the teacher {teacher_name!r} continued no prompt: nothing to train a student on")
 
-    def loss(example):
+    def loss(example, step):
         ids, target = example
         return torch.nn.functional.cross_entropy(student(input_ids=ids, use_cache=False).logits[0], target)
 

@@ -38,7 +38,7 @@ TABLES = [  # (name, layout, metrics or cell columns, title, ...), in summary.md
     layout.Table(
         "acceptance",
         layout.by_cell,
-        ("tau", "tau_by_model", "acceptance_rate", "draft_acceptance_rate", "position_acceptance"),
+        ("tau", "tau_by_model", "acceptance_rate", "ceiling", "draft_acceptance_rate", "position_acceptance"),
         "Mean accepted length and acceptance",
         keep=lambda d: d["kind"] != "plain",
     ),
@@ -52,7 +52,15 @@ TABLES = [  # (name, layout, metrics or cell columns, title, ...), in summary.md
     layout.Table(
         "predicted_vs_measured",
         layout.by_cell,
-        ("acceptance_rate", "speedup_side_by_side", "predicted_speedup", "overhead", "union_size", "union_map_s"),
+        (
+            "acceptance_rate",
+            "speedup_side_by_side",
+            "predicted_speedup",
+            "overhead",
+            "proposal_cost",
+            "union_size",
+            "union_map_s",
+        ),
         "Predicted vs measured speed-up",
         keep=lambda d: d["predicted_speedup"].notna(),
     ),

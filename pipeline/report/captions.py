@@ -66,8 +66,11 @@ CAPTIONS = {  # {conf}: the speed-ups' confidence
     "acceptance": (
         "τ: mean accepted length, tokens emitted per forward of the large model (the verifier's own token "
         "included; autoregressive decoding = 1.00); τ by model: the same per model of the set, in order. "
-        "Acceptance: accepted over verified proposals; draft acceptance: accepted over proposed (vLLM's); "
-        "per position: the acceptance rate of the 1st, 2nd, ... token of a verified block.\n"
+        "Acceptance: accepted over verified proposals (of the grid's `proposer`); ceiling: the "
+        "mean over the emitted tokens' positions of the target's largest probability, the most a one-hot "
+        "proposer (lookup, suffix, recycle) can be accepted at that temperature (1 at T=0; a proposer that draws "
+        "from a distribution of its own, a draft, can pass it); draft acceptance: accepted over proposed "
+        "(vLLM's); per position: the acceptance rate of the 1st, 2nd, ... token of a verified block.\n"
     ),
     "exactness": (
         "T=0 cells: the share of samples whose tokens equal the baseline's (Spec-Bench's equality check); each "
@@ -78,9 +81,10 @@ CAPTIONS = {  # {conf}: the speed-ups' confidence
     "predicted_vs_measured": (
         "Predicted: the method's forwards priced at each model's measured cost of one forward (a forward of k "
         "tokens assumed as cheap as one, the loop free); measured: side by side. Overhead: share of wall time "
-        "outside model forwards. Union: for members with different tokenizers, the size of the union vocabulary "
-        "and the seconds spent mapping the members' rows into it over the cell's samples (part of the overhead; "
-        "blank for one shared vocabulary).\n"
+        "outside model forwards. Proposal cost: the seconds the proposers that run no network (lookup, suffix, "
+        "recycle) spent per drafted token, over the seconds of one forward of the large model. Union: for members "
+        "with different tokenizers, the size of the union vocabulary and the seconds spent mapping the members' "
+        "rows into it over the cell's samples (part of the overhead; blank for one shared vocabulary).\n"
     ),
     "spec_bench_categories": (
         "Spec-Bench's six categories: speed-up over the standard method [{conf} interval], and τ; Overall: "

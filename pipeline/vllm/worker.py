@@ -4,6 +4,8 @@ Run as a file by the environment's interpreter (``python worker.py '<settings>'`
 library and vLLM, never the project (whose environment it does not share). The settings (one JSON argument) say
 the model, the speculative configuration (none: vLLM's autoregressive decoding), the dtype and whether to run eager.
 It answers on its standard output and nothing else: vLLM's own logging is sent to standard error.
+With ``"expand_fix": true`` it corrects one shim of vLLM's CPU build before the engine starts (``expand_fix``: vLLM
+issue #55005, the behaviour of its fix, PR #55006) and changes nothing else.
 
 - First line out: ``{"ready": true, "versions": {...}, "load_s": ...}``, or ``{"error": "..."}`` and exit 1.
 - Each line in: ``{"prompt_ids", "seed", "max_new_tokens", "temperature", "top_k", "top_p", "stop_ids",
@@ -46,6 +48,31 @@ def grown(before: dict, after: dict) -> dict:
     return out
 
 
+def expand_at_callers_dtype(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):
+    """What vLLM's Triton ``expand_kernel`` computes, at the caller's dtype: request ``i``'s value (``replace_from``
+    read as ``replace_to``) written to each of its tokens, ``cu_num_tokens`` the cumulative token counts. The CPU
+    build's shim hands an int64 copy of ``output`` to its C++ kernel and drops it (and truncates float inputs)."""
+    import torch
+
+    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1, dtype=torch.long))
+    values = torch.where(input_val == replace_from, torch.full_like(input_val, replace_to), input_val)
+    expanded = torch.repeat_interleave(values, counts)
+    output[: expanded.numel()].copy_(expanded)
+
+
+def expand_fix() -> str:
+    """Correct the CPU build's ``expand_kernel`` shim (vLLM issue #55005) before vLLM registers it for its
+    rejection sampler, where the build has it; what was done, in words."""
+    try:
+        from vllm.utils import cpu_triton_utils
+    except ImportError:
+        return "not needed: this build has no CPU shims"
+    if not hasattr(cpu_triton_utils, "_expand_kernel_impl"):
+        return "not needed: this build has no expand_kernel shim"
+    cpu_triton_utils._expand_kernel_impl = expand_at_callers_dtype
+    return "applied: expand_kernel's CPU shim writes the caller's buffer at its dtype (vLLM #55005, PR #55006)"
+
+
 def main() -> int:
     answer = os.fdopen(os.dup(1), "w", buffering=1)  # the protocol's channel
     os.dup2(2, 1)  # everything else printed (vLLM's logs, progress) goes to standard error
@@ -56,6 +83,7 @@ def main() -> int:
         import vllm
         from vllm import LLM, SamplingParams
 
+        fixed = expand_fix() if settings.get("expand_fix") else None
         start = time.perf_counter()
         llm = LLM(
             model=settings["model"],
@@ -74,6 +102,8 @@ def main() -> int:
         answer.write(json.dumps({"error": f"{type(err).__name__}: {first}"}) + "\n")
         return 1
     versions = {"vllm": vllm.__version__, "torch": torch.__version__, "transformers": transformers.__version__}
+    if fixed is not None:
+        versions["expand_fix"] = fixed
     answer.write(json.dumps({"ready": True, "versions": versions, "load_s": load_s}) + "\n")
     for line in sys.stdin:
         if not line.strip():

@@ -36,6 +36,9 @@ class TreeDrafter:
 
     def draft(self, proposer: Any, depth: int) -> Tree:
         chain = parts(proposer)
+        for p in chain:  # a round begins: the proposers that are not models take in the final tokens
+            if not isinstance(p, ModelProposer):
+                p.feed(self.decoder.tokens, self.decoder.committed)
         tree = Tree()
         frontier = [-1]
         for d in range(1, depth + 1):

@@ -82,8 +82,11 @@ def verify_round(dec: Decoder, tree: Tree, caches: dict[int, TreeCache]) -> tupl
     check_output(target, dec.target_fn, step, len(order), rows[0].shape[-1], inputs=rows, sampling=sampling)
     if dec.audit is not None:
         audit_tree(dec, tree, rows)
+    dec._show_tree(tree, target)
     path, token = accept_tree(tree, target, greedy, dec.generator)
     dec.stats.record_round(tree.depth, len(path))
+    committed = [0, *(n + 1 for n in path)]  # the rows of the positions this round commits
+    dec.stats.record_ceiling(None if greedy else target[committed], len(committed))
     checked = {-1, *path}
     for n, node in enumerate(tree.nodes):
         if node.parent in checked:

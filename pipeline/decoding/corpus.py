@@ -1,0 +1,202 @@
+"""The job's corpus: text a proposer may read beside the context, made and held by the job that uses it.
+
+A corpus holds fixed documents (the target's own text the job has: the teacher's continuations and labelled
+source chunks from the teacher-data cache, ``models.corpus``) and what the job's prompts leave once each is done:
+its output (searched by ``suffix``) and the table a ``recycle`` proposer learned from the target's rows. A prompt's
+view of it (``Corpus.view``) is refused once that prompt has left anything there, so no proposal is ever drawn
+from a prompt's own earlier output (that would measure a cache, not a proposer); the corpus is never written to a
+file, so no other cell or run can read it either.
+
+Text is searched through suffix automata (``SuffixAutomaton``: every substring of its text is a path from the root,
+and a state's strings share their end positions, so the occurrences of a match and of each token after it are
+counted once, as the automaton grows).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from ..errors import ArgumentError
+
+MAX_MATCH = 32  # the longest suffix of the context matched: longer matches predict no better, and cost more
+
+
+class SuffixAutomaton:
+    """A suffix automaton over one or more token sequences, grown a token at a time (Blumer et al. 1985).
+
+    Documents are kept apart by a separator of their own (a negative id), so no match spans two of them and no
+    separator is ever proposed. Each state counts the end positions of its strings (``count``) and keeps the latest
+    (``latest``): the count of the state a transition ``c`` leads to is the number of occurrences of the match
+    followed by ``c``.
+    """
+
+    __slots__ = ("count", "documents", "last", "latest", "length", "link", "next", "size")
+
+    def __init__(self, documents: Iterable[Sequence[int]] = ()):
+        self.next: list[dict[int, int]] = [{}]
+        self.link: list[int] = [-1]
+        self.length: list[int] = [0]
+        self.count: list[int] = [0]
+        self.latest: list[int] = [-1]
+        self.last = 0  # the state of the whole text so far
+        self.size = 0  # tokens appended (separators included)
+        self.documents = 0
+        for doc in documents:
+            self.add_document(doc)
+
+    def add_document(self, tokens: Sequence[int]) -> None:
+        """Append ``tokens`` as a document of its own (after a separator when the automaton holds text)."""
+        if self.size:
+            self.documents += 1
+            self.extend(-self.documents)  # a separator of its own: nothing matches across it
+        for t in tokens:
+            self.extend(int(t))
+
+    def extend(self, c: int) -> None:
+        """Append one token (the online construction; counts and latest end positions follow)."""
+        nxt, link, length = self.next, self.link, self.length
+        cur = len(nxt)
+        nxt.append({})
+        length.append(length[self.last] + 1)
+        link.append(0)
+        self.count.append(0)
+        self.latest.append(-1)
+        p = self.last
+        while p != -1 and c not in nxt[p]:
+            nxt[p][c] = cur
+            p = link[p]
+        if p != -1:
+            q = nxt[p][c]
+            if length[p] + 1 == length[q]:
+                link[cur] = q
+            else:
+                clone = len(nxt)
+                nxt.append(dict(nxt[q]))
+                length.append(length[p] + 1)
+                link.append(link[q])
+                self.count.append(self.count[q])
+                self.latest.append(self.latest[q])
+                while p != -1 and nxt[p].get(c) == q:
+                    nxt[p][c] = clone
+                    p = link[p]
+                link[q] = link[cur] = clone
+        self.last = cur
+        end = self.size
+        self.size += 1
+        v = cur
+        while v > 0:  # every suffix of the text now ends here once more
+            self.count[v] += 1
+            self.latest[v] = end
+            v = link[v]
+
+    def match(self, context: Sequence[int], longest: int = MAX_MATCH) -> tuple[int, int]:
+        """``(state, length)``: the longest suffix of ``context`` (at most ``longest`` tokens) that occurs in the
+        text and is followed there by a token (a negative id in the context starts the match afresh)."""
+        nxt, link, length = self.next, self.link, self.length
+        v = n = 0
+        for t in context[-longest:] if longest else ():
+            if t < 0:
+                v = n = 0
+                continue
+            while v and t not in nxt[v]:
+                v = link[v]
+                n = length[v]
+            if t in nxt[v]:
+                v, n = nxt[v][t], n + 1
+        while v and not self._followed(v):
+            v = link[v]
+            n = length[v]
+        return v, n
+
+    def _followed(self, v: int) -> bool:
+        return any(t >= 0 for t in self.next[v])
+
+    def continuations(self, state: int) -> list[tuple[int, int, int]]:
+        """``(token, count, latest end)`` of every token that follows the state's strings, the most frequent
+        first (the most recent on a tie)."""
+        found = [(t, self.count[s], self.latest[s]) for t, s in self.next[state].items() if t >= 0]
+        return sorted(found, key=lambda x: (-x[1], -x[2]))
+
+
+class CorpusLeak(ArgumentError):
+    """A prompt's view of the corpus was asked for once its own output was in it."""
+
+
+class Corpus:
+    """Text the suffix proposer may search beside the context: fixed documents (the target's own text the job
+    holds) and the outputs of the job's prompts, each added once its prompt is done (``add_output``).
+
+    ``view(prompt_id)`` is what a generation of that prompt searches; it is refused (``CorpusLeak``) once the prompt
+    has an output here, so no proposal is ever copied from a prompt's own earlier output. The corpus is never
+    written to a file: it is made by the job that uses it and ends with it.
+    """
+
+    def __init__(self, documents: Iterable[Sequence[int]] = (), source: str = ""):
+        start = time.perf_counter()
+        self.fixed = SuffixAutomaton(documents)
+        self.outputs = SuffixAutomaton()
+        self.done: set[str] = set()
+        self.table: dict[int, list[int]] = {}  # recycled candidates after each token, from the done prompts
+        self.pending: dict[str, dict[int, list[int]]] = {}  # a prompt's table, merged once the prompt is done
+        self.source = source  # where the fixed documents came from, as messages and records name it
+        self.build_s = time.perf_counter() - start
+
+    @property
+    def tokens(self) -> int:
+        return self.fixed.size + self.outputs.size
+
+    def add_output(self, prompt_id: str, tokens: Sequence[int]) -> None:
+        """The output of a prompt that is done (and the table its generation left, ``CorpusView.leave``): read by
+        the views of every other prompt from now on."""
+        prompt_id = str(prompt_id)
+        self.done.add(prompt_id)
+        if tokens:
+            self.outputs.add_document([t for t in tokens if t >= 0])
+        self.table.update(self.pending.pop(prompt_id, {}))
+
+    def view(self, prompt_id: str) -> CorpusView:
+        if str(prompt_id) in self.done:
+            raise CorpusLeak(
+                f"the corpus holds an output of prompt {prompt_id!r} already: a generation of that prompt may not "
+                "search it (its proposals would be copied from its own earlier output)"
+            )
+        return CorpusView(self, str(prompt_id))
+
+    def describe(self) -> dict:
+        return {
+            "source": self.source,
+            "fixed_tokens": self.fixed.size - self.fixed.documents,
+            "fixed_documents": self.fixed.documents + (1 if self.fixed.size else 0),
+            "outputs": len(self.done),
+            "build_s": round(self.build_s, 4),
+        }
+
+
+@dataclass(frozen=True)
+class CorpusView:
+    """What one prompt's generation may search: the corpus as it stands, its own prompt's output never in it."""
+
+    corpus: Corpus
+    prompt_id: str
+
+    def _check(self) -> None:
+        if self.prompt_id in self.corpus.done:  # the corpus moved on past this prompt since the view was made
+            raise CorpusLeak(f"the corpus took an output of prompt {self.prompt_id!r} while its view was in use")
+
+    def automata(self) -> list[tuple[str, SuffixAutomaton]]:
+        """The corpus's automata that hold text, by kind: ``outputs`` (the done prompts' outputs, the target's
+        text on the job's own task), then ``fixed`` (the fixed documents)."""
+        self._check()
+        found = (("outputs", self.corpus.outputs), ("fixed", self.corpus.fixed))
+        return [(kind, a) for kind, a in found if a.size]
+
+    def table(self) -> dict[int, list[int]]:
+        """A copy of the recycled candidates the done prompts' generations left."""
+        self._check()
+        return dict(self.corpus.table)
+
+    def leave(self, table: dict[int, list[int]]) -> None:
+        """This prompt's recycled table, taken into the corpus when the prompt is done (the last one left)."""
+        self.corpus.pending[self.prompt_id] = dict(table)

@@ -1,0 +1,379 @@
+"""The proposers that cost no forward, ``suffix`` and ``recycle``, and the job's corpus they read.
+
+What each proposes (the suffix automaton against a brute-force search; the recycled table), that a prompt never
+reads its own earlier output (the corpus's rule, the job's order, the teacher data's held-out set never read),
+and that neither changes what a method generates: greedy identity in float64 over every speculative method, in
+chains and trees, and the chi-square check of the first two tokens at T = 1; each check fails once proposals are
+taken unverified. The ceiling (the mean of max p over the emitted positions) against an independent recompute.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.decoding import engine, generate
+from pipeline.decoding.corpus import Corpus, CorpusLeak, SuffixAutomaton
+from pipeline.decoding.proposers import parse_proposer
+from pipeline.decoding.recycle import TokenRecycling
+from pipeline.decoding.suffix import SuffixProposer
+from pipeline.errors import ArgumentError
+
+from .conftest import perturbed, tiny_llama
+from .test_sampling_lossless import ALPHA, VOCAB, chi_square_pvalue, exact_joint, make_models
+
+# ---- the suffix automaton ------------------------------------------------------------------------------------
+
+
+def brute_force(documents: list[list[int]], context: list[int], longest: int = 32) -> tuple[int, Counter]:
+    """The longest suffix of ``context`` (after its last negative id) found in a document with a token after it,
+    and how often each token follows it: by scanning every document."""
+    tail = context[-longest:]
+    negative = [i for i, t in enumerate(tail) if t < 0]
+    tail = tail[negative[-1] + 1 :] if negative else tail
+    for n in range(len(tail), 0, -1):
+        after = Counter(d[i + n] for d in documents for i in range(len(d) - n) if d[i : i + n] == tail[-n:])
+        if after:
+            return n, after
+    return 0, Counter()
+
+
+def test_the_automaton_finds_the_longest_followed_match_and_counts_what_follows():
+    rng = random.Random(0)
+    for _ in range(250):
+        vocab = rng.choice([2, 3, 5])
+        documents = [[rng.randrange(vocab) for _ in range(rng.randrange(30))] for _ in range(rng.randrange(1, 4))]
+        automaton = SuffixAutomaton(documents)
+        for _ in range(15):
+            context = [rng.randrange(-1, vocab) for _ in range(rng.randrange(12))]
+            n, after = brute_force(documents, context)
+            state, length = automaton.match(context)
+            assert length == n, (documents, context)
+            if n:
+                assert {t: c for t, c, _ in automaton.continuations(state)} == dict(after)
+
+
+def test_the_automaton_never_matches_across_documents_nor_proposes_a_separator():
+    automaton = SuffixAutomaton([[1, 2], [3, 4]])
+    state, length = automaton.match([2, 3])  # "2 3" only spans the two documents
+    assert length == 1 and [t for t, _, _ in automaton.continuations(state)] == [4]
+    state, length = automaton.match([1, 2])  # "1 2" ends a document: followed by nothing but a separator
+    assert length == 0
+
+
+def outputs(*documents: list[int]) -> Corpus:
+    """A corpus whose documents are done prompts' outputs."""
+    corpus = Corpus()
+    for i, doc in enumerate(documents):
+        corpus.add_output(f"done-{i}", doc)
+    return corpus
+
+
+def test_suffix_proposes_the_most_frequent_continuation_of_the_longer_match():
+    corpus = outputs([7, 8, 9, 1], [7, 8, 9, 1], [7, 8, 9, 1], [7, 8, 9, 2], [5, 6, 3])
+    proposer = SuffixProposer(corpus.view("p"))
+    context = [0, 7, 8, 9]
+    proposer.feed(context, len(context))
+    assert proposer.continuations(context, 3) == [1, 2]  # 1 follows "7 8 9" three times of four, 2 once
+    strict = SuffixProposer(corpus.view("p"), min_share=0.8)  # 3 of 4 is too few: the match proposes nothing
+    assert strict.continuations(context, 3) == []
+    # the longer match wins; on a tie of lengths, the context's own text
+    context = [9, 2, 3, 4, 0, 2, 3, 4]  # its own text: "2 3 4" was followed by 0
+    for documents, expected in (([7, 0, 2, 3, 4, 5],), [5, 0]), (([8, 2, 3, 4, 5],), [0, 5]):
+        proposer = SuffixProposer(outputs(*documents).view("p"))
+        proposer.feed(context, len(context))
+        assert proposer.continuations(context, 2) == expected
+    # the fixed documents (text of another kind) propose from long matches only
+    fixed = Corpus([[1, 2, 3, 4, 5, 6, 7, 8], [3, 4, 5, 9]])
+    assert SuffixProposer(fixed.view("p")).continuations([0, 4, 5], 1) == []
+    assert SuffixProposer(fixed.view("p")).continuations([1, 2, 3, 4, 5, 6], 1) == [7]
+    lone = SuffixProposer(None)
+    lone.feed([1, 2, 3, 1, 2], 5)
+    assert lone.continuations([1, 2, 3, 1, 2], 2) == [3] and lone.continuations([9, 9], 1) == []
+    with pytest.raises(ArgumentError, match="suffix min_match=0"):
+        SuffixProposer(None, min_match=0)
+
+
+def test_suffix_learns_only_final_tokens_and_matches_the_pending_ones():
+    proposer = SuffixProposer(None)
+    tokens = [1, 2, 3, 4, 1, 2]
+    proposer.feed(tokens, 4)  # [1, 2, 3, 4] are final; "1 2" pending
+    assert proposer.own.size == 4
+    assert proposer.continuations(tokens, 1) == [3]
+
+
+def test_recycling_proposes_the_targets_top_tokens_after_the_last_token():
+    rows = torch.tensor([[0.1, 0.5, 0.25, 0.15], [0.7, 0.1, 0.15, 0.05]])
+    recycling = TokenRecycling(None, top=3)
+    recycling.observe([2, 3], rows)
+    assert recycling.continuations([0, 2], 2) == [1, 2] and recycling.continuations([3], 1) == [0]
+    assert recycling.continuations([1], 2) == [] and recycling.draft([9, 2], 2).token == 1
+    recycling.observe([2], rows[1:])  # the latest verified position after a token replaces its candidates
+    assert recycling.continuations([2], 1) == [0]
+
+
+# ---- the corpus: a prompt never reads its own earlier output ------------------------------------------------------
+
+
+def test_a_prompts_view_is_refused_once_its_output_is_in_the_corpus():
+    corpus = Corpus([[1, 2, 3]])
+    early = corpus.view("a")
+    corpus.add_output("b", [4, 5, 6])
+    assert [kind for kind, _ in early.automata()] == ["outputs", "fixed"]  # b's output is read by a's view now
+    corpus.add_output("a", [7, 8, 9])
+    with pytest.raises(CorpusLeak, match="prompt 'a'"):
+        corpus.view("a")
+    with pytest.raises(CorpusLeak, match="while its view was in use"):
+        early.automata()
+
+
+def test_recycled_tables_reach_other_prompts_only_once_their_prompt_is_done():
+    corpus = Corpus()
+    view = corpus.view("a")
+    view.leave({1: [2, 3]})
+    assert corpus.view("b").table() == {}  # a is not done: its table is nobody's yet
+    corpus.add_output("a", [1, 2])
+    assert corpus.view("b").table() == {1: [2, 3]}
+
+
+def test_the_teacher_datas_held_out_continuations_never_enter_the_corpus(tiny_dir, tmp_path, monkeypatch):
+    from pipeline.models import corpus as model_corpus
+    from pipeline.models.spec import ModelSpec
+
+    monkeypatch.setenv("SPECENS_CACHE", str(tmp_path))
+    target = ModelSpec("t", source=str(tiny_dir))
+    draft = ModelSpec("d", distill={"teacher": {"name": "t", "source": str(tiny_dir)}, "layers": 1})
+    files = model_corpus.teacher_data_files([target, draft])
+    assert files == []
+    docs, why = model_corpus.teacher_documents([target, draft])
+    assert docs == [] and "no teacher data of t" in why
+    from pipeline.models.distill import Recipe, data_name
+
+    store = tmp_path / "teacher-data" / data_name(model_corpus.teacher_spec(draft), Recipe(layers=1))
+    store.parent.mkdir()
+    held_out = [990, 991, 992, 993]  # a benchmark prompt's own continuation: must never be read
+    example = (torch.tensor([[5, 6, 7, 8]]), torch.tensor([-100, 1, 2, 3]), torch.tensor([1, 2, 3]), torch.zeros(3, 2))
+    torch.save({"examples": [example], "held": [([1, 2], held_out, torch.zeros(4, 2))], "kept": [0, 1]}, store)
+    docs, why = model_corpus.teacher_documents([target, draft])
+    assert docs == [[5, 6, 7, 8]] and "1 sequences" in why
+    assert not any(t in doc for doc in docs for t in held_out)
+    store.write_bytes(b"not a torch file")
+    docs, why = model_corpus.teacher_documents([target, draft])
+    assert docs == [] and "cannot be read" in why
+
+
+def test_a_job_reads_the_outputs_of_earlier_prompts_never_its_own(tiny_dir, tmp_path, monkeypatch):
+    """The generation job: each prompt's view is made before its output joins, the outputs join in the task's
+    order (a resume rebuilds the same corpus from the journal), and the meta file says what the corpus held."""
+    from pipeline.decoding import corpus as corpus_module
+    from pipeline.experiment.cell import Cell
+    from pipeline.job.generate import run_cell
+    from pipeline.models import ModelSpec
+
+    seen: list[tuple[str, frozenset]] = []
+    view = corpus_module.Corpus.view
+
+    def spy(self, prompt_id):
+        seen.append((prompt_id, frozenset(self.done)))
+        return view(self, prompt_id)
+
+    monkeypatch.setattr(corpus_module.Corpus, "view", spy)
+    cell = Cell(
+        models=[ModelSpec("a", str(tiny_dir))],
+        method="sd",
+        task="humaneval",
+        gamma=3,
+        method_args={"proposer": "suffix+recycle"},
+        size=3,
+        max_new_tokens=8,
+        baseline="large_model",
+    )
+    out = tmp_path / "cell.jsonl"
+    run_cell(cell, out, progress=False)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    ids = [r["id"] for r in rows]
+    assert [p for p, _ in seen] == ids  # one view per prompt (and per attempt), in the task's order
+    for k, (prompt, done) in enumerate(seen):
+        assert prompt not in done and done == frozenset(ids[:k])
+    assert all(r["output"] == r["baseline"]["output"] for r in rows)
+    meta = json.loads(out.with_suffix(".meta.json").read_text())
+    assert meta["corpus"]["outputs"] == 0 and "no teacher data" in meta["corpus"]["source"]
+    stats = rows[-1]["stats"]["proposers"]
+    assert set(stats) == {"suffix", "recycle"} and stats["recycle"]["propose_time_s"] > 0
+
+
+# ---- exactness: greedy identity and the chi-square check, failing when proposals go unverified --------------------
+
+
+@pytest.fixture(scope="module")
+def trio():
+    target = tiny_llama(80, vocab=24, layers=2, hidden=32)
+    return [target, perturbed(target, 0.1, seed=81), tiny_llama(82, vocab=24)]
+
+
+PROMPTS = [[3, 1, 4, 1, 5, 9, 2, 6, 3, 1, 4], [2, 2, 5, 2, 2, 5, 2]]
+KINDS = ["suffix", "recycle", "suffix+recycle+draft"]
+METHODS = [("sd", 2, {}), ("we_sd", 3, {"weights": [0.5, 0.3, 0.2]}), ("we_se", 3, {"weights": [0.5, 0.3, 0.2]})]
+METHODS += [("cd_sd", 2, {"alpha": 0.3}), ("cd_se", 2, {"alpha": 0.3})]
+
+
+def corpus_for(trio_models, prompt: list[int], base: str, args: dict) -> Corpus:
+    """A corpus whose documents hold the baseline's own continuation of a shifted prompt (right guesses) and
+    random text (wrong ones), and a warm recycled table of arbitrary candidates."""
+    rng = random.Random(len(prompt))
+    other = [(t + 1) % 24 for t in prompt]
+    right = generate(trio_models, other, base, max_new_tokens=20, method_args=args).token_ids
+    corpus = Corpus([other + right, [rng.randrange(24) for _ in range(60)]])
+    corpus.table = {t: [(t * 7 + j) % 24 for j in range(4)] for t in range(24)}
+    return corpus
+
+
+@pytest.mark.parametrize("tree", [None, "3x2", "d6"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("method,n,args", METHODS, ids=[m for m, _, _ in METHODS])
+def test_greedy_outputs_equal_the_standard_methods(trio, method, n, args, kind, tree):
+    models = trio[:n]
+    base = "large_model" if method == "sd" else method.split("_")[0]
+    named = parse_proposer(kind).named
+    proposed = 0
+    for prompt in PROMPTS:
+        ref = generate(models, prompt, base, max_new_tokens=30, method_args=args).token_ids
+        corpus = corpus_for(models, prompt, base, args)
+        gamma = [2] * n if method.endswith("_se") else 3
+        out = generate(
+            models,
+            prompt,
+            method,
+            gamma,
+            30,
+            method_args={**args, "proposer": kind},
+            corpus=corpus.view("p"),
+            **({"tree": tree} if tree else {}),
+        )
+        assert out.token_ids == ref, (prompt, kind, tree)
+        proposed += sum(out.stats.proposers[name].accepted for name in named)
+    assert proposed > 0  # its proposals were used, and accepted where right
+
+
+def accept_everything(target, proposed):
+    return len(proposed), None
+
+
+def test_greedy_identity_fails_once_proposals_go_unverified(trio, monkeypatch):
+    models = trio[:2]
+    ref = generate(models, PROMPTS[0], "large_model", max_new_tokens=30).token_ids
+    monkeypatch.setattr(engine, "verify_greedy", accept_everything)
+    for kind in ("suffix", "recycle"):
+        corpus = corpus_for(models, PROMPTS[0], "large_model", {})
+        out = generate(models, PROMPTS[0], "sd", 3, 30, method_args={"proposer": kind}, corpus=corpus.view("p"))
+        assert out.token_ids != ref, kind
+
+
+@pytest.fixture(scope="module")
+def small():
+    return make_models()
+
+
+T1 = {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
+REPEAT = [1, 4, 2, 1, 4]  # the context's own text: "1 4" was followed by 2
+SEEDS = 1000
+
+
+def small_corpus() -> Corpus:
+    corpus = outputs([1, 4, 3, 3, 5], [2, 0, 1, 1, 4, 0])  # "1 4" -> 3 and 0 here, 2 in the prompt: often wrong
+    corpus.table = {t: [(t + 1) % VOCAB, (t + 3) % VOCAB, t] for t in range(VOCAB)}
+    return corpus
+
+
+def joint(models, method, prompt, seeds=SEEDS, **kw) -> np.ndarray:
+    """The first two tokens' counts over ``seeds`` runs; the named proposers' proposals must have been verified
+    and some accepted (else the check would say nothing of them)."""
+    counts = np.zeros((VOCAB, VOCAB))
+    named = parse_proposer(kw["method_args"]["proposer"]).named
+    accepted = Counter()
+    for seed in range(seeds):
+        corpus = small_corpus()
+        out = generate(models, prompt, method, max_new_tokens=2, seed=seed, corpus=corpus.view("p"), **T1, **kw)
+        counts[out.token_ids[0], out.token_ids[1]] += 1
+        accepted.update({n: out.stats.proposers[n].accepted for n in named})
+    assert all(accepted[n] > 0 for n in named), accepted
+    return counts
+
+
+SAMPLED = [  # (method, models, reference, its args, generate's kwargs)
+    ("sd", [0], "single", {}, {"gamma": 2, "method_args": {"proposer": "suffix"}}),
+    ("sd", [0], "single", {}, {"gamma": 2, "method_args": {"proposer": "recycle"}}),
+    ("sd", [0, 1], "single", {}, {"gamma": 2, "method_args": {"proposer": "recycle"}, "tree": "3x1"}),
+    (
+        "we_se",
+        [0, 1],
+        "we",
+        {"weights": [0.5, 0.5]},
+        {"gamma": [1, 2], "method_args": {"lambda": 0.5, "proposer": "suffix+recycle+draft"}},
+    ),
+    (
+        "cd_sd",
+        [0, 1],
+        "cd",
+        {"alpha": 0.3},
+        {"gamma": 2, "method_args": {"alpha": 0.3, "proposer": "suffix+recycle"}, "tree": "2x2"},
+    ),
+]
+
+
+@pytest.mark.parametrize("case", SAMPLED, ids=lambda c: f"{c[0]}-{c[4]['method_args']['proposer']}-{c[4].get('tree')}")
+def test_the_first_two_tokens_follow_the_target(small, case):
+    method, idx, kind, ref_args, kw = case
+    chosen = [small[i] for i in idx]
+    expected = exact_joint(kind, chosen, T1, ref_args, REPEAT)
+    p = chi_square_pvalue(joint(chosen, method, REPEAT, **kw), expected)
+    assert p > ALPHA, f"{method}: chi-square p={p:.2e}"
+
+
+def test_the_check_fails_once_one_hot_proposals_go_unverified(small, monkeypatch):
+    """Proposals of ``suffix``, of ``recycle``, accepted as they are (no test against the target) fail the check."""
+
+    def accept_all(target, proposed, draft, generator):
+        return len(proposed), None
+
+    monkeypatch.setattr(engine, "verify_sampled", accept_all)
+    expected = exact_joint("single", small[:1], T1, {}, REPEAT)
+    for kind in ("suffix", "recycle"):
+        counts = joint(small[:1], "sd", REPEAT, seeds=400, gamma=2, method_args={"proposer": kind})
+        assert chi_square_pvalue(counts, expected) < ALPHA, kind
+
+
+# ---- the ceiling: the mean of max p over the emitted positions ------------------------------------------------
+
+
+def test_the_ceiling_is_the_mean_of_the_targets_largest_probability_over_the_output(small):
+    """Recorded by every method (the large model's own decoding too: the same target); 1 when greedy."""
+    models = small[:2]
+    for method, kw in (("sd", {"gamma": 2}), ("sd", {"gamma": 2, "tree": "2x1"}), ("large_model", {})):
+        out = generate(models, [1, 4, 2], method, max_new_tokens=12, seed=3, temperature=0.8, **kw)
+        tokens = [1, 4, 2, *out.token_ids]
+        with torch.no_grad():
+            logits = models[0](torch.tensor([tokens])).logits[0, 2:-1].double()
+        expected = torch.softmax(logits / 0.8, -1).amax(-1).mean().item()
+        assert out.stats.ceiling_positions == len(out.token_ids)
+        assert out.stats.ceiling == pytest.approx(expected, abs=1e-9)
+    greedy = generate(models, [1, 4, 2], "sd", 2, 8)  # the target one-hot at its argmax: accepted always
+    assert greedy.stats.ceiling == 1.0 and greedy.stats.to_dict()["ceiling"] == 1.0
+
+
+# ---- the proposer syntax ------------------------------------------------------------------------------------
+
+
+def test_proposer_values_are_parsed_once_and_refused_in_one_line():
+    assert parse_proposer("suffix+recycle+draft").named == ("suffix", "recycle")
+    assert parse_proposer("draft").draft and not parse_proposer("suffix").draft
+    for bad in ("", "draft+suffix", "suffix+suffix", "sufix", 3, "suffix+"):
+        with pytest.raises(ArgumentError, match="proposer="):
+            parse_proposer(bad)
+    with pytest.raises(ArgumentError, match="unknown proposer 'sufix'"):
+        generate([tiny_llama(1)], [1, 2], "sd", 2, 4, method_args={"proposer": "sufix"})
