@@ -377,3 +377,38 @@ def test_proposer_values_are_parsed_once_and_refused_in_one_line():
             parse_proposer(bad)
     with pytest.raises(ArgumentError, match="unknown proposer 'sufix'"):
         generate([tiny_llama(1)], [1, 2], "sd", 2, 4, method_args={"proposer": "sufix"})
+    with pytest.raises(ArgumentError, match=r"corpus=Corpus: expected one prompt's view"):
+        generate([tiny_llama(1)], [1, 2], "sd", 2, 4, method_args={"proposer": "suffix"}, corpus=Corpus())
+
+
+class OneAtATime:
+    """A proposer written to the protocol alone, with one candidate per position: it cannot branch."""
+
+    def __init__(self):
+        from pipeline.decoding.stats import ModelStats
+
+        self.stats = ModelStats()
+
+    def feed(self, tokens, committed):
+        pass
+
+    def draft(self, tokens, committed):
+        return None
+
+
+def test_a_tree_with_a_proposer_that_cannot_branch_is_refused_when_the_config_is_read():
+    from pipeline import ROOT
+    from pipeline.decoding.proposers import NAMED_PROPOSERS, register_proposer
+    from pipeline.experiment.config import ConfigError, check_config, load_config_file
+
+    config = load_config_file(ROOT / "config" / "default.yaml")
+    trees = next(i for i, g in enumerate(config["grids"]) if g.get("tree"))
+    register_proposer("one_at_a_time")(OneAtATime)
+    try:
+        config["grids"][trees]["proposer"] = "suffix+one_at_a_time+draft"
+        with pytest.raises(ConfigError, match=rf"grids\[{trees}\].tree: \"2x1\" with proposer 'one_at_a_time'"):
+            check_config(config)
+        config["grids"][trees]["proposer"] = "suffix+recycle+draft"  # both branch: accepted
+        assert check_config(config)["grids"][trees]["proposer"] == "suffix+recycle+draft"
+    finally:
+        NAMED_PROPOSERS.pop("one_at_a_time")

@@ -27,6 +27,7 @@ from .checks import (
     model_name,
     prompt_list,
 )
+from .corpus import CorpusView
 from .engine import Decoder
 from .ensemble import single_model
 from .joined import Joined, join
@@ -234,6 +235,10 @@ def generate(
     vocab = check_vocab_size(models, vocab_size) if union is None else head_rows(models[0])
     if method_args is not None and not isinstance(method_args, dict):
         raise ArgumentError(f"method_args={method_args!r}: expected a dict of argument names to values")
+    if corpus is not None and not isinstance(corpus, CorpusView):
+        raise ArgumentError(
+            f"corpus={type(corpus).__name__}: expected one prompt's view of a corpus, Corpus(...).view(prompt_id)"
+        )
     sizes = parameter_counts(models)
     restricted = restricted_heads(models)
     plan, resolved = plan_method(method, sizes, gamma, dict(method_args or {}), restricted)
