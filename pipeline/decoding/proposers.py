@@ -178,7 +178,10 @@ class ProposerKind:
 def parse_proposer(text: object) -> ProposerKind:
     """The kind a ``proposer`` value names: registered names joined by ``+``, each once, ``draft`` only last
     (raises ArgumentError, one line, naming what is accepted)."""
-    accepted = f"{DRAFT}, a registered proposer ({', '.join(NAMED_PROPOSERS)}), or several joined by '+', {DRAFT} last"
+    accepted = (
+        f"{DRAFT}, a registered proposer ({', '.join(NAMED_PROPOSERS)}), or several joined by '+', {DRAFT} last "
+        f"(lookup+{DRAFT}, suffix+recycle+{DRAFT})"
+    )
     if not isinstance(text, str) or not text:
         raise ArgumentError(f"proposer={text!r}: expected {accepted}")
     names = text.split("+")
