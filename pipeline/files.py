@@ -95,6 +95,21 @@ def read_user_bytes(path: Path, what: str = "file", limit: int = MAX_USER_FILE) 
         raise UserError(f"{what} {path}: {err.strerror or type(err).__name__}") from None
 
 
+def read_tail(path: Path, what: str = "file", size: int = 1 << 16) -> str:
+    """The last ``size`` bytes of a plain file as text (a log's cause is at its end: a 1.5 GB log is not read
+    whole); a one-line UserError naming it when it is missing, not a regular file (a pipe: no wait) or unreadable."""
+    path = Path(path)
+    try:
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise UserError(f"{what} {path} is not a regular file (a directory, a device or a pipe)")
+            f.seek(max(0, info.st_size - size))
+            return f.read(size).decode("utf-8", errors="replace")
+    except OSError as err:
+        raise UserError(f"{what} {path}: {err.strerror or type(err).__name__}") from None
+
+
 def read_user_text(path: Path, what: str = "file", limit: int = MAX_USER_FILE) -> str:
     """``read_user_bytes`` decoded as UTF-8; a file that is not UTF-8 is a one-line UserError naming it."""
     data = read_user_bytes(path, what, limit)
@@ -130,8 +145,9 @@ def read_jsonl(path: Path, what: str = "JSONL file") -> list[dict[str, Any]]:
 
 def open_own(path: Path, mode: str, what: str):
     """Open ``path`` for ``mode`` (``"a"``: append, ``"a+"``: read and append, both creating it) only where it is
-    a plain file or absent: never through a symbolic link (``O_NOFOLLOW``), never a directory, a device or a
-    pipe (opened without blocking, then checked), so nothing the project did not make is written. Anything else
+    a plain file or absent: never through a symbolic link (``O_NOFOLLOW``), never a directory, a device, a
+    pipe (opened without blocking, then checked) or a file of several names (a hard link), so nothing the project
+    did not make is written. Anything else
     is a one-line ``ResultsError`` naming the path; the file it points to is left as it was."""
     flags = os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     flags |= os.O_RDWR if mode == "a+" else os.O_WRONLY
@@ -141,11 +157,11 @@ def open_own(path: Path, mode: str, what: str):
         kind = {40: "a symbolic link", 21: "a directory", 6: "a pipe with no reader"}.get(err.errno)
         reason = f"it is {kind}" if kind else err.strerror or type(err).__name__
         raise ResultsError(f"cannot write {what} {path}: {reason}; remove it (only plain files are written)") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:  # a hard link writes into another name's file
         os.close(fd)
-        raise ResultsError(
-            f"cannot write {what} {path}: it is not a plain file; remove it (only plain files are written)"
-        )
+        kind = "a hard link to another file" if stat.S_ISREG(info.st_mode) else "not a plain file"
+        raise ResultsError(f"cannot write {what} {path}: it is {kind}; remove it (only plain files are written)")
     os.set_blocking(fd, True)
     return os.fdopen(fd, mode, encoding="utf-8", errors="replace")  # a damaged file reads, it never raises
 

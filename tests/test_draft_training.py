@@ -209,3 +209,63 @@ def test_every_nth_on_policy_prompt_can_be_a_chat_turn(smol_tokenizer):
     assert [t == p for t, p in zip(turned, prompts)] == [True, False, True, False, True]
     assert "def f1():" in turned[1] and turned[1].startswith("<|im_start|>") and turned[1] != prompts[1]
     assert as_chat_turns(prompts, smol_tokenizer, 0) == prompts
+
+
+def test_the_shared_teacher_data_cache_writes_through_no_link_and_makes_again_what_is_not_its_record(
+    tiny_dir, tmp_path, capsys
+):
+    """The model cache may be shared (a cluster's): a symbolic link planted at the teacher data's old temporary
+    name or at its lock, a hard link or a pipe at the lock, never has its target written (the lock is one line,
+    no hang); a stored file that is valid torch but not a teacher-data record, or holds ids outside the
+    vocabulary, is made again with a warning naming why, not a traceback, and gives what a fresh one gives."""
+    import os
+
+    from pipeline.errors import UserError
+    from pipeline.models.distill import stored_teacher_data
+
+    teacher, tokenizer = load(tiny_dir, pack=False)
+    recipe, store = Recipe(**TINY), tmp_path / "cache" / "data.pt"
+    store.parent.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    lock = store.parent / f".{store.name}.lock"
+    (store.parent / f".{store.name}.tmp").symlink_to(victim)
+    for plant, says in (
+        (lambda: lock.symlink_to(victim), "it is a symbolic link"),
+        (lambda: os.link(victim, lock), "it is a hard link to another file"),
+        (lambda: os.mkfifo(lock), "it is a pipe with no reader"),
+    ):
+        plant()
+        with pytest.raises(UserError, match=f"cannot write the cache lock of data.pt {lock}: {says}"):
+            stored_teacher_data(teacher, tokenizer, recipe, store)
+        lock.unlink()
+        assert victim.read_text() == "precious" and not store.exists()
+    made = stored_teacher_data(teacher, tokenizer, recipe, store)
+    assert victim.read_text() == "precious" and store.is_file()
+    saved = torch.load(store, weights_only=True)
+    foreign = [(ids + len(tokenizer), *rest) for ids, *rest in saved["examples"]]
+    for content, why in (({"foo": 1}, "not a teacher-data record"), ({**saved, "examples": foreign}, "outside")):
+        torch.save(content, store)
+        again = stored_teacher_data(teacher, tokenizer, recipe, store)
+        out = capsys.readouterr().out
+        assert f"warning: {store} cannot be read (" in out and why in out and "made again" in out
+        assert [e.ids.tolist() for e in again.examples] == [e.ids.tolist() for e in made.examples]
+    read = stored_teacher_data(teacher, tokenizer, recipe, store)  # and the file made again is read, as it was
+    assert "warning" not in capsys.readouterr().out and read.kept == made.kept
+
+
+def test_a_cache_directory_that_is_a_link_is_replaced_and_what_it_points_to_kept(tmp_path):
+    """A finished draft (or head, or converted model) takes its directory's place whole; where that name is a
+    symbolic link (planted, or left by a user), the link goes and the directory it pointed to is left as it was."""
+    from pipeline.models.cache import write_dir
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "model.safetensors").write_text("someone else's")
+    out = tmp_path / "cache" / "drafts" / "d"
+    out.parent.mkdir(parents=True)
+    out.symlink_to(elsewhere, target_is_directory=True)
+    write_dir(out, lambda tmp: (tmp / "model.safetensors").write_text("ours"), {"draft.json": "{}"})
+    assert not out.is_symlink() and (out / "model.safetensors").read_text() == "ours"
+    assert (out / "draft.json").read_text() == "{}" and [p.name for p in elsewhere.iterdir()] == ["model.safetensors"]
+    assert (elsewhere / "model.safetensors").read_text() == "someone else's"

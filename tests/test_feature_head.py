@@ -399,3 +399,94 @@ def test_a_head_saved_before_layouts_were_named_loads_as_this_projects(pair, tmp
     assert load_head(tmp_path / "head", target).layout == "ours"
     with pytest.raises(ModelError, match=r"feature head layout='eagle1': accepted: ours, eagle"):
         FeatureHead(target, None, layout="eagle1")
+
+
+def test_a_damaged_or_foreign_head_is_refused_in_one_line_as_it_loads(pair, tmp_path):
+    """Every tensor's shape against the head the target needs (a head of another model of the same width: its
+    decoder layer differs, not its fc), weights finite, the checkpoint's config.json against the target's, the
+    head's own config (a list, a string layer count, kept ids outside the target's rows), layer names that are
+    not layers 0 to N (``layers.999999.*`` builds no million-layer decoder), and a file torch's safe loader
+    refuses: each one line naming it, no traceback, no head attached."""
+    import pickle
+
+    from safetensors.torch import load_file, save_file
+
+    target = copy.deepcopy(pair[1])
+    d = target.config.hidden_size
+    save_head(FeatureHead(target, [1, 2, 3]), tmp_path / "good", {})
+    state = load_file(tmp_path / "good" / "feature_head.safetensors")
+    config = json.loads((tmp_path / "good" / "feature_head.json").read_text())
+    mlp = next(k for k in state if k.endswith("mlp.up_proj.weight"))
+    cases = {
+        "another decoder layer": ({**state, mlp: torch.zeros(7, d)}, config, rf"{mlp} of shape \(7, {d}\)"),
+        "NaN weights": ({**state, mlp: state[mlp] * float("nan")}, config, f"{mlp} holds NaN or infinite weights"),
+        "a list": (state, [1, 2], "a JSON object expected, not list"),
+        "a string layer count": (state, {**config, "layers": "1"}, 'layers="1"; expected a whole number from 1'),
+        "kept outside": (state, {**config, "kept": [1, 10**6]}, "kept is not a list of distinct ids below"),
+        "a million layers": (state, {**config, "layers": 10**6}, "says 1000000 layers, its weights hold 1"),
+        "layer 999999": (
+            {**state, "decoder.layers.999999.mlp.up_proj.weight": state[mlp].clone()},
+            config,
+            r"its layers.N.\* tensors are not layers 0 to N",
+        ),
+    }
+    for case, (weights, head_config, says) in cases.items():
+        out = tmp_path / case.replace(" ", "-")
+        out.mkdir()
+        save_file(weights, out / "feature_head.safetensors")
+        (out / "feature_head.json").write_text(json.dumps(head_config))
+        with pytest.raises(ModelError, match=says):
+            load_head(out, target)
+        assert FEATURE_HEAD not in target.__dict__, case
+    eagle_checkpoint(tmp_path / "rope", target)
+    (tmp_path / "rope" / "config.json").write_text(
+        json.dumps({**target.config.to_dict(), "num_hidden_layers": 1, "rope_theta": 1.5})
+    )
+    with pytest.raises(
+        ModelError, match="its config.json has rope_theta=1.5, the target .*: it was trained for another"
+    ):
+        load_head(tmp_path / "rope", target)
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("owned",))
+
+    eagle_checkpoint(tmp_path / "pickle", target)
+    (tmp_path / "pickle" / "pytorch_model.bin").write_bytes(pickle.dumps({"fc.weight": Evil()}))
+    with pytest.raises(ModelError) as err:
+        load_head(tmp_path / "pickle", target)
+    assert "pytorch_model.bin cannot be read (" in str(err.value) and "\n" not in str(err.value)
+    assert FEATURE_HEAD not in target.__dict__
+
+
+def test_a_heads_recipe_loss_is_the_loss_its_head_trains_on(pair):
+    """``eagle: {loss: ...}`` names the next token's part of the head's loss (as a draft's ``loss``): ``kl`` is
+    EAGLE's forward KL to the teacher at each labelled row after the first, ``ce`` and ``tvd`` are the draft's
+    losses seen one position on; three recipes, three losses (they once trained one head under three names)."""
+    from pipeline.models.distill import Example
+    from pipeline.models.feature_head import HeadRecipe, head_loss
+
+    target = copy.deepcopy(pair[1])
+    head = FeatureHead(target, None, 1)
+    n, k = 9, target.config.vocab_size
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, k, (1, n), generator=g)
+    features = torch.randn(n, target.config.hidden_size, generator=g, dtype=target.dtype)
+    rows = torch.tensor([0, 2, 3, 6, 8])
+    logp = torch.randn(len(rows), k, generator=g, dtype=target.dtype).log_softmax(-1)
+    labels = torch.full((n,), -100)
+    labels[rows] = logp.argmax(-1)
+    example = Example(ids, labels, rows, logp)
+    losses = {}
+    for name in ("ce", "kl", "tvd"):
+        recipe = HeadRecipe(loss=name, noise=0.0, cls_weight=1.0)
+        losses[name] = float(head_loss(head, example, features, recipe, None, 1.0).detach())
+    regression = float(head_loss(head, example, features, HeadRecipe(noise=0.0, cls_weight=0.0), None, 1.0).detach())
+    with torch.no_grad():
+        predicted = head.step(features[:-1], ids[0, 1:], None, 0)
+        logq = head.kept_logits(predicted[rows[1:] - 1]).log_softmax(-1)  # EAGLE's KL, written out
+    kl = float((logp[1:].exp() * (logp[1:] - logq)).sum(-1).mean())
+    tvd = 1 - float(torch.minimum(logp[1:].exp(), logq.exp()).sum(-1).mean())
+    ce = float(torch.nn.functional.cross_entropy(logq, labels[rows[1:]]))
+    assert abs(losses["kl"] - regression - kl) < 1e-9 and abs(losses["tvd"] - regression - tvd) < 1e-9
+    assert abs(losses["ce"] - regression - ce) < 1e-9 and len(set(losses.values())) == 3

@@ -114,6 +114,30 @@ def test_a_standard_cell_derived_from_side_by_side_runs_has_its_own_jobs_samples
     other.write(tmp_path / "other.json")
     with pytest.raises(UserError, match="ran with other max_new_tokens than cell humaneval/trio/we-T1"):
         derive_cell(tmp_path / "other.json", tmp_path / "source.jsonl", tmp_path / "x.jsonl")
+    good_meta, good_rows = (tmp_path / "source.meta.json").read_text(), pairs
+    for setting in ("temperature", "models", "seed"):  # a setting the source does not record is not known to match
+        meta = json.loads(good_meta)
+        del meta["cell"][setting]
+        (tmp_path / "source.meta.json").write_text(json.dumps(meta))
+        with pytest.raises(UserError, match=f"does not record its {setting}: cannot derive cell humaneval/trio/we-T1"):
+            derive_cell(tmp_path / "cell.json", tmp_path / "source.jsonl", tmp_path / "x.jsonl")
+    (tmp_path / "source.meta.json").write_text(good_meta)
+    (tmp_path / "bad.meta.json").write_text(good_meta)
+    damaged_timing = [{**good_rows[0], "timing": {"attempts": [{}], "counted": 0}}, good_rows[1]]
+    for rows, says in (
+        (good_rows[:1], f"lacks prompt {good_rows[1]['id']!r}"),
+        ([*good_rows, good_rows[0]], f"holds prompt {good_rows[0]['id']!r} twice"),
+        ([*good_rows, {**good_rows[0], "id": "HumanEval/999"}], "holds prompt 'HumanEval/999', which cell"),
+        (damaged_timing, "has a damaged timing record"),
+    ):
+        (tmp_path / "bad.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        with pytest.raises(UserError, match=says):
+            derive_cell(tmp_path / "cell.json", tmp_path / "bad.jsonl", tmp_path / "x.jsonl")
+        assert not (tmp_path / "x.jsonl").exists()
+    (tmp_path / "bad.jsonl").write_text("".join(json.dumps(r) + "\n" for r in reversed(good_rows)))
+    assert derive_cell(tmp_path / "cell.json", tmp_path / "bad.jsonl", tmp_path / "x.jsonl") == 2  # in its own order
+    assert [json.loads(x)["id"] for x in (tmp_path / "x.jsonl").read_text().splitlines()] == [r["id"] for r in made]
+    (tmp_path / "x.jsonl").unlink()
     (tmp_path / "source.meta.json").write_text("{not json")
     with pytest.raises(UserError, match="source.meta.json"):
         derive_cell(tmp_path / "cell.json", tmp_path / "source.jsonl", tmp_path / "x.jsonl")

@@ -93,10 +93,11 @@ def test_every_kind_of_bad_line_is_rejected_with_its_reason(tmp_path, line, reas
     assert raw == line  # set aside byte for byte
 
 
-@pytest.mark.parametrize("kind", ["link", "directory", "fifo"])
+@pytest.mark.parametrize("kind", ["link", "directory", "fifo", "hard link"])
 def test_the_lock_and_the_journal_never_write_through_what_they_did_not_make(tmp_path, kind):
-    """A symbolic link, a directory or a pipe where the journal or its lock goes is refused in one line, and
-    what a link points to is left as it was (it was truncated and overwritten with a pid line)."""
+    """A symbolic link, a directory, a pipe or a hard link (a second name of another file) where the journal or
+    its lock goes is refused in one line, and what a link points to is left as it was (it was truncated and
+    overwritten with a pid line, or had samples appended)."""
     from pipeline.files import ResultsError
     from pipeline.job.journal import Journal, journal_lock
 
@@ -106,6 +107,8 @@ def test_the_lock_and_the_journal_never_write_through_what_they_did_not_make(tmp
     for target in (Path(f"{journal}.lock"), journal):
         if kind == "link":
             target.symlink_to(victim)
+        elif kind == "hard link":
+            os.link(victim, target)
         elif kind == "directory":
             target.mkdir()
         else:
@@ -125,6 +128,36 @@ def test_the_lock_and_the_journal_never_write_through_what_they_did_not_make(tmp
             target.rmdir()
         else:
             target.unlink()
+
+
+def test_a_journal_that_is_a_pipe_or_a_device_is_one_line_and_a_full_disk_keeps_what_was_written(tmp_path):
+    """Reading back a journal that is a FIFO (it would block) or a link to /dev/zero (it would be read until memory
+    runs out) is one line at once; a write the disk refuses (ENOSPC) is one line, the samples before it kept."""
+    from pipeline.errors import UserError
+    from pipeline.files import ResultsError
+
+    journal = tmp_path / "cell.jsonl"
+    os.mkfifo(journal)
+    with pytest.raises(UserError, match="not a regular file"):
+        Journal(journal, IDS, needs_output).recover()
+    journal.unlink()
+    journal.symlink_to("/dev/zero")
+    started = time.perf_counter()
+    with pytest.raises(UserError, match="not a regular file"):
+        Journal(journal, IDS, needs_output).recover()
+    assert time.perf_counter() - started < 5
+    journal.unlink()
+    log = Journal(journal, IDS, needs_output)
+    with log.writer() as add:
+        add(json.loads(sample(0)))
+        real = os.fsync
+        try:
+            os.fsync = lambda fd: (_ for _ in ()).throw(OSError(28, "No space left on device"))
+            with pytest.raises(ResultsError, match="No space left on device; the samples already written are kept"):
+                add(json.loads(sample(1)))
+        finally:
+            os.fsync = real
+    assert list(Journal(journal, IDS, needs_output).recover()) == ["e0", "e1"]  # written, not yet synced
 
 
 # ---- under Hypothesis ---------------------------------------------------------------------------

@@ -150,7 +150,7 @@ def test_the_teacher_datas_held_out_continuations_never_enter_the_corpus(tiny_di
     draft = ModelSpec("d", distill={"teacher": {"name": "t", "source": str(tiny_dir)}, "layers": 1})
     files = model_corpus.teacher_data_files([target, draft])
     assert files == []
-    docs, why = model_corpus.teacher_documents([target, draft])
+    docs, why = model_corpus.teacher_documents([target, draft], 32)
     assert docs == [] and "no teacher data of t" in why
     from pipeline.models.distill import Recipe, data_name
 
@@ -159,11 +159,17 @@ def test_the_teacher_datas_held_out_continuations_never_enter_the_corpus(tiny_di
     held_out = [990, 991, 992, 993]  # a benchmark prompt's own continuation: must never be read
     example = (torch.tensor([[5, 6, 7, 8]]), torch.tensor([-100, 1, 2, 3]), torch.tensor([1, 2, 3]), torch.zeros(3, 2))
     torch.save({"examples": [example], "held": [([1, 2], held_out, torch.zeros(4, 2))], "kept": [0, 1]}, store)
-    docs, why = model_corpus.teacher_documents([target, draft])
+    docs, why = model_corpus.teacher_documents([target, draft], 32)
     assert docs == [[5, 6, 7, 8]] and "1 sequences" in why
     assert not any(t in doc for doc in docs for t in held_out)
+    docs, why = model_corpus.teacher_documents([target, draft], 8)  # ids of another vocabulary: a proposal outside
+    assert docs == [] and "example 0's ids holds ids outside the vocabulary of 8" in why  # the target's is refused
+    for content in ({"foo": 1}, {"examples": [(torch.tensor([[0.5, 2.0]]),)]}, [1, 2]):
+        torch.save(content, store)
+        docs, why = model_corpus.teacher_documents([target, draft], 32)
+        assert docs == [] and "cannot be read" in why, content
     store.write_bytes(b"not a torch file")
-    docs, why = model_corpus.teacher_documents([target, draft])
+    docs, why = model_corpus.teacher_documents([target, draft], 32)
     assert docs == [] and "cannot be read" in why
 
 

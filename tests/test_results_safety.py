@@ -131,6 +131,14 @@ BAD_CONFIGS = {
         "config key 'smol+l2' is given twice (line 25 of",
     ),
     "results at the root": (("results: results", 'results: "/"'), "results: '/' is a filesystem root"),
+    "results in the project's notebooks": (
+        ("results: results", f'results: "{ROOT}/notebooks/out"'),
+        "is the project's own notebooks/, whose files the workflow would overwrite",
+    ),
+    "results the project itself": (
+        ("results: results", f'results: "{ROOT}"'),
+        "is the project's own directory, whose files the workflow would overwrite",
+    ),
     "model name that is a path": (
         ("smollm2-draft-l2", "../../../elsewhere/x"),
         'models: "../../../elsewhere/x" is not accepted',
@@ -248,6 +256,27 @@ def test_an_unreachable_server_costs_seconds_keeps_an_offline_copy_and_is_retrie
     outcome = tracking.log_cell(scored_cell, status, cell_entry("c"), mode="online", wandb_dir=tmp_path)
     assert outcome["status"] == "ok" and json.loads(status.read_text())["run_id"] == "abc"
     assert not copy.exists() and not failed.exists()
+
+
+@pytest.mark.parametrize("named", ["elsewhere", "../elsewhere", "wandb/offline-run-link"])
+def test_an_offline_copy_named_outside_wandbs_own_runs_is_never_removed(scored_cell, tmp_path, monkeypatch, named):
+    """The failure record's ``offline_copy`` is a path read from a results directory: only a run directory of
+    W&B's own (``wandb/offline-run-*``, not a link) is removed when a later run succeeds; a path elsewhere, or a
+    link named like one, leaves what it names as it was."""
+    from pipeline.report import tracking
+
+    victim = tmp_path / "elsewhere"
+    (victim / "precious").mkdir(parents=True)
+    work = tmp_path / "work"
+    (work / "wandb").mkdir(parents=True)
+    if named.endswith("link"):
+        (work / named).symlink_to(victim, target_is_directory=True)
+    status, failed = work / "cell.wandb.json", work / "cell.wandb.failed.json"
+    named_path = victim if named == "elsewhere" else work / named  # absolute, climbing out, a link
+    failed.write_text(json.dumps({"status": "failed", "offline_copy": str(named_path)}))
+    monkeypatch.setattr(tracking, "_log_run", lambda *a, **k: ("abc", work / "wandb" / "run-x-abc"))
+    assert tracking.log_cell(scored_cell, status, cell_entry("c"), mode="online", wandb_dir=work)["status"] == "ok"
+    assert (victim / "precious").is_dir() and not failed.exists()
 
 
 def test_the_wandb_command_fails_in_one_line_so_the_job_is_retried(scored_cell, tmp_path, monkeypatch, capsys):

@@ -100,6 +100,70 @@ def test_a_flagged_source_sets_aside_the_cells_derived_from_it(results):
     assert status(results).pending == CELLS[:2]
 
 
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        ({"cell": {}, "dims": {"samples_from": "../../outside"}}, 'samples_from "../../outside" is not a cell of'),
+        ({"cell": {}, "dims": {"samples_from": "/etc/outside"}}, 'samples_from "/etc/outside" is not a cell of'),
+        ({"cell": {}, "dims": {"samples_from": "humaneval/pair/nope"}}, "is not a cell of"),
+        ([1, 2], "is not a cell file"),
+        ({"cell": {}, "dims": "x"}, "is not a cell file"),
+    ],
+)
+def test_a_cell_file_naming_a_source_outside_the_results_moves_nothing(results, tmp_path, capsys, content, says):
+    """``samples_from`` is followed only to a cell of the results directory itself: a path out of it, an absolute
+    one, a cell not in the grid, or a cell file that is not one, is one line, and no file moves (in or out)."""
+    outside = tmp_path / "outside"
+    for suffix in (".jsonl", ".speed.json"):  # what "../../outside" would reach from results/generations
+        write(tmp_path / f"outside{suffix}", "keep\n")
+    write(results / "cells" / f"{CELLS[1]}.json", json.dumps(content))
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert main(["rerun", str(results), "--unstable"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and says in err and "nothing was moved" in err and len(err.splitlines()) == 1
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before and outside.with_suffix(".jsonl")
+    assert not (results / "rerun").exists()
+
+
+def test_an_index_or_cell_file_that_is_a_pipe_is_one_line_not_a_wait(results, capsys):
+    """A FIFO in place of grid.json or of a cell file would block a reader forever: status and rerun refuse it."""
+    for path in (results / "grid.json", results / "cells" / f"{CELLS[1]}.json"):
+        saved = path.read_bytes() if path.exists() else None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)
+        os.mkfifo(path)
+        assert main(["rerun", str(results), "--unstable"]) == 2
+        assert "not a regular file" in capsys.readouterr().err
+        path.unlink()
+        if saved is not None:
+            path.write_bytes(saved)
+    assert main(["status", str(results)]) == 0
+
+
+def test_status_reads_a_huge_log_by_its_end_and_a_pipe_in_place_of_a_record_or_log_without_waiting(results):
+    """A failed job's cause is its log's last error line: a 1.5 GB log (sparse here) is read by its end, not whole;
+    a FIFO in place of a cell's speed record is a flag saying so, one in place of a log names no cause; none of
+    them blocks ``status``."""
+    import time
+
+    log = results / "logs" / "generate" / f"{CELLS[2]}.log"
+    with open(log, "r+b") as f:
+        f.truncate(1_500_000_000)
+        f.seek(0, 2)
+        f.write(b"\nerror: the disk is full\n")
+    speed = results / "generations" / f"{CELLS[0]}.speed.json"
+    speed.unlink()
+    os.mkfifo(speed)
+    (results / "logs" / "generate" / f"{CELLS[3]}.log").unlink()
+    os.mkfifo(results / "logs" / "generate" / f"{CELLS[3]}.log")
+    started = time.perf_counter()
+    s = status(results)
+    assert time.perf_counter() - started < 10
+    assert s.failed[CELLS[2]] == "generate: error: the disk is full"
+    assert s.unstable[CELLS[0]].startswith(f"{CELLS[0].split('/')[-1]}.speed.json cannot be read (is not a regular")
+    assert CELLS[3] in s.running
+
+
 def test_a_failed_derive_is_named(results):
     """we-T0 was generated once (its generate log, older) and is derived since; its derive job failed."""
     (results / "generations" / f"{CELLS[1]}.jsonl").unlink()

@@ -1,5 +1,6 @@
 """The package's shape: no import cycle among the project's modules (function-level imports included, and
-annotation-only ones too), and the layers between `pipeline` and `tasks` one way."""
+annotation-only ones too), the layers between `pipeline` and `tasks` one way, and every raw write or unbounded
+wait on another process inside the I/O layer (`pipeline/files.py`) or allowed with its reason."""
 
 from __future__ import annotations
 
@@ -274,3 +275,105 @@ def test_every_name_the_scripts_import_from_the_project_exists():
                         except ImportError:
                             missing.append(f"{file.relative_to(ROOT)}: from {node.module} import {alias.name}")
     assert seen >= 5 and missing == []
+
+
+# ---- one I/O layer (pipeline/files.py) ------------------------------------------------------------------------
+
+RAW_CALLS = ("torch.save", "shutil.rmtree", "shutil.move", "os.replace", "os.rename")
+UNBOUNDED = ("subprocess.run", "subprocess.check_output", "subprocess.check_call", "subprocess.call")
+# (file, enclosing function, what): why this raw write or unbounded wait is safe where it is. Every other one goes
+# through pipeline/files.py (write_atomic, atomic_path, open_own, read_user_*, read_tail) or takes a timeout.
+IO_ALLOWED = {
+    ("pipeline/models/cache.py", "write_dir", ".write_text()"): "into a fresh mkdtemp directory of its own",
+    ("pipeline/models/cache.py", "write_dir", "Path.rename()"): "the finished directory takes its place whole",
+    ("pipeline/models/cache.py", "write_dir", "shutil.rmtree"): "the cache entry it replaces (a link is unlinked)",
+    ("pipeline/models/distill.py", "stored_teacher_data", "torch.save"): "into atomic_path's fresh temporary name",
+    ("pipeline/report/status.py", "rerun_unstable", "shutil.move"): "inside the results directory, checked first",
+    ("pipeline/report/status.py", "rerun_unstable", "shutil.rmtree"): "its own copy, cut short across filesystems",
+    ("pipeline/report/status.py", "_put_back", "shutil.move"): "back where rerun moved it from",
+    ("pipeline/report/tracking.py", "_forget_fallback", "shutil.rmtree"): "a W&B offline run dir of its own only",
+    ("pipeline/report/tracking.py", "_log_run", "shutil.rmtree"): "the stub W&B made for this attempt",
+    ("pipeline/vllm/env.py", "ensure", "shutil.rmtree"): "its own half-built environment, under the cache lock",
+    ("pipeline/vllm/engine.py", "stop", ".wait() without timeout"): "after kill(): returns at once",
+    ("pipeline/vllm/engine.py", "close", ".wait() without timeout"): "after kill(): returns at once",
+    ("pipeline/measure/competitors.py", "measure", ".wait() without timeout"): "after kill(): returns at once",
+    ("pipeline/cli/setup.py", "lm_eval_in_vllm", "subprocess.run without timeout"): "the user's own evaluation",
+    ("tasks/sandbox.py", "_kill", ".wait() without timeout"): "after SIGKILL to its group: returns at once",
+    ("tasks/sandbox.py", "_workdir", "shutil.rmtree"): "the sandbox's own mkdtemp directory",
+    ("tasks/sandbox.py", "_cgroup", ".write_text()"): "cgroup control files (the kernel's, not a user's)",
+    ("tasks/sandbox.py", "_remove_cgroup", ".write_text()"): "cgroup.kill (the kernel's)",
+    ("tasks/sandbox.py", "_cgroup_parent", ".write_text()"): "cgroup.subtree_control (the kernel's)",
+    ("tasks/sandbox_judge.py", "judge", "open(..., 'w')"): "cgroup.procs (the kernel's)",
+    ("tasks/sandbox_judge.py", "judge", ".wait() without timeout"): "after kill(): returns at once",
+}
+
+
+def raw_io(tree: ast.AST) -> list[tuple[str, str, int]]:
+    """(enclosing function, what, line) for each raw write, move, removal or unbounded wait in ``tree``."""
+    found = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = child.name if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef) else function
+            if isinstance(child, ast.Call) and (what := raw_call(child)):
+                found.append((function, what, child.lineno))
+            visit(child, inner)
+
+    visit(tree, "<module>")
+    return found
+
+
+def raw_call(node: ast.Call) -> str | None:
+    f, name = node.func, ast.unparse(node.func)
+    keywords = {k.arg for k in node.keywords}
+    if isinstance(f, ast.Name) and f.id == "open":
+        mode = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "mode"), None)
+        if isinstance(mode, ast.Constant) and isinstance(mode.value, str) and set(mode.value) & set("wax+"):
+            return f"open(..., {mode.value!r})"
+    elif isinstance(f, ast.Attribute) and f.attr in ("write_text", "write_bytes"):
+        return f".{f.attr}()"
+    elif name in RAW_CALLS:
+        return name
+    elif isinstance(f, ast.Attribute) and f.attr in ("rename", "replace") and len(node.args) == 1 and not keywords:
+        return None if isinstance(f.value, ast.Constant) else f"Path.{f.attr}()"  # str.replace takes two
+    elif name in UNBOUNDED and "timeout" not in keywords:
+        return f"{name} without timeout"
+    elif (
+        isinstance(f, ast.Attribute)
+        and f.attr in ("wait", "communicate")
+        and not node.args
+        and "timeout" not in keywords
+    ):
+        return f".{f.attr}() without timeout"
+    return None
+
+
+def test_every_write_and_wait_goes_through_the_io_layer_or_is_allowed_with_its_reason():
+    """pipeline/files.py is where files are written (atomically, never through a link) and read (never waiting
+    on a pipe): a raw write, move or removal elsewhere (``open(.., "w")``, ``Path.write_*``, ``torch.save``,
+    ``shutil.rmtree``, ``os.replace``, ...) or a wait on another process without a time limit fails this test,
+    unless IO_ALLOWED names it with the reason it is safe there. Entries that no longer match fail it too."""
+    seen, unexplained = set(), []
+    for package in PACKAGES:
+        for file in sorted((ROOT / package).rglob("*.py")):
+            rel = file.relative_to(ROOT).as_posix()
+            if rel == "pipeline/files.py":
+                continue
+            for function, what, line in raw_io(ast.parse(file.read_text())):
+                if (rel, function, what) in IO_ALLOWED:
+                    seen.add((rel, function, what))
+                else:
+                    unexplained.append(f"{rel}:{line} ({function}): {what}")
+    assert not unexplained, "raw I/O outside pipeline/files.py:\n" + "\n".join(unexplained)
+    assert not set(IO_ALLOWED) - seen, f"allowed but not found (remove them): {sorted(set(IO_ALLOWED) - seen)}"
+
+
+def test_the_io_rule_finds_a_raw_write_and_an_unbounded_wait():
+    code = (
+        "def f(p, proc):\n    open(p, 'w').write('x')\n    p.write_text('x')\n    proc.wait()\n    s.replace('a', 'b')"
+    )
+    assert [(w, n) for _, w, n in raw_io(ast.parse(code))] == [
+        ("open(..., 'w')", 2),
+        (".write_text()", 3),
+        (".wait() without timeout", 4),
+    ]

@@ -41,7 +41,7 @@ def test_tree_shapes_parse_and_refuse_in_one_line():
     assert parse_tree([3, 2, 1]).nodes == 3 + 6 + 6 and parse_tree([3, 2, 1]).label == "t3x2x1"
     assert parse_tree("td16w").label == "td16w" and not parse_tree("d16w").replacement and parse_tree(16).nodes == 16
     assert parse_tree("2x2") == parse_tree([2, 2]) and parse_tree(None) is None
-    for bad in ("3x", [0, 2], 0, 65, [8, 8, 8], "wide", 2.5):
+    for bad in ("3x", [0, 2], 0, 65, [8, 8, 8], "wide", 2.5, "9" * 5001, "d" + "9" * 5001):  # no 5,000-digit int
         with pytest.raises(ArgumentError, match="tree="):
             parse_tree(bad)
 

@@ -51,6 +51,10 @@ def test_vllm_methods_are_parsed_once_with_vllms_decoding_as_their_baseline():
     assert not any(parse_method(m).exact_at(1.0) for m in ("vllm_sd", "vllm_ngram", "vllm_eagle"))
     assert all(parse_method(m).exact_at(0.0) for m in ("vllm_sd", "vllm_ngram", "vllm_eagle"))
     assert plain.exact_at(1.0)
+    assert plain.check(1, {"eager": False}) == {"eager": False}
+    for value in ("no", 0, None, "false"):  # bool("no") is True: anything but a boolean is refused, not coerced
+        with pytest.raises(ArgumentError, match=rf"^eager={value!r} for 'vllm': expected true or false$"):
+            plain.check(1, {"eager": value})
 
 
 def test_the_decoder_refuses_vllms_methods_in_one_line():
@@ -562,3 +566,58 @@ def test_the_preflight_refuses_a_model_vllm_has_no_class_for_in_one_line(tiny_di
     assert local_problems(config, cells)[1] == []
     monkeypatch.setattr(vllm_env, "ready", lambda kind=None: None)  # not built yet: its job says it in vLLM's words
     assert local_problems(config, cells)[1] == []
+
+
+FAKE_WORKER = """
+import json, sys, time
+mode = json.loads(sys.argv[1])["model"]
+ready = {"ready": True, "versions": {"vllm": "0"}, "load_s": 0.1}
+say = lambda x: (sys.stdout.write(x + "\\n"), sys.stdout.flush())
+if mode == "silent":
+    time.sleep(60)
+say({"not json": "this is not json", "no versions": json.dumps({"ready": True})}.get(mode, json.dumps(ready)))
+for line in sys.stdin:
+    counts = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "accepted_per_pos": []}
+    ids = {"huge": [10**9], "negative": [-1], "float": [1.5], "hang": None}.get(mode, [1, 2])
+    if ids is None:
+        time.sleep(60)
+    say(json.dumps({"token_ids": ids, "wall_s": 0.01, **counts}))
+"""
+
+
+@pytest.mark.parametrize(
+    "mode, says",
+    [
+        ("not json", "answered 'this is not json' (its start), not a JSON object"),
+        ("no versions", "said it was ready without its versions"),
+        ("silent", "did not answer within 1 s (its start)"),
+        ("hang", "did not answer within 1 s (a generation)"),
+        ("negative", "answered a generation that is not one: token_ids is not a list of token ids"),
+        ("float", "answered a generation that is not one: token_ids is not a list of token ids"),
+        ("huge", "answered token id 1000000000, outside the model's vocabulary of 49152"),
+    ],
+)
+def test_a_workers_answer_is_checked_as_it_arrives_and_waited_for_no_longer_than_its_limit(
+    mode, says, tmp_path, monkeypatch, smol_tokenizer
+):
+    """vLLM's worker is another process: a line that is not JSON, a start without versions, token ids that are
+    not ids or lie outside the model's vocabulary, and silence past the time limit are each one line naming the
+    worker (which is stopped), never a traceback, a sample or a job that waits forever."""
+    from pipeline.vllm import engine
+
+    (tmp_path / "worker.py").write_text(FAKE_WORKER)
+    monkeypatch.setattr(engine, "WORKER", tmp_path / "worker.py")
+    monkeypatch.setattr(engine, "START_S", 1.0)
+    monkeypatch.setattr(engine, "ANSWER_S", 1.0)
+    run = engine.VLLMRun(sys.executable, [mode], smol_tokenizer, {0}, threads=1)
+    started = time.perf_counter()
+    with pytest.raises(engine.VLLMError) as err:
+        run([1, 2, 3], "vllm", max_new_tokens=2)
+    assert str(err.value).startswith(f"vLLM's worker for {mode} ") and says in str(err.value), err.value
+    assert "\n" not in str(err.value) and time.perf_counter() - started < 20
+    assert all(w.proc.poll() is not None for w in run.workers.values())  # stopped, not left behind
+    if mode == "huge":  # the same worker's ids inside the vocabulary are a generation
+        ok = engine.VLLMRun(sys.executable, ["fine"], smol_tokenizer, {0}, threads=1)
+        assert ok([1, 2, 3], "vllm", max_new_tokens=2).token_ids == [1, 2]
+        ok.close()
+    run.close()

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
+from ..files import write_atomic
 from ..models.distill import LOSSES, Recipe, teacher_data, train_draft
 
 COLUMNS = ("agreement", "agreement_with_lookup", "acceptance_t1", "acceptance_t1_with_lookup", "final_loss")
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             "curves": curves,
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(record, indent=2) + "\n")
+        write_atomic(args.json, json.dumps(record, indent=2) + "\n")
     return 0
 
 

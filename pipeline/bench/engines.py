@@ -51,6 +51,7 @@ from torch import nn
 
 from ..decoding import generate
 from ..decoding.runner import ENGINES, set_engine
+from ..files import write_atomic
 from ..measure.cost import chain_speedup
 from ..measure.forward_timing import Contender, compiling, interleaved
 from ..measure.speed import fmt as speed_fmt
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     def save() -> None:  # after every section, so that a run cut short keeps what it measured
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(report, indent=2, default=str))
+            write_atomic(args.json, json.dumps(report, indent=2, default=str))
 
     def model(shape: str, dtype: str, engine: str) -> nn.Module:
         from ..models import cpu_kernels

@@ -36,7 +36,7 @@ from pipeline.decoding.proposers import parse_proposer
 from pipeline.decoding.runner import ENGINES, set_engine
 from pipeline.decoding.spec import PEERS, proposer_kinds
 from pipeline.errors import ArgumentError
-from pipeline.files import ResultsError
+from pipeline.files import ResultsError, write_atomic
 from pipeline.measure.speed import fmt as speed_fmt
 from pipeline.models import BUNDLED, ModelError, Recipe, cpu_kernels, ensure_draft, load, load_bundled, truncated_copy
 
@@ -65,7 +65,7 @@ def humaneval_prompts(n: int, tokenizer=None, chat: bool = False) -> list[str]:
     return [render(task, ex, tokenizer, chat=True)[0] for ex in task.examples(chosen)]
 
 
-def bench_corpus(draft_layers: int):
+def bench_corpus(draft_layers: int, vocab: int):
     """The bench's corpus (``decoding/corpus.py``): the teacher data of the bundled model's distilled draft, as a
     generation job's (``models/corpus.py``); each prompt's baseline output joins it once the prompt is done."""
     from pipeline.decoding.corpus import Corpus
@@ -73,7 +73,7 @@ def bench_corpus(draft_layers: int):
     from pipeline.models.spec import ModelSpec
 
     draft = ModelSpec("draft", distill={"teacher": BUNDLED, "layers": draft_layers})
-    documents, source = teacher_documents([ModelSpec(BUNDLED), draft])
+    documents, source = teacher_documents([ModelSpec(BUNDLED), draft], vocab)
     return Corpus(documents, source)
 
 
@@ -103,7 +103,6 @@ def record(out_dir: Path, rows: list[dict], settings: dict[str, Any]) -> Path:
     import datetime
     import platform
 
-    from ..files import write_atomic
     from ..job.generate import environment
     from ..measure.timing import provenance
     from ..report.results_file import git_state
@@ -257,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = humaneval_prompts(args.prompts, tokenizer, args.chat)
     corpus = None
     if args.corpus != "none":
-        corpus = bench_corpus(args.draft_layers) if args.corpus == "teacher" else Corpus()
+        corpus = bench_corpus(args.draft_layers, len(tokenizer)) if args.corpus == "teacher" else Corpus()
     every = variants(
         args.gamma,
         args.proposer,
@@ -314,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bench took {time.perf_counter() - start:.0f} s")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(rows, indent=2))
+        write_atomic(args.json, json.dumps(rows, indent=2))
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     settings.update(
         draft=draft_desc, kernels=kernels, threads=torch.get_num_threads(), prompts_text=prompts, best_against_best=best

@@ -25,6 +25,7 @@ from pipeline.bench.table import measure
 from pipeline.decoding import generate
 from pipeline.decoding.spec import parse_method
 from pipeline.decoding.union import byte_level_table
+from pipeline.files import write_atomic
 from pipeline.measure.speed import fmt, series_speedup
 
 METHODS = ("we", "we_sd", "we_se", "we_me")
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     print(render_table(rows))
     print(f"union of {rows[0]['union_size']} strings; map share: union_map_s over wall time", file=sys.stderr)
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+        write_atomic(Path(args.json), json.dumps(rows, indent=1))
     return 0
 
 

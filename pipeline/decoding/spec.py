@@ -246,6 +246,8 @@ class MethodSpec:
                 f"{self.name!r} needs full-vocabulary logits, but model {restricted[0]} has a restricted output head "
                 "(a distilled draft); use one with a full head ('full_head: true' in a config)"
             )
+        if not isinstance(resolved.get("eager", True), bool):  # "no" is not False: bool("no") would run eager
+            raise ArgumentError(f"eager={resolved['eager']!r} for {self.name!r}: expected true or false")
         first = resolved.get("first_proposer")
         if first is not None and (not is_int(first) or not 0 <= first < n):
             raise ArgumentError(f"first_proposer={first!r} for {self.name!r}: expected 0..{n - 1} (a model index)")

@@ -298,11 +298,21 @@ def _known(value: Any, accepted, problem: str, label: str = "accepted") -> None:
         raise ConfigError(f"{problem}; {label}: {', '.join(accepted) or 'none'}")
 
 
+PROJECT = Path(__file__).resolve().parents[2]  # the checkout: its own folders are never a results directory
+
+
 def _check_results_dir(results: str) -> None:
     path = Path(results).expanduser().resolve()
     if not results.strip() or path == Path(path.anchor):
         raise ConfigError(
             f"config key results: {results!r} is a filesystem root; give a directory of its own (default: results)"
+        )
+    inside = path.relative_to(PROJECT).parts if path.is_relative_to(PROJECT) else None
+    if inside is not None and (not inside or (inside[0] != "results" and (PROJECT / inside[0]).exists())):
+        where = f"the project's own {inside[0]}/" if inside else "the project's own directory"
+        raise ConfigError(
+            f"config key results: {results!r} is {where}, whose files the workflow would overwrite; give a directory "
+            "of its own (default: results)"
         )
 
 

@@ -15,6 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tasks import get_task
+
 from ..errors import UserError
 from ..experiment.cell import CellFile
 from ..experiment.grid import OWN_SETTINGS
@@ -32,12 +34,45 @@ def derived_row(row: dict[str, Any], source: str) -> dict[str, Any]:
     out = {k: row[k] for k in CARRIED if k in row}
     out.update({k: base[k] for k in ("output", "token_ids", "stats", "pieces") if k in base})
     if "timing" in row:
-        attempts = [
-            {"interfered": a["baseline"]["interfered"], "method": a["baseline"]} for a in row["timing"]["attempts"]
-        ]
-        out["timing"] = {"attempts": attempts, "counted": row["timing"]["counted"]}
+        timing = row["timing"]
+        attempts = timing.get("attempts") if isinstance(timing, dict) else None
+        regions = [a.get("baseline") if isinstance(a, dict) else None for a in attempts or []]
+        counted = timing.get("counted") if isinstance(timing, dict) else None
+        if (
+            not regions
+            or not all(isinstance(r, dict) and "interfered" in r for r in regions)
+            or not (isinstance(counted, int) and not isinstance(counted, bool) and 0 <= counted < len(regions))
+        ):
+            raise UserError(
+                f"cell {source}: sample {row.get('id')!r} has a damaged timing record (expected attempts with a "
+                "baseline region each and a counted attempt among them); generate that cell again"
+            )
+        out["timing"] = {
+            "attempts": [{"interfered": r["interfered"], "method": r} for r in regions],
+            "counted": counted,
+        }
     out["samples_from"] = source
     return out
+
+
+def prompt_ids(cell) -> list[str]:
+    """The ids of the prompts ``cell`` runs, in its order (as its own generation job loads them)."""
+    return [ex.id for ex in get_task(cell.task).load(cell.size, cell.data_dir, cell.seed)]
+
+
+def in_prompt_order(rows: list[dict[str, Any]], ids: list[str], source: str, cell: str) -> list[dict[str, Any]]:
+    """``rows`` in the order of ``ids``, when they are exactly the cell's prompts, each once; else a one-line error
+    naming the first id missing, repeated or foreign (a derived cell is its own job's output or nothing)."""
+    seen: dict[Any, dict[str, Any]] = {}
+    for row in rows:
+        if row.get("id") in seen:
+            raise UserError(f"cell {source} holds prompt {row.get('id')!r} twice; cell {cell} takes each prompt once")
+        seen[row.get("id")] = row
+    if foreign := [i for i in seen if i not in set(ids)]:
+        raise UserError(f"cell {source} holds prompt {foreign[0]!r}, which cell {cell} does not run")
+    if missing := [i for i in ids if i not in seen]:
+        raise UserError(f"cell {source} lacks prompt {missing[0]!r} of cell {cell} ({len(missing)} missing)")
+    return [seen[i] for i in ids]
 
 
 def derive_cell(cell_file: Path, source_samples: Path, out: Path) -> int:
@@ -56,10 +91,16 @@ def derive_cell(cell_file: Path, source_samples: Path, out: Path) -> int:
             f"cell {source} runs {ran.get('baseline')!r} with {ran.get('baseline_args', {})} beside its samples, "
             f"not {entry.cell.method!r} with {entry.cell.method_args}"
         )
-    mine = {k: v for k, v in entry.cell.described().items() if k in ran and k not in OWN_SETTINGS}
+    mine = {k: v for k, v in entry.cell.described().items() if k not in OWN_SETTINGS}
+    missing = sorted(k for k in mine if k not in ran)  # a setting its meta does not record is not known to match
+    if missing:
+        raise UserError(
+            f"cell {source}'s meta file does not record its {', '.join(missing)}: cannot derive cell {entry.dims.id}"
+        )
     if differ := sorted(k for k, v in mine.items() if ran[k] != v):
         raise UserError(f"cell {source} ran with other {', '.join(differ)} than cell {entry.dims.id}")
     rows = [derived_row(r, source) for r in read_jsonl(source_samples)]
+    rows = in_prompt_order(rows, prompt_ids(entry.cell), source, entry.dims.id)
     meta = {"environment": source_meta["environment"], "cell": entry.cell.described(), "samples_from": source}
     write_atomic(beside(out, "meta"), json.dumps(meta, indent=2, default=str) + "\n")
     write_atomic(Path(out), "".join(json.dumps(r) + "\n" for r in rows))

@@ -130,13 +130,13 @@ def reads_corpus(cell: Cell) -> bool:
     return any(capabilities(c).reads_corpus for c in parse_proposer(proposer).classes())
 
 
-def job_corpus(cell: Cell, union: bool) -> Corpus:
+def job_corpus(cell: Cell, union: bool, vocab: int) -> Corpus:
     """The job's corpus (``decoding/corpus.py``): the target's own text in the model cache (``models/corpus.py``;
     none for models of different tokenizers, which decode over the union's ids), then each prompt's output as it
     is done. It lives in this job's memory only."""
     if union:
         return Corpus([], "no fixed documents: the set's models decode over the union of their vocabularies")
-    documents, source = teacher_documents(cell.models)
+    documents, source = teacher_documents(cell.models, vocab)
     return Corpus(documents, source)
 
 
@@ -155,7 +155,7 @@ def our_runs(cell: Cell):
         compile_ahead(models, [len(p) + cell.max_new_tokens + 1 for p in prompts.values()], tree_tokens=nodes)
         return provenance(next(models[0].parameters()).device, {engine_of(m)[0] for m in models})
 
-    run.corpus = job_corpus(cell, "tokenizers" in vocabulary) if reads_corpus(cell) else None
+    run.corpus = job_corpus(cell, "tokenizers" in vocabulary, len(tokenizer)) if reads_corpus(cell) else None
     return run, tokenizer, prepared
 
 

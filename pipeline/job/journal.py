@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from ..files import ResultsError, exclusive, open_own, writable_dir, write_atomic
+from ..files import ResultsError, exclusive, open_own, read_user_bytes, writable_dir, write_atomic
 
 Check = Callable[[dict[str, Any]], str | None]  # a sample's problem in words, or None when it is valid
 
@@ -56,7 +56,7 @@ class Journal:
         """The good samples by id (each line's bytes, without its newline); the journal is repaired in place."""
         if not self.path.exists():
             return {}
-        data = self.path.read_bytes()
+        data = read_user_bytes(self.path, "the journal")  # a pipe, a device, a link to one: one line, no wait
         lines = data.split(b"\n")
         unterminated = not data.endswith(b"\n") and data != b""
         if not unterminated:
@@ -101,9 +101,15 @@ class Journal:
         f = open_own(self.path, "a", "the journal")  # never through a link: one line instead
 
         def add(row: dict[str, Any]) -> None:
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+            try:
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            except OSError as err:  # a full disk, a quota: the samples before this one are kept, the next run resumes
+                raise ResultsError(
+                    f"cannot write the journal {self.path}: {err.strerror or type(err).__name__}; the samples "
+                    "already written are kept and the next run resumes from them"
+                ) from None
 
         with f:
             yield add

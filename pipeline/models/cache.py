@@ -9,6 +9,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ..files import open_own
+
 
 def cache_dir() -> Path:
     return Path(os.environ.get("SPECENS_CACHE", Path.home() / ".cache" / "specens")).expanduser()
@@ -18,7 +20,8 @@ def cache_dir() -> Path:
 def cache_lock(target: Path):
     """Hold an exclusive lock on ``target`` (a cache entry) while it is built, so parallel jobs build it once."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as handle:
+    # a shared cache: a link, a pipe or a hard link planted at the lock's name is refused, never written through
+    with open_own(target.parent / f".{target.name}.lock", "a", f"the cache lock of {target.name}") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -45,7 +48,9 @@ def write_dir(out_dir: Path, write, files: dict[str, str] | None = None) -> None
         write(tmp)
         for name, text in (files or {}).items():
             (tmp / name).write_text(text)
-        if out_dir.exists():
+        if out_dir.is_symlink():  # the link goes, never what it points to
+            out_dir.unlink()
+        elif out_dir.exists():
             shutil.rmtree(out_dir)
         tmp.rename(out_dir)  # atomic: a half-written directory never looks complete
     except OSError:

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from .cache import cache_dir
-from .distill import Recipe, data_name
+from .distill import Recipe, data_name, token_ids
 from .resolve import recipe_for
 from .sources import locate
 from .spec import ModelError, ModelSpec, teacher_spec
@@ -42,9 +42,10 @@ def teacher_data_files(specs: list[ModelSpec]) -> list[Path]:
     return found
 
 
-def teacher_documents(specs: list[ModelSpec]) -> tuple[list[list[int]], str]:
+def teacher_documents(specs: list[ModelSpec], vocab: int) -> tuple[list[list[int]], str]:
     """The training sequences (token ids) of the set's teacher data (``teacher_data_files``), and where they came
-    from as one line; none (and why) when the cache holds no such file or it cannot be read."""
+    from as one line; none (and why) when the cache holds no such file, or one that cannot be read or holds other
+    than token ids below ``vocab`` (the target's: a proposal outside it would reach the target's embedding)."""
     files = teacher_data_files(specs)
     if not files:
         return [], f"no teacher data of {specs[0].name} in the model cache (no draft of the set distilled from it)"
@@ -52,7 +53,12 @@ def teacher_documents(specs: list[ModelSpec]) -> tuple[list[list[int]], str]:
     for path in files:
         try:
             saved = torch.load(path, weights_only=True, mmap=True)  # the ids only are read; never "held"
-            documents += [ids.reshape(-1).tolist() for ids, *_ in saved["examples"]]
-        except Exception as err:  # a damaged file: the corpus goes without it, and says so
-            return [], f"the teacher data {path.name} cannot be read ({type(err).__name__})"
+            examples = saved["examples"] if isinstance(saved, dict) else None
+            if not isinstance(examples, list) or not all(isinstance(e, tuple | list) and e for e in examples):
+                raise ValueError("no examples of token ids")
+            ids = [token_ids(e[0], vocab, f"example {n}'s ids") for n, e in enumerate(examples)]
+            documents += [i.reshape(-1).tolist() for i in ids]
+        except Exception as err:  # a damaged file, or other content: the corpus goes without it, and says so
+            why = str(err) if isinstance(err, ValueError) else type(err).__name__
+            return [], f"the teacher data {path.name} cannot be read ({why})"
     return documents, f"teacher data {', '.join(p.name for p in files)}: {len(documents)} sequences"

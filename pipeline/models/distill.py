@@ -27,10 +27,12 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ..decoding.lookup import PromptLookup
+from ..files import atomic_path
 from .cache import cache_lock, save_dir
 from .cpu_kernels import pack_linears
 from .loading import truncated_copy
@@ -310,14 +312,13 @@ def stored_teacher_data(teacher, tokenizer, recipe: Recipe, store: Path | None) 
         if store.exists():
             t0 = time.perf_counter()
             try:
-                saved = torch.load(store, weights_only=True)
-            except Exception as err:  # a damaged file: made again below
-                print(f"warning: {store} cannot be read ({type(err).__name__}); the teacher's data is made again")
+                examples, kept, coverage, held = read_teacher_data(torch.load(store, weights_only=True), len(tokenizer))
+            except Exception as err:  # a damaged file, or one of another content: made again below
+                why = str(err) if isinstance(err, ValueError) else type(err).__name__
+                print(f"warning: {store} cannot be read ({why}); the teacher's data is made again")
             else:
-                examples = [Example(ids, labels, rows, logp.float()) for ids, labels, rows, logp in saved["examples"]]
-                held = [(prompt, cont, logp) for prompt, cont, logp in saved["held"]]
                 seconds = round(time.perf_counter() - t0, 1)  # this draft's: read, not made
-                return TeacherData(examples, saved["kept"], saved["label_coverage"], held, seconds)
+                return TeacherData(examples, kept, coverage, held, seconds)
         data = teacher_data(teacher, tokenizer, recipe)
         saved = {
             "examples": [(e.ids, e.labels, e.rows, e.logp.half()) for e in data.examples],
@@ -326,10 +327,44 @@ def stored_teacher_data(teacher, tokenizer, recipe: Recipe, store: Path | None) 
             "held": data.held,
             "seconds": data.seconds,
         }
-        tmp = store.with_name(f".{store.name}.tmp")
-        torch.save(saved, tmp)
-        tmp.replace(store)  # atomic: a half-written file is never read
+        with atomic_path(store) as tmp:  # a fresh name (O_EXCL): never a link planted in the cache
+            torch.save(saved, tmp)
         return data
+
+
+def token_ids(value: Any, vocab: int, what: str) -> torch.Tensor:
+    """``value`` if it is an integer tensor of token ids below ``vocab``; else ValueError naming ``what``."""
+    if not isinstance(value, torch.Tensor) or value.dtype.is_floating_point or value.dtype == torch.bool:
+        raise ValueError(f"{what} is not a tensor of token ids")
+    if value.numel() and (int(value.min()) < 0 or int(value.max()) >= vocab):
+        raise ValueError(f"{what} holds ids outside the vocabulary of {vocab}")
+    return value
+
+
+def read_teacher_data(saved: Any, vocab: int) -> tuple[list[Example], list[int], float, list]:
+    """The examples, kept ids, label coverage and held-out continuations of a stored teacher-data file (as
+    ``stored_teacher_data`` writes it), each checked: ValueError naming the first part that is not what was written."""
+    if not isinstance(saved, dict) or not {"examples", "kept", "label_coverage", "held"} <= set(saved):
+        raise ValueError("not a teacher-data record (examples, kept, label_coverage, held)")
+    kept = saved["kept"]
+    if not isinstance(kept, list) or not all(isinstance(i, int) and 0 <= i < vocab for i in kept) or not kept:
+        raise ValueError(f"kept is not a list of ids below {vocab}")
+    examples = []
+    for n, example in enumerate(saved["examples"] if isinstance(saved["examples"], list) else [None]):
+        if not isinstance(example, tuple | list) or len(example) != 4:
+            raise ValueError(f"example {n} is not (ids, labels, rows, logp)")
+        ids, labels, rows, logp = example
+        token_ids(ids, vocab, f"example {n}'s ids")
+        if not all(isinstance(t, torch.Tensor) for t in (labels, rows, logp)) or logp.shape[-1:] != (len(kept),):
+            raise ValueError(f"example {n}'s labels, rows or log-probabilities do not fit its {len(kept)} kept ids")
+        examples.append(Example(ids, labels, rows, logp.float()))
+    held = saved["held"]
+    if not isinstance(held, list) or not all(isinstance(h, tuple | list) and len(h) == 3 for h in held):
+        raise ValueError("held is not a list of (prompt, continuation, log-probabilities)")
+    coverage = saved["label_coverage"]
+    if not isinstance(coverage, int | float) or not 0 <= coverage <= 1:
+        raise ValueError("label_coverage is not a share")
+    return examples, kept, float(coverage), [tuple(h) for h in held]
 
 
 def draft_loss(name: str, logits: torch.Tensor, example: Example) -> torch.Tensor:

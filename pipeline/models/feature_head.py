@@ -40,8 +40,10 @@ from .distill import (
     Example,
     Recipe,
     TeacherData,
+    draft_loss,
     fit,
     fixed_threads,
+    loss_at,
     teacher_data,
     versions,
 )
@@ -177,23 +179,30 @@ def target_features(teacher, sequences: list[torch.Tensor], layout: str = "ours"
 
 
 def head_loss(
-    head: FeatureHead, example: Example, features: torch.Tensor, recipe: HeadRecipe, noise, scale: float
+    head: FeatureHead,
+    example: Example,
+    features: torch.Tensor,
+    recipe: HeadRecipe,
+    noise,
+    scale: float,
+    step: int = 0,
 ) -> torch.Tensor:
     """EAGLE's loss on one sequence: inputs (f_t, x_{t+1}) for t < n - 1, targets f_{t+1} (smooth L1, in units of
-    ``scale``, the features' root mean square: a model's last hidden states may be large) and, where row t + 1 is
-    labelled, the teacher's distribution of the token after it (forward KL over the kept ids). The input noise's
-    half-width is ``recipe.noise`` times ``scale``."""
+    ``scale``, the features' root mean square: a model's last hidden states may be large) plus ``cls_weight`` times
+    the next token's loss at each labelled row after the first: the recipe's ``loss`` (``distill.LOSSES``, at
+    ``step`` for a schedule such as ``kl_tvd``) of the head's distribution over the kept ids against the teacher's,
+    as a draft's. The input noise's half-width is ``recipe.noise`` times ``scale``."""
     ids = example.ids[0]
     inputs = features[:-1]
     if recipe.noise:
         inputs = inputs + (torch.rand(inputs.shape, generator=noise) * 2 - 1) * (recipe.noise * scale)
     predicted = head.step(inputs, ids[1:], None, 0)
     loss = nn.functional.smooth_l1_loss(predicted / scale, features[1:] / scale)
-    rows = example.rows[example.rows >= 1]
-    if len(rows) and recipe.cls_weight:
-        logq = head.kept_logits(predicted[rows - 1]).log_softmax(-1)
-        logp = example.logp[example.rows >= 1]
-        loss = loss + recipe.cls_weight * (logp.exp() * (logp - logq)).sum(-1).mean()
+    later = example.rows >= 1
+    if later.any() and recipe.cls_weight:  # predicted[t] is row t + 1's: the example seen one position on
+        shifted = Example(ids[None, 1:], example.labels[1:], example.rows[later] - 1, example.logp[later])
+        name = loss_at(recipe.loss, step, recipe.steps)
+        loss = loss + recipe.cls_weight * draft_loss(name, head.kept_logits(predicted), shifted)
     return loss
 
 
@@ -236,7 +245,7 @@ def train_head(teacher, data: TeacherData, recipe: HeadRecipe, curve: bool = Fal
         params,
         data.examples,
         recipe,
-        lambda e, step: head_loss(head, e, by_id[id(e)], recipe, noise, scale),
+        lambda e, step: head_loss(head, e, by_id[id(e)], recipe, noise, scale, step),
         "train head",
         probe,
     )
@@ -276,16 +285,39 @@ def save_head(head: FeatureHead, out_dir: Path, meta: dict) -> None:
     write_dir(out_dir, lambda tmp: save_file({k: v.contiguous() for k, v in state.items()}, tmp / name), files)
 
 
+TARGET_KEYS = (
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "rope_theta",
+    "rms_norm_eps",
+    "hidden_act",
+)  # where a head's config must be its target's
+
+
 def load_head(path: str | Path, target: nn.Module) -> FeatureHead:
     """A feature head for ``target`` from ``path``: one this project trained (``feature_head.json`` and
     ``feature_head.safetensors``), or a published EAGLE checkpoint (``config.json`` and ``model.safetensors``
-    or ``pytorch_model.bin`` holding ``fc.*`` and ``layers.N.*``). Attached to ``target`` (``attach``)."""
+    or ``pytorch_model.bin`` holding ``fc.*`` and ``layers.N.*``). Attached to ``target`` (``attach``).
+
+    Checked as it loads, each problem one ``ModelError`` line naming the file: the head's config (a JSON object,
+    a layer count its tensors hold, layers 0 to N, a known layout, kept ids inside the target's
+    rows), the checkpoint's ``config.json`` against the target's (``TARGET_KEYS``: a head of another width, rope or
+    norm does not fit), every tensor's shape against the head it builds, and every weight finite."""
     path = Path(path)
     if (path / HEAD_CONFIG).exists():
-        config = json.loads((path / HEAD_CONFIG).read_text())
-        layout = config.get("layout", "ours")  # heads saved before layouts were named are this project's
-        head = FeatureHead(target, config.get("kept"), int(config["layers"]), bool(config.get("bias", True)), layout)
-        state = _read(path / WEIGHTS) if layout == "ours" else from_eagle_state(_read(path / EAGLE_WEIGHTS[0]))
+        config = _head_config(path / HEAD_CONFIG, target)
+        layout = config["layout"]
+        weights = path / (WEIGHTS if layout == "ours" else EAGLE_WEIGHTS[0])
+        raw = _read(weights)
+        eagle_names = raw if layout == "eagle" else {k.removeprefix("decoder."): v for k, v in raw.items()}
+        if (found := _layer_count(eagle_names, weights)) != config["layers"]:
+            raise ModelError(
+                f"feature head {path}: {HEAD_CONFIG} says {config['layers']} layers, its weights hold {found}"
+            )
+        state = raw if layout == "ours" else from_eagle_state(raw)
     else:
         weights = next((path / f for f in EAGLE_WEIGHTS if (path / f).exists()), None)
         if weights is None or not (path / "config.json").exists():
@@ -294,15 +326,26 @@ def load_head(path: str | Path, target: nn.Module) -> FeatureHead:
                 f"(config.json and {' or '.join(EAGLE_WEIGHTS)})"
             )
         raw = _read(weights)
-        layers = 1 + max((int(k.split(".")[1]) for k in raw if k.startswith("layers.")), default=-1)
-        if "fc.weight" not in raw or layers < 1:
+        if "fc.weight" not in raw or not any(k.startswith("layers.0.") for k in raw):
             raise ModelError(f"EAGLE checkpoint {weights}: no fc.weight or layers.0.* (first keys: {sorted(raw)[:4]})")
-        state = from_eagle_state(raw)
-        head = FeatureHead(target, None, layers, "fc.bias" in raw, layout="eagle")
+        config = {"kept": None, "layers": _layer_count(raw, weights), "bias": "fc.bias" in raw}
+        config["layout"], state = "eagle", from_eagle_state(raw)
+    if (path / "config.json").exists():
+        _check_target_config(path / "config.json", target, config["layers"])
     d = target.config.hidden_size
     if state.get("fc.weight") is None or tuple(state["fc.weight"].shape) != (d, 2 * d):
         shape = None if state.get("fc.weight") is None else tuple(state["fc.weight"].shape)
         raise ModelError(f"feature head {path}: fc.weight of shape {shape}, the target needs ({d}, {2 * d})")
+    head = FeatureHead(target, config["kept"], config["layers"], config["bias"], config["layout"])
+    own = head.state_dict()
+    for name, tensor in state.items():
+        if name in own and tuple(tensor.shape) != tuple(own[name].shape):
+            raise ModelError(
+                f"feature head {path}: {name} of shape {tuple(tensor.shape)}, the target needs "
+                f"{tuple(own[name].shape)} (a head of another model?)"
+            )
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ModelError(f"feature head {path}: {name} holds NaN or infinite weights")
     missing, unexpected = head.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.startswith("decoder.embed_tokens")]
     if missing or unexpected:
@@ -315,9 +358,82 @@ def load_head(path: str | Path, target: nn.Module) -> FeatureHead:
     return head
 
 
-def _read(file: Path) -> dict[str, torch.Tensor]:
-    if file.suffix == ".safetensors":
-        from safetensors.torch import load_file
+def _head_config(file: Path, target: nn.Module) -> dict:
+    """``feature_head.json`` checked: layers (from 1), bias, layout, kept ids of the target's rows."""
+    config = _json_object(file)
+    rows = target.get_output_embeddings().weight.shape[0]
+    layers, kept = config.get("layers"), config.get("kept")
+    if not (isinstance(layers, int) and not isinstance(layers, bool) and layers >= 1):
+        raise ModelError(f"feature head {file}: layers={json.dumps(layers)[:40]}; expected a whole number from 1")
+    if not isinstance(config.get("bias", True), bool):
+        raise ModelError(f"feature head {file}: bias={json.dumps(config['bias'])[:40]}; expected true or false")
+    layout = config.get("layout", "ours")  # heads saved before layouts were named are this project's
+    if layout not in LAYOUTS:
+        raise ModelError(f"feature head {file}: layout={json.dumps(layout)[:40]}; accepted: {', '.join(LAYOUTS)}")
+    ids_ok = isinstance(kept, list) and kept and all(isinstance(i, int) and not isinstance(i, bool) for i in kept)
+    if kept is not None and not (ids_ok and min(kept) >= 0 and max(kept) < rows and len(set(kept)) == len(kept)):
+        raise ModelError(f"feature head {file}: kept is not a list of distinct ids below the target's {rows} rows")
+    return {"layers": layers, "bias": config.get("bias", True), "layout": layout, "kept": kept}
 
-        return load_file(file)
-    return torch.load(file, map_location="cpu", weights_only=True)
+
+def _layer_count(raw: dict[str, torch.Tensor], file: Path) -> int:
+    """The decoder layers ``raw``'s ``layers.N.*`` tensors hold: 0 to N, each present (a name such as
+    ``layers.999999.*`` alone never builds a million layers)."""
+    found = {k.split(".")[1] for k in raw if k.startswith("layers.")}
+    if not all(n.isdigit() and len(n) <= 4 for n in found) or sorted(map(int, found)) != list(range(len(found))):
+        shown = sorted(found, key=len)[:4]
+        raise ModelError(f"feature head {file}: its layers.N.* tensors are not layers 0 to N (found {shown})")
+    return len(found)
+
+
+def _json_object(file: Path) -> dict:
+    from ..errors import UserError
+    from ..files import read_user_json
+
+    try:
+        value = read_user_json(file, "feature head config")
+    except UserError as err:
+        raise ModelError(str(err)) from None
+    if not isinstance(value, dict):
+        raise ModelError(f"feature head config {file}: a JSON object expected, not {type(value).__name__}")
+    return value
+
+
+def _check_target_config(file: Path, target: nn.Module, layers: int) -> None:
+    """A checkpoint's ``config.json`` (the model it was trained for, of the head's ``layers``) against ``target``'s,
+    where they must agree."""
+    theirs, ours = dict(_json_object(file)), target.config.to_dict()
+    for config in (theirs, ours):  # rope_theta: at the top (transformers 4, EAGLE's releases) or in rope_parameters
+        rope = config.get("rope_parameters")
+        if "rope_theta" not in config and isinstance(rope, dict) and "rope_theta" in rope:
+            config["rope_theta"] = rope["rope_theta"]
+    if theirs.get("num_hidden_layers", layers) != layers:
+        raise ModelError(
+            f"feature head {file.parent}: its config.json has num_hidden_layers="
+            f"{json.dumps(theirs['num_hidden_layers'])[:40]}, its weights {layers} layers"
+        )
+    for key in TARGET_KEYS:
+        if key in theirs and key in ours and theirs[key] != ours[key]:
+            raise ModelError(
+                f"feature head {file.parent}: its config.json has {key}={json.dumps(theirs[key])[:40]}, the target "
+                f"{json.dumps(ours[key])[:40]}: it was trained for another model"
+            )
+
+
+def _read(file: Path) -> dict[str, torch.Tensor]:
+    """A weight file's tensors; one that cannot be read (damaged, a pickle torch's safe loader refuses): one line."""
+    try:
+        if file.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(file)
+        else:
+            state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as err:  # safetensors' and torch's errors: many kinds, each a multi-line story
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+        raise ModelError(f"feature head weights {file} cannot be read ({type(err).__name__}: {first})") from None
+    if not isinstance(state, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
+    ):
+        raise ModelError(f"feature head weights {file}: not a mapping of names to tensors")
+    return state

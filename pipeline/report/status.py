@@ -21,6 +21,9 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..experiment.layout import CELL_FILES, cell_path
+from ..files import read_tail, read_user_bytes, read_user_json
+
+SPEED_LIMIT = 1 << 24  # bytes: a speed record is a few kilobytes
 
 # a cell's steps in order: the rule's log directory and the file its success leaves
 STEPS = (("generate", "samples"), ("derive", "samples"), ("speed", "speed"), ("score", "summary"), ("wandb", "wandb"))
@@ -41,8 +44,8 @@ class Status:
 def cause(log: Path) -> str | None:
     """The one-line cause a failed job's log gives: its last error line (None when it names no error)."""
     try:
-        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
-    except OSError:
+        lines = [line.strip() for line in read_tail(log, "log").splitlines() if line.strip()]
+    except UserError:  # gone, a pipe, unreadable: it names no cause
         return None
     return next((line[:300] for line in reversed(lines) if ERROR_LINE.search(line)), None)
 
@@ -50,8 +53,9 @@ def cause(log: Path) -> str | None:
 def cell_ids(results: Path) -> list[str]:
     """The cells of a results directory, from its index (grid.json, written by the workflow)."""
     index = Path(results) / "grid.json"
+    data = read_user_bytes(index, "the index")  # a pipe or a device: one line, no wait
     try:
-        ids = [dims["id"] for dims in json.loads(index.read_bytes())]
+        ids = [dims["id"] for dims in json.loads(data)]
     except (OSError, ValueError, KeyError, TypeError) as err:  # ValueError: not JSON, or not UTF-8
         said = f"{type(err).__name__}: {err}"
         raise UserError(f"results directory {results}: no readable grid.json ({said[:120]})") from None
@@ -73,8 +77,12 @@ def flags(speed: Path) -> list[str]:
     if not speed.exists():
         return []
     try:
-        record = json.loads(speed.read_bytes())
-    except (OSError, ValueError) as err:  # ValueError: not JSON, or not UTF-8
+        record = json.loads(read_user_bytes(speed, "speed record", SPEED_LIMIT))
+    except UserError as err:  # a pipe, a device, too large, unreadable
+        return [
+            f"{speed.name} cannot be read ({str(err).removeprefix(f'speed record {speed} ')}); judge the cell again"
+        ]
+    except ValueError as err:  # not JSON, or not UTF-8
         return [f"{speed.name} cannot be read ({type(err).__name__}); judge the cell again"]
     found = record.get("flags") if isinstance(record, dict) else None
     if not isinstance(record, dict) or not isinstance(found or [], list):
@@ -148,13 +156,24 @@ def report(results: Path) -> str:
     return "\n".join(lines)
 
 
-def _samples_from(results: Path, cell: str) -> str | None:
-    """The cell whose side-by-side runs are ``cell``'s samples (its cell file's ``samples_from``), if any."""
-    try:
-        dims = json.loads((results / "cells" / f"{cell}.json").read_text()).get("dims") or {}
-    except (OSError, ValueError):
+def _samples_from(results: Path, cell: str, cells: set[str]) -> str | None:
+    """The cell whose side-by-side runs are ``cell``'s samples (its cell file's ``samples_from``), if any: one of
+    ``cells`` (the results directory's own), else a one-line UserError; a cell file not yet written names none."""
+    path = results / "cells" / f"{cell}.json"
+    if not path.exists():
         return None
-    return dims.get("samples_from")
+    data = read_user_json(path, "cell file")
+    dims = data.get("dims") if isinstance(data, dict) else None
+    source = dims.get("samples_from") if isinstance(dims, dict) else None
+    if not isinstance(data, dict) or not isinstance(dims, dict | None):
+        raise UserError(
+            f"cell file {path} is not a cell file (a JSON object with a cell and its dims); nothing was moved"
+        )
+    if source is not None and source not in cells:
+        raise UserError(
+            f"cell file {path}: samples_from {json.dumps(source)[:80]} is not a cell of {results}; nothing was moved"
+        )
+    return source
 
 
 def rerun_unstable(results: Path) -> list[str]:
@@ -167,7 +186,8 @@ def rerun_unstable(results: Path) -> list[str]:
     already moved before its one-line ``UserError``: a cell is never left half set aside."""
     results = Path(results)
     flagged = list(status(results).unstable)
-    sources = {c: _samples_from(results, c) for c in cell_ids(results)}
+    ids = cell_ids(results)
+    sources = {c: _samples_from(results, c, set(ids)) for c in ids}
     for cell in list(flagged):  # a cell derived from another's side-by-side runs is measured again by that one
         if sources.get(cell) and sources[cell] not in flagged:
             flagged.append(sources[cell])
@@ -178,6 +198,9 @@ def rerun_unstable(results: Path) -> list[str]:
         sources.update(dict.fromkeys(cell_path(results, cell, kind) for kind in CELL_FILES))
         sources.update(dict.fromkeys(results / "logs" / step / f"{cell}.log" for step, _ in STEPS))
         sources.update(dict.fromkeys(results / table for table in TABLES))  # the default target: the workflow reruns
+    outside = [p for p in sources if not Path(os.path.normpath(p)).is_relative_to(os.path.normpath(results))]
+    if outside:  # a cell id that climbs out of the results directory: nothing of another directory is moved
+        raise UserError(f"rerun: {outside[0]} is outside {results}; nothing was moved")
     moves = [(path, aside / path.relative_to(results)) for path in sources if os.path.lexists(path)]
     if not moves:
         return flagged

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import one_line
 from ..experiment.layout import FAILED, beside
-from ..files import read_jsonl, write_atomic
+from ..files import read_jsonl, read_user_json, write_atomic
 
 if TYPE_CHECKING:
     from ..experiment.cell import CellFile
@@ -137,7 +137,7 @@ def _logged(status, run: RunSpec, fill, wandb_dir) -> dict[str, Any]:
     except Exception as err:  # W&B must never cost a result: record, keep an offline copy, let the job be retried
         outcome.update(status="failed", error=one_line(err))
         if mode == "online":
-            _forget_fallback(failed)
+            _forget_fallback(failed, wandb_dir)
             try:
                 outcome["offline_copy"] = str(log("offline")[1])
             except Exception as offline_err:
@@ -149,20 +149,24 @@ def _logged(status, run: RunSpec, fill, wandb_dir) -> dict[str, Any]:
             f"W&B logging failed for {run.name}: {outcome['error']}{kept}; results/ is unaffected; the "
             f"next workflow run tries again{advice}"
         ) from None
-    _forget_fallback(failed)  # this run replaces an earlier attempt's offline copy, whatever the mode now
+    _forget_fallback(failed, wandb_dir)  # this run replaces an earlier attempt's offline copy, whatever the mode now
     failed.unlink(missing_ok=True)
     outcome.update(status="ok", run_id=logged_id, run_dir=str(run_dir))
     write_atomic(status, json.dumps(outcome, indent=2) + "\n")
     return outcome
 
 
-def _forget_fallback(failed: Path) -> None:
-    """Remove the offline copy an earlier failed online attempt left (this attempt replaces it)."""
-    if failed.exists():
-        with contextlib.suppress(OSError, ValueError, TypeError):
-            copy = json.loads(failed.read_text()).get("offline_copy")
-            if copy:
-                shutil.rmtree(copy, ignore_errors=True)
+def _forget_fallback(failed: Path, wandb_dir: Path) -> None:
+    """Remove the offline copy an earlier failed online attempt left (this attempt replaces it): only a run
+    directory of W&B's own under ``wandb_dir`` (``wandb/offline-run-*``), never a path the file names elsewhere
+    or a link."""
+    if not failed.exists():
+        return
+    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+        copy = Path(read_user_json(failed, "W&B failure record").get("offline_copy"))
+        own = copy.parent.resolve() == (wandb_dir / "wandb").resolve() and copy.name.startswith("offline-run-")
+        if own and not copy.is_symlink():
+            shutil.rmtree(copy, ignore_errors=True)
 
 
 def _log_run(run_spec: RunSpec, fill, mode, wandb_dir) -> tuple[str, Path]:

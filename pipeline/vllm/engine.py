@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ from ..decoding.peers import cut_at_stop
 from ..decoding.spec import DRAFT, VLLM, parse_method
 from ..decoding.stats import GenerationStats, ModelStats
 from ..errors import UserError
+from ..files import read_user_json
 
 WORKER = Path(__file__).with_name("worker.py")
 NGRAM = {"prompt_lookup_max": 4, "prompt_lookup_min": 2}  # our ``lookup`` proposer's n-gram sizes (lookup.py)
@@ -87,8 +90,39 @@ def worker_env(threads: int, build: str = "cpu") -> dict[str, str]:
     return env
 
 
+START_S = 1800.0  # seconds a worker may take to load its engine (a CPU build compiles kernels on first use)
+ANSWER_S = 900.0  # seconds one generation may take before the worker is taken for hung
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _seconds(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < float("inf")
+
+
+def reply_problem(reply: dict[str, Any]) -> str | None:
+    """What is wrong with a worker's answer to a generation (``worker.py``: token ids, wall time, vLLM's counters),
+    or None: ids are non-negative integers (the vocabulary is the run's to check), counts counts, times finite."""
+    ids = reply.get("token_ids")
+    if not isinstance(ids, list) or not all(_count(t) for t in ids):
+        return "token_ids is not a list of token ids (non-negative integers)"
+    if not _seconds(reply.get("wall_s")):
+        return "wall_s is not a number of seconds"
+    for key in ("drafts", "draft_tokens", "accepted"):
+        if not _count(reply.get(key)):
+            return f"{key} is not a count"
+    per_position = reply.get("accepted_per_pos")
+    if not isinstance(per_position, list) or not all(_count(n) for n in per_position):
+        return "accepted_per_pos is not a list of counts"
+    return None
+
+
 class Worker:
-    """One vLLM engine in a process of its own (``worker.py``)."""
+    """One vLLM engine in a process of its own (``worker.py``). Its answers are JSON lines, each checked as it
+    arrives; one that does not come within ``START_S`` (the engine's start) or ``ANSWER_S`` (a generation) stops
+    the worker with a one-line error, as does one that is not what ``worker.py`` writes."""
 
     def __init__(self, python: str, settings: dict[str, Any], threads: int, log=None, build: str = "cpu"):
         self.settings = settings
@@ -100,27 +134,69 @@ class Worker:
             env=worker_env(threads, build),
             text=True,
         )
-        first = self._read()
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        first = self._read(START_S, "its start")
         if "error" in first:
             self.close()
-            raise VLLMError(f"vLLM could not start {settings['model']}: {first['error']}")
-        self.versions, self.load_s = first["versions"], first["load_s"]
+            raise VLLMError(f"vLLM could not start {settings['model']}: {str(first['error'])[:300]}")
+        versions = first.get("versions")
+        if not isinstance(versions, dict) or not all(isinstance(v, str) for v in versions.values()):
+            self.stop(f"said it was ready without its versions ({json.dumps(first)[:80]})")
+        if not _seconds(first.get("load_s")):
+            self.stop(f"said it was ready without its load time ({json.dumps(first)[:80]})")
+        self.versions, self.load_s = versions, first["load_s"]
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
-    def _read(self) -> dict[str, Any]:
-        line = self.proc.stdout.readline()
-        if not line:
-            code = self.proc.wait()
-            raise VLLMError(f"vLLM's worker for {self.settings['model']} exited (code {code}); its log says why")
-        return json.loads(line)
+    def _pump(self) -> None:
+        """Hand the worker's lines to ``_read`` (a thread: a read from a pipe cannot be given a time limit)."""
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def stop(self, why: str) -> None:
+        """Kill the worker and raise the one line saying ``why``."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        raise VLLMError(f"vLLM's worker for {self.settings['model']} {why}; it was stopped (its log says more)")
+
+    def _exited(self) -> None:
+        """The worker closed its end: its exit code (a process that closed its output but lingers is killed)."""
+        try:
+            code = self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.stop("closed its output but did not exit")
+        raise VLLMError(f"vLLM's worker for {self.settings['model']} exited (code {code}); its log says why")
+
+    def _read(self, within: float, what: str) -> dict[str, Any]:
+        try:
+            line = self._lines.get(timeout=within)
+        except queue.Empty:
+            self.stop(f"did not answer within {within:g} s ({what})")
+        if line is None:
+            self._exited()
+        try:
+            value = json.loads(line)
+        except ValueError:
+            value = None
+        if not isinstance(value, dict):
+            self.stop(f"answered {line.strip()[:80]!r} ({what}), not a JSON object")
+        return value
 
     def ask(self, request: dict[str, Any]) -> dict[str, Any]:
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        return self._read()
+        try:
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+        except OSError:  # a broken pipe: the worker is gone
+            self._exited()
+        reply = self._read(ANSWER_S, "a generation")
+        if problem := reply_problem(reply):
+            self.stop(f"answered a generation that is not one: {problem}")
+        return reply
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -168,6 +244,16 @@ def stats_of(method: str, reply: dict[str, Any], prompt_tokens: int, new_tokens:
     return stats
 
 
+def vocab_size(model: str, tokenizer: Any) -> int:
+    """The ids the model can emit: its head's rows (``config.json``'s ``vocab_size``, a padded head included), at
+    least the tokenizer's."""
+    try:
+        size = read_user_json(Path(model) / "config.json", "model config").get("vocab_size")
+    except (UserError, AttributeError):
+        size = None
+    return max(len(tokenizer), size if _count(size) else 0)
+
+
 class VLLMRun:
     """A cell's runs in vLLM, called as the decoder is: ``run(prompt_ids, method, method_args=, seed=, ...)``."""
 
@@ -197,6 +283,7 @@ class VLLMRun:
         self.gamma = gamma[-1] if isinstance(gamma, list) else gamma
         self.sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
         self.max_new_tokens = max_new_tokens
+        self.vocab = vocab_size(self.paths[0], tokenizer)
         self.workers: dict[str, Worker] = {}
 
     def worker(self, method: str, method_args: dict[str, Any]) -> Worker:
@@ -245,7 +332,10 @@ class VLLMRun:
             "stop_strings": list(stop_strings),
             **self.sampling,
         }
-        reply = self.worker(method, args).ask(request)
+        worker = self.worker(method, args)
+        reply = worker.ask(request)
+        if outside := [t for t in reply["token_ids"] if t >= self.vocab]:
+            worker.stop(f"answered token id {outside[0]}, outside the model's vocabulary of {self.vocab}")
         stopper = Stopper(limit, self.eos_ids, stop_strings, self.tokenizer.decode)
         tokens, reason = cut_at_stop(reply["token_ids"], prompt, stopper, "vllm")
         stats = stats_of(method, reply, len(prompt), len(tokens))

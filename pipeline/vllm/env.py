@@ -176,7 +176,7 @@ def ensure(kind: str | None = None, log=print) -> dict[str, Any]:
         if where.exists():  # a build that stopped half-way: no marker
             shutil.rmtree(where)
         log(f"building vLLM's environment ({kind} build, vLLM {VERSION}) in {where}")
-        subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
+        subprocess.run([sys.executable, "-m", "venv", str(where)], check=True, timeout=600)
         python = python_of(where)
         pinned = ["--no-deps", "--require-hashes"] if kind == "cpu" else []
         # --no-compile: byte-compiling every module of torch and vLLM took half the build (73 s against 39 s here);
@@ -237,7 +237,7 @@ def ensure_lm_eval(record: dict[str, Any], log=print) -> str:
         if not done.exists():
             log(f"installing {LM_EVAL} into vLLM's environment ({where})")
             held = where / "held.txt"
-            held.write_text("\n".join(p for p in record.get("packages", []) if "==" in p) + "\n")
+            write_atomic(held, "\n".join(p for p in record.get("packages", []) if "==" in p) + "\n")
             proc = _pip(Path(record["python"]), "install", "-q", LM_EVAL, "-c", str(held), timeout=3600)
             if proc.returncode != 0:
                 raise VLLMEnvError(f"lm-eval cannot be installed beside vLLM's pins: pip says {_last_error(proc)}")

@@ -47,7 +47,7 @@ class TreeShape:
         return self.branching[min(depth, len(self.branching)) - 1]
 
 
-_PATTERN = re.compile(r"^t?(?:(\d+(?:x\d+)*)|d(\d+))(w?)$")
+_PATTERN = re.compile(r"^t?(?:(\d{1,6}(?:x\d{1,6})*)|d(\d{1,6}))(w?)$")  # digits bounded: no 5,000-digit int
 
 
 def parse_tree(value: Any) -> TreeShape | None:
