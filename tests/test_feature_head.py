@@ -310,6 +310,36 @@ def test_the_config_check_refuses_eagle_without_a_head():
     assert check_config(config)["grids"][1]["proposer"] == "eagle"
 
 
+def test_a_heads_recipe_or_directory_is_checked_when_the_config_is_read(tmp_path):
+    """A model's ``eagle`` entry is checked with the config, before any job: a recipe's keys and values, a
+    directory that is missing, holds no head, or a ``feature_head.json`` that is not one, each one line naming the
+    model, whether or not a grid uses it yet."""
+    import yaml
+
+    from pipeline.experiment.config import ConfigError, check_config
+    from pipeline.models.spec import DEFAULT_CONFIG
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "listed").mkdir()
+    (tmp_path / "listed" / "feature_head.json").write_text("[1, 2]")
+    (tmp_path / "stringy").mkdir()
+    (tmp_path / "stringy" / "feature_head.json").write_text(json.dumps({"layers": "2"}))
+    for eagle, says in (
+        ({"stepz": 3}, "unknown key 'stepz'"),
+        ({"noise": -1}, "feature head noise=-1: expected a finite number of 0 or more"),
+        ({"layout": "eagle3"}, "feature head layout='eagle3': accepted: ours, eagle"),
+        (str(tmp_path / "nowhere"), "nowhere is not a directory"),
+        (str(tmp_path / "empty"), "holds neither this project's feature_head.json nor an EAGLE checkpoint"),
+        (str(tmp_path / "listed"), "a JSON object expected, not list"),
+        (str(tmp_path / "stringy"), 'layers="2"; expected a whole number from 1'),
+    ):
+        config = yaml.safe_load(DEFAULT_CONFIG.read_text())
+        config["models"]["smollm2-135m-instruct"]["eagle"] = eagle
+        with pytest.raises(ConfigError, match="config key models.smollm2-135m-instruct.eagle: ") as err:
+            check_config(config)
+        assert says in str(err.value) and "\n" not in str(err.value), err.value
+
+
 # ---- EAGLE's layout: features after the final norm, as published and as vLLM runs it ----------------------------
 
 

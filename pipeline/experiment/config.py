@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from .. import ROOT
-from ..errors import ArgumentError, UserError
+from ..errors import ArgumentError, UserError, one_line
 from ..files import read_user_text, schema_validator
 from .preflight import own_tokenizer
 
@@ -283,6 +283,7 @@ def check_config(config: dict[str, Any], schema: dict[str, Any] | None = None) -
                 for name, members in grid["model_sets"].items():
                     if why := entry_problem(members[0], models[members[0]].get("eagle")):
                         raise ConfigError(f"config key grids[{i}].methods: {method} (set {name!r}): {why}")
+    _check_heads(models)
     names = [g["name"] for g in config["grids"]]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
@@ -314,6 +315,24 @@ def _check_results_dir(results: str) -> None:
             f"config key results: {results!r} is {where}, whose files the workflow would overwrite; give a directory "
             "of its own (default: results)"
         )
+
+
+def _check_heads(models: dict[str, Any]) -> None:
+    """Every model's ``eagle`` entry, as far as the config shows: a recipe's keys and values (``HeadRecipe``), or
+    a head's directory and its own config (``feature_head.head_dir_problem``); the target's side when it loads."""
+    from pipeline.models import ModelError
+    from pipeline.models.feature_head import HeadRecipe, head_dir_problem
+    from pipeline.models.resolve import recipe_of
+
+    for name, spec in models.items():
+        eagle = spec.get("eagle")
+        if isinstance(eagle, dict):
+            try:
+                recipe_of(HeadRecipe, eagle, f"eagle settings for {name!r}")
+            except (ModelError, TypeError, ValueError) as err:  # a value of the wrong type: the recipe's own line
+                raise ConfigError(f"config key models.{name}.eagle: {one_line(err)}") from None
+        elif isinstance(eagle, str) and (why := head_dir_problem(eagle)):
+            raise ConfigError(f"config key models.{name}.eagle: {why}")
 
 
 def _check_teachers(models: dict[str, Any]) -> None:

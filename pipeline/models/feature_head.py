@@ -308,7 +308,7 @@ def load_head(path: str | Path, target: nn.Module) -> FeatureHead:
     norm does not fit), every tensor's shape against the head it builds, and every weight finite."""
     path = Path(path)
     if (path / HEAD_CONFIG).exists():
-        config = _head_config(path / HEAD_CONFIG, target)
+        config = head_config(path / HEAD_CONFIG, target)
         layout = config["layout"]
         weights = path / (WEIGHTS if layout == "ours" else EAGLE_WEIGHTS[0])
         raw = _read(weights)
@@ -358,10 +358,34 @@ def load_head(path: str | Path, target: nn.Module) -> FeatureHead:
     return head
 
 
-def _head_config(file: Path, target: nn.Module) -> dict:
-    """``feature_head.json`` checked: layers (from 1), bias, layout, kept ids of the target's rows."""
+def head_dir_problem(path: str | Path) -> str | None:
+    """Why ``path`` is no feature head's directory, as far as its files show without the target (None: it may be
+    one; ``load_head`` checks the rest against the target): checked when a config naming it is read."""
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        return f"{path} is not a directory"
+    if (path / HEAD_CONFIG).exists():
+        try:
+            head_config(path / HEAD_CONFIG, None)
+        except ModelError as err:
+            return str(err)
+        return None
+    if not (path / "config.json").exists() or not any((path / f).exists() for f in EAGLE_WEIGHTS):
+        return (
+            f"{path} holds neither this project's {HEAD_CONFIG} nor an EAGLE checkpoint (config.json and "
+            f"{' or '.join(EAGLE_WEIGHTS)})"
+        )
+    try:
+        _json_object(path / "config.json")
+    except ModelError as err:
+        return str(err)
+    return None
+
+
+def head_config(file: Path, target: nn.Module | None) -> dict:
+    """``feature_head.json`` checked: layers (from 1), bias, layout, kept ids (of the target's rows, given one)."""
     config = _json_object(file)
-    rows = target.get_output_embeddings().weight.shape[0]
+    rows = target.get_output_embeddings().weight.shape[0] if target is not None else float("inf")
     layers, kept = config.get("layers"), config.get("kept")
     if not (isinstance(layers, int) and not isinstance(layers, bool) and layers >= 1):
         raise ModelError(f"feature head {file}: layers={json.dumps(layers)[:40]}; expected a whole number from 1")
@@ -372,7 +396,8 @@ def _head_config(file: Path, target: nn.Module) -> dict:
         raise ModelError(f"feature head {file}: layout={json.dumps(layout)[:40]}; accepted: {', '.join(LAYOUTS)}")
     ids_ok = isinstance(kept, list) and kept and all(isinstance(i, int) and not isinstance(i, bool) for i in kept)
     if kept is not None and not (ids_ok and min(kept) >= 0 and max(kept) < rows and len(set(kept)) == len(kept)):
-        raise ModelError(f"feature head {file}: kept is not a list of distinct ids below the target's {rows} rows")
+        below = f"below the target's {rows} rows" if target is not None else "of 0 or more"
+        raise ModelError(f"feature head {file}: kept is not a list of distinct ids {below}")
     return {"layers": layers, "bias": config.get("bias", True), "layout": layout, "kept": kept}
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from ..models.feature_head import EAGLE_WEIGHTS, HEAD_CONFIG, HeadRecipe
+from ..models.feature_head import EAGLE_WEIGHTS, HEAD_CONFIG, HeadRecipe, head_config
 from ..models.resolve import recipe_of
 
 TRAIN_FOR_VLLM = "eagle: {layout: eagle, head_tokens: 0}"  # a recipe whose head vLLM runs as ours does
@@ -43,8 +43,8 @@ def checkpoint(head: Path) -> Path:
     one line (``UserError``) saying why not."""
     config_file = head / HEAD_CONFIG
     if config_file.exists():  # one trained here
-        config = json.loads(config_file.read_text())
-        if config.get("layout", "ours") != "eagle":
+        config = head_config(config_file, None)  # a config that is not one: one line
+        if config["layout"] != "eagle":
             why = "reads the target's features before its final norm (this project's layout)"
         elif config.get("kept"):
             why = f"proposes {len(config['kept'])} of the vocabulary's ids"
