@@ -11,17 +11,19 @@ MAX_MESSAGE = 500  # characters of a one-line error: a longer one (a value echoe
 
 class UserError(ValueError):
     """A bad value from the user (config, cell, command line, arguments). Its text is one readable line: past
-    ``MAX_MESSAGE`` characters it is cut and says how long it was (a 200 MB value is not echoed back)."""
+    ``MAX_MESSAGE`` characters its middle is cut and says how much (a 200 MB value is not echoed back)."""
 
     def __str__(self) -> str:
         return "\n".join(map(readable, super().__str__().split("\n")))  # a list of problems: each line cut
 
 
 def readable(line: str) -> str:
-    """``line`` itself, or past ``MAX_MESSAGE`` characters its start and how long it was."""
+    """``line`` itself, or past ``MAX_MESSAGE`` characters its start and its end (a long value is echoed in the
+    middle; what is wrong with it and what is accepted come last) with how much was cut between them."""
     if len(line) <= MAX_MESSAGE:
         return line
-    return f"{line[: MAX_MESSAGE - 60]} ... (cut: the message is {len(line):,} characters long)"
+    head, tail = MAX_MESSAGE - 220, 160
+    return f"{line[:head]} ... ({len(line) - head - tail:,} characters cut) ... {line[-tail:]}"
 
 
 class ArgumentError(UserError):

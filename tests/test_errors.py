@@ -142,14 +142,14 @@ def test_damaged_model_files_get_one_line(tiny_dir, tmp_path, capsys):
     assert not (tmp_path / "damaged.json").exists()
 
 
-def test_an_error_that_echoes_a_huge_value_is_cut_to_one_readable_line(tmp_path, capsys):
+def test_an_error_that_echoes_a_huge_value_is_cut_to_one_readable_line_keeping_its_reason(tmp_path, capsys):
     from pipeline.cli import main
     from pipeline.errors import MAX_MESSAGE
 
     assert main(["grid", str(tmp_path / ("x" * 40_000))]) == 2  # a config path echoed whole before
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and len(err) <= MAX_MESSAGE + len("error: ")
-    assert err.endswith("characters long)") and "cut" in err
+    assert "characters cut) ... " in err and err.endswith(": File name too long")  # the reason is kept
 
 
 @pytest.mark.parametrize(

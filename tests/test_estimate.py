@@ -213,7 +213,7 @@ def test_a_gpu_not_in_the_table_by_its_bandwidth(llama_pair, tmp_path, capsys):
 
 
 FLAGS = {  # estimate's numeric flags and the range each accepts
-    "--bandwidth": (0, math.inf, True, True),
+    "--bandwidth": (1, 100_000, False, False),  # GB/s: 1e-300 would print a 300-digit forecast
     "--floor-ms": (0, math.inf, False, True),
     "--efficiency": (0, 1, True, False),
     "--compile-s": (0, math.inf, False, True),
@@ -247,7 +247,8 @@ def test_every_numeric_flag_of_estimate_is_a_finite_number_in_its_range_or_one_l
 
 
 @pytest.mark.parametrize(
-    "flag,value", [("--bandwidth", "nan"), ("--floor-ms", "-1"), ("--gpu", ""), ("--efficiency", "inf")]
+    "flag,value",
+    [("--bandwidth", "nan"), ("--bandwidth", "1e-300"), ("--floor-ms", "-1"), ("--gpu", ""), ("--efficiency", "inf")],
 )
 def test_a_bad_flag_of_estimate_is_one_line_before_any_work(flag, value, capsys):
     from pipeline.cli import main
@@ -257,3 +258,14 @@ def test_a_bad_flag_of_estimate_is_one_line_before_any_work(flag, value, capsys)
     assert code.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith(f"pipeline estimate: error: argument {flag}: {value!r}: expected")
+
+
+def test_a_gamma_past_the_tokens_generated_costs_what_the_tokens_do():
+    """The decoder never drafts past the tokens left, so a gamma of 10**9 is forecast as max_new_tokens would be,
+    not as a billion drafted tokens a round."""
+    from pipeline.experiment.estimate import token_seconds
+
+    t, args = [0.02, 0.002], ("sd", "lookup+draft", 0.6)
+    huge = token_seconds(args[0], t, 10**9, args[1], args[2], max_new_tokens=64)
+    assert huge == token_seconds(args[0], t, 64, args[1], args[2], max_new_tokens=64)
+    assert 0 < huge < 1.0 and token_seconds(args[0], t, 10**9, args[1], args[2]) > 1e6 * huge

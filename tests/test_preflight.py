@@ -268,6 +268,15 @@ def test_profile_gpu_model_sets_the_memory_checked(model_path, tmp_path, capsys)
     )
     assert cli.main(["preflight", str(path), "--gpu", "tpu"]) == 2
     assert capsys.readouterr().err.startswith("error: GPU 'tpu' is not in the table; accepted: a100-40gb, ")
+    for resources, says in (  # a profile's values that name no GPU, or are no mapping: one line, not ignored
+        ({"set-resources": {"generate": {"gpu_model": 5}}}, "gpu_model=5 is not a GPU name"),
+        ({"set-resources": ["generate"]}, 'set-resources is ["generate"], expected a mapping'),
+        ({"set-resources": {"generate": ["gpu_model"]}}, "set-resources.generate is not a mapping"),
+    ):
+        profile.write_text(yaml.safe_dump(resources))
+        assert cli.main(["preflight", str(path), "--profile", str(profile)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"error: profile {profile}: ") and says in err and "\n" not in err, err
 
 
 @pytest.mark.parametrize("repo", list(PUBLIC_PARAMETERS))

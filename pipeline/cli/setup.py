@@ -188,7 +188,11 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         type=name_text,
         help="a GPU of the table (an unknown one: the closest and --bandwidth)",
     ),
-    arg("--bandwidth", type=number(0, low_open=True), help="memory bandwidth in GB/s, for a GPU not in the table"),
+    arg(
+        "--bandwidth",
+        type=number(1, 100_000),
+        help="memory bandwidth in GB/s, for a GPU not in the table (1 to 100,000: a CPU's tens, a GPU's thousands)",
+    ),
     arg(
         "--acceptance",
         type=number(0, 1, high_open=True),

@@ -6,11 +6,13 @@ acceptance rate; the parameter counts are the preflight's (config.json shapes, n
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import UserError
+from ..errors import UserError, one_line
+from ..files import read_user_text
 
 if TYPE_CHECKING:
     from ..models.files import ModelInfo
@@ -83,16 +85,34 @@ def profile_generate(profile: Path) -> dict[str, Any]:
     import yaml
 
     try:
-        data = yaml.safe_load(Path(profile).read_text()) or {}
-    except (OSError, yaml.YAMLError) as err:
-        raise UserError(f"profile {profile}: {err}") from None
-    return (data.get("set-resources") or {}).get("generate") or {}
+        data = yaml.safe_load(read_user_text(Path(profile), "profile")) or {}
+    except yaml.YAMLError as err:
+        raise UserError(f"profile {profile}: {one_line(err)}") from None
+    for key, value in (
+        ("(top level)", data),
+        ("set-resources", data.get("set-resources") if isinstance(data, dict) else None),
+    ):
+        if value is not None and not isinstance(value, dict):
+            shown = json.dumps(value, default=str)[:60]
+            raise UserError(f"profile {profile}: {key} is {shown}, expected a mapping (rule: resources)")
+    generate = (data.get("set-resources") or {}).get("generate") or {}
+    if not isinstance(generate, dict):
+        raise UserError(f"profile {profile}: set-resources.generate is not a mapping of resources")
+    return generate
 
 
 def profile_gpu(profile: Path) -> str | None:
-    """The GPU model a SLURM profile asks for generation jobs (``gpu_model``), when it names one."""
+    """The GPU model a SLURM profile asks for generation jobs (``gpu_model``), when it names one: a name, or a
+    one-line error (a number such as ``5`` names no GPU)."""
     model = profile_generate(profile).get("gpu_model")
-    return match_gpu(str(model)) if model else None
+    if model is None:
+        return None
+    if not isinstance(model, str) or not model.strip():
+        raise UserError(
+            f"profile {profile}: set-resources.generate.gpu_model={json.dumps(model, default=str)[:40]} is not a GPU "
+            "name (e.g. a100, h100)"
+        )
+    return match_gpu(model)
 
 
 def memory_problems(
@@ -143,8 +163,12 @@ def prompts(cell: Cell) -> int:
     return int(size)
 
 
-def token_seconds(method: str, t: list[float], gamma: Any, proposer: str, acceptance: float) -> float:
-    """Seconds per generated token of ``method`` over members whose forwards cost ``t`` seconds each."""
+def token_seconds(
+    method: str, t: list[float], gamma: Any, proposer: str, acceptance: float, max_new_tokens: int | None = None
+) -> float:
+    """Seconds per generated token of ``method`` over members whose forwards cost ``t`` seconds each; a gamma past
+    ``max_new_tokens`` counts as that many (the decoder never drafts past the tokens left)."""
+    from ..decoding.proposers import parse_proposer
     from ..decoding.spec import parse_method
     from ..measure.cost import chain_speedup
 
@@ -158,8 +182,9 @@ def token_seconds(method: str, t: list[float], gamma: Any, proposer: str, accept
         draft = t[-1] if spec.peer_proposer == "draft" else 0.0  # lookup and a feature head: as ours are counted
     else:
         target = t[0] if spec.name == "sd" else sum(t) / len(t) if spec.mixture else sum(t)
-        draft = min(t) if "draft" in proposer.split("+") and len(t) > 1 else 0.0
+        draft = min(t) if parse_proposer(proposer).draft and len(t) > 1 else 0.0
     g = gamma[-1] if isinstance(gamma, list) else gamma  # a *_se list: the small model's gamma
+    g = min(g, max_new_tokens) if max_new_tokens else g
     return target / chain_speedup(acceptance, g, {1: target}, {1: draft})
 
 
@@ -193,7 +218,7 @@ def forecast(
         ]
         proposer = cell.method_args.get("proposer", "draft")
         runs = [cell.method] + ([cell.baseline] if cell.baseline else [])
-        per_token = sum(token_seconds(r, t, cell.gamma, proposer, acceptance) for r in runs)
+        per_token = sum(token_seconds(r, t, cell.gamma, proposer, acceptance, cell.max_new_tokens) for r in runs)
         used = [members[:1] if r == "large_model" else members[-1:] if r == "small_model" else members for r in runs]
         flops = PROMPT_TOKENS * 2 * sum(m.parameters for run in used for m in run)
         prefill = flops / (gpu.tflops * 1e12) if gpu.tflops else 0.0  # a GPU given by --bandwidth alone: none
