@@ -269,3 +269,18 @@ def test_a_cache_directory_that_is_a_link_is_replaced_and_what_it_points_to_kept
     assert not out.is_symlink() and (out / "model.safetensors").read_text() == "ours"
     assert (out / "draft.json").read_text() == "{}" and [p.name for p in elsewhere.iterdir()] == ["model.safetensors"]
     assert (elsewhere / "model.safetensors").read_text() == "someone else's"
+
+
+def test_a_draft_is_trained_in_float32_whatever_its_teachers_dtype(tiny_dir, tmp_path, monkeypatch):
+    """A teacher the config runs in bfloat16 (a GPU's default) is loaded in float32 to distil from: a draft
+    trained in bfloat16 loses AdamW's small steps. Its saved weights are float32."""
+    from safetensors import safe_open
+
+    from pipeline.models.resolve import ensure_draft
+
+    monkeypatch.setenv("SPECENS_CACHE", str(tmp_path / "cache"))
+    spec = ModelSpec("tiny", source=str(tiny_dir), dtype="bfloat16", device="cpu")
+    out = ensure_draft(spec, Recipe(**TINY, steps=3), out_dir=tmp_path / "draft")
+    with safe_open(out / "model.safetensors", "pt") as saved:
+        dtypes = {saved.get_tensor(name).dtype for name in saved.keys()}  # noqa: SIM118 (safe_open is not iterable)
+    assert dtypes == {torch.float32}

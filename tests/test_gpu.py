@@ -95,3 +95,22 @@ def test_compiled_members_of_a_parallel_ensemble_emit_the_standard_ensembles_tok
             kw = dict(max_new_tokens=40, method_args={"lambda": 0.5}, temperature=temperature, seed=3)
             want = generate(models, prompt, "we", **kw)
             assert generate(models, prompt, "we_p", **kw).token_ids == want.token_ids, (temperature, prompt)
+
+
+def test_a_draft_is_distilled_on_cuda_and_its_teacher_data_read_on_a_cpu(tiny_dir, tmp_path, monkeypatch):
+    """A GPU machine distils where the teacher runs (the config's default device there): the prompts, labels and
+    held-out sequences reach the teacher's device, the kept ids the draft's, and the stored teacher data holds CPU
+    tensors that a CPU machine reads."""
+    from pipeline.models import ModelSpec, Recipe
+    from pipeline.models.resolve import ensure_draft
+
+    monkeypatch.setenv("SPECENS_CACHE", str(tmp_path / "cache"))
+    recipe = Recipe(
+        layers=1, head_tokens=64, prompts=4, new_tokens=8, source_chunks=2, chunk_tokens=64, eval_prompts=2, steps=5
+    )
+    out = ensure_draft(ModelSpec("tiny", source=str(tiny_dir), device="cuda"), recipe, out_dir=tmp_path / "draft")
+    assert (out / "model.safetensors").exists()
+    (store,) = (tmp_path / "cache" / "teacher-data").iterdir()
+    saved = torch.load(store, weights_only=True)
+    tensors = [t for part in ("examples", "held") for row in saved[part] for t in row if isinstance(t, torch.Tensor)]
+    assert tensors and {t.device.type for t in tensors} == {"cpu"}

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The GPU measurements, in three calls of under 10 minutes each (see docs/cluster.md: The H100 figures).
 # Prepare here first (CPU): python benchmarks/gpu/product_path.py --prepare .gpu-carry
+# trees and trees-compiled run the bundled model: it travels in two calls (benchmarks/gpu/bundled.sh says how)
 # Then on the GPU machine, from the repository root, with .gpu-carry carried:
 #   bash benchmarks/gpu/run.sh tests     # the GPU tests (~3 min on an H100)
 #   bash benchmarks/gpu/run.sh product   # generation jobs per engine, side by side, with exactness (~8 min)
 #     ENGINES="compiled eager" picks the engines and their order (default: eager compiled eager+auto)
 #   bash benchmarks/gpu/run.sh speed     # what a forward costs per engine and size, oracle drafts (~8 min)
-#   bash benchmarks/gpu/run.sh trees     # token trees against chains of the same node budget (~8 min)
+#   bash benchmarks/gpu/run.sh trees     # token trees against chains of the same node budget (~4 min at 6 prompts)
 #   bash benchmarks/gpu/run.sh trees-compiled  # the same on the compiled engine (CUDA graphs; ~7 min)
 #   bash benchmarks/gpu/run.sh vllm      # vLLM beside ours (benchmarks/gpu/vllm.yaml): only where vLLM's GPU build can
 #                                        # be installed (a registry in reach; not this project's GPU sessions)
@@ -17,7 +18,7 @@ set -uo pipefail
 PART=${1:-all}
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 PY=${PY:-python3}
 part() { [ "$PART" = all ] && [ "$1" != vllm ] || [ "$PART" = "$1" ]; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv | tee -a "$OUT/gpu.txt"
@@ -48,15 +49,24 @@ if part trees; then
   # 5. token trees (docs/trees.md) against chains of the same node budget on the bundled pair: sd over large_model,
   #    we_se over we, τ per target forward, and the cost model's best budget at the GPU's measured forward costs
   #    (the distilled draft is made on first use, cached under the model cache)
-  timeout 560 $PY -m pipeline.bench --device cuda --groups sd we --methods sd we_se --gamma 1 3 --dynamic \
-    --tree 3x2x1 d16 --sd-temperature 1 --prompts 10 --max-new-tokens 128 --record /tmp/trees-record \
+  #    (TREES_PROMPTS, TREES_TIMEOUT: fewer prompts where the draft is made in the same call)
+  timeout 200 $PY -c "import time; t = time.perf_counter()
+from pipeline.models.resolve import ensure_draft; from pipeline.models.distill import Recipe
+from pipeline.models.spec import BUNDLED
+print('draft', ensure_draft(BUNDLED, Recipe(layers=2)), f'ready in {time.perf_counter() - t:.0f} s')" 2>&1 \
+    | grep -v "it/s\]" | tail -4 | tee "$OUT/draft.txt"
+  timeout ${TREES_TIMEOUT:-560} $PY -m pipeline.bench --device cuda --groups sd we --methods sd we_se --gamma 1 3 \
+    --dynamic --tree 3x2x1 d16 --sd-temperature 1 --prompts ${TREES_PROMPTS:-10} --max-new-tokens 128 \
+    --record /tmp/trees-record \
     --json "$OUT/trees.json" 2>&1 | grep -v "it/s\]" | tee "$OUT/trees.txt"
 fi
 if part trees-compiled; then
   # 6. the same pair on the compiled engine: chains and trees as CUDA graphs (a tree's masked forwards in buckets
   #    up to its node count), compiled before the timed runs
-  timeout 560 $PY -m pipeline.bench --device cuda --engine compiled --groups sd we --methods sd we_se --gamma 3 \
-    --dynamic --tree 3x2x1 d16 --prompts 6 --max-new-tokens 128 --record /tmp/trees-record \
+  #    (2026-11-27, H200: with 4 prompts it had not printed its table after 430 s; give it a call of its own)
+  timeout ${TREES_TIMEOUT:-560} $PY -m pipeline.bench --device cuda --engine compiled --groups sd we --methods sd \
+    we_se --gamma 3 --dynamic --tree 3x2x1 d16 --prompts ${TREES_PROMPTS:-6} --max-new-tokens 128 \
+    --record /tmp/trees-record \
     --json "$OUT/trees-compiled.json" 2>&1 | grep -v "it/s\]" | tee "$OUT/trees-compiled.txt"
 fi
 if part vllm; then

@@ -173,7 +173,7 @@ def teacher_continuations(teacher, tokenizer, prompts: list[str], new_tokens: in
         tokenizer.pad_token = tokenizer.eos_token
     out = []
     for i in tqdm(range(0, len(prompts), batch), desc=desc, unit="batch"):
-        enc = tokenizer(prompts[i : i + batch], return_tensors="pt", padding=True)
+        enc = tokenizer(prompts[i : i + batch], return_tensors="pt", padding=True).to(teacher.device)
         gen = teacher.generate(
             **enc,
             max_new_tokens=new_tokens,
@@ -182,7 +182,7 @@ def teacher_continuations(teacher, tokenizer, prompts: list[str], new_tokens: in
             output_logits=True,
             return_dict_in_generate=True,
         )
-        steps = torch.stack(gen.logits, 1).float().log_softmax(-1).half()  # [batch, steps, V]
+        steps = torch.stack(gen.logits, 1).float().log_softmax(-1).half().cpu()  # [batch, steps, V], kept on CPU
         width = enc.input_ids.shape[1]
         for row, mask, logp in zip(gen.sequences, enc.attention_mask, steps):
             prompt = row[:width][mask.bool()].tolist()
@@ -200,8 +200,8 @@ def teacher_labels(teacher, sequences: list[list[int]]) -> list[tuple[list[int],
 
     out = []
     for s in tqdm(sequences, desc="label"):
-        logits = teacher(torch.tensor([s])).logits[0].float()
-        out.append((logits.argmax(-1).tolist(), logits.log_softmax(-1).half()))
+        logits = teacher(torch.tensor([s], device=teacher.device)).logits[0].float()
+        out.append((logits.argmax(-1).tolist(), logits.log_softmax(-1).half().cpu()))
     return out
 
 
@@ -222,6 +222,10 @@ class Example:
     labels: torch.Tensor
     rows: torch.Tensor
     logp: torch.Tensor
+
+    def to(self, device: torch.device) -> Example:
+        """The example on ``device`` (the data is kept on CPU; a draft trained on a GPU reads it there)."""
+        return Example(self.ids.to(device), self.labels.to(device), self.rows.to(device), self.logp.to(device))
 
 
 @dataclass
@@ -391,6 +395,7 @@ def train(draft: RestrictedHeadLM, examples: list[Example], recipe: Recipe, prob
     trainable = [p for layer in base.model.layers for p in layer.parameters()] + list(base.model.norm.parameters())
 
     def loss(example: Example, step: int) -> torch.Tensor:
+        example = example.to(base.device)
         hidden = base.model(input_ids=example.ids, use_cache=False).last_hidden_state[0]
         return draft_loss(loss_at(recipe.loss, step, recipe.steps), draft.head_logits(hidden), example)
 
@@ -451,10 +456,11 @@ def acceptance(draft, held: list[tuple[list[int], list[int], torch.Tensor]]) -> 
     speculative sampling keeps a token the draft sampled), alone and with lookup first (a lookup token t is
     kept with probability p(t))."""
     lookup = PromptLookup()
+    device = next(draft.parameters()).device
     alone = with_lookup = soft = soft_lookup = total = 0.0
     for prompt, cont, logp in held:
         seq = prompt + cont
-        logits = draft(torch.tensor([seq])).logits[0].float()
+        logits = draft(torch.tensor([seq], device=device)).logits[0].float().cpu()
         guesses = logits.argmax(-1).tolist()
         q = logits[len(prompt) - 1 : len(seq) - 1].softmax(-1)
         p = logp.float().exp()

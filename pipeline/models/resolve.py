@@ -142,7 +142,8 @@ def ensure_draft(
     with cache_lock(out):
         if (out / META).exists() and not force:  # distilled by another job while this one waited
             return out
-        model, tokenizer = load_spec(dataclasses.replace(spec, pack=False))
+        # float32 whatever the teacher's dtype: a draft trained in bfloat16 loses AdamW's small steps
+        model, tokenizer = load_spec(dataclasses.replace(spec, pack=False, dtype="float32"))
         print(f"distilling {out.name} from {spec.name} (once; a few minutes on a CPU)", flush=True)
         if student:
             return distill_student(model, tokenizer, out, recipe, spec.name)

@@ -24,7 +24,7 @@ class RestrictedHeadLM(nn.Module):
         self.config = base.config
         full = base.get_output_embeddings().weight
         self.vocab_size = int(full.shape[0])
-        self.register_buffer("kept", torch.tensor(sorted(kept), dtype=torch.long), persistent=False)
+        self.register_buffer("kept", torch.tensor(sorted(kept), dtype=torch.long, device=full.device), persistent=False)
         self.head = nn.Linear(full.shape[1], len(kept), bias=False, device=full.device, dtype=full.dtype)
         with torch.no_grad():
             self.head.weight.copy_(full[self.kept])
