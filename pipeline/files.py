@@ -168,7 +168,7 @@ def open_own(path: Path, mode: str, what: str):
 
 def schema_validator(schema: dict[str, Any]):
     """A JSON Schema's validator for what a user gives, with "integer" meaning a real int (JSON Schema alone
-    accepts 4.0 and True): the config's schema and a model's config.json (``models.files.CONFIG_JSON``)."""
+    accepts 4.0 and True): the config's schema and a model's config.json (``records.CONFIG_JSON``)."""
     import jsonschema
 
     cls = jsonschema.validators.validator_for(schema)
@@ -178,7 +178,7 @@ def schema_validator(schema: dict[str, Any]):
 
 def schema_problems(schema: dict[str, Any], value: Any, where: str) -> list[str]:
     """One line per part of ``value`` that ``schema`` does not accept, naming ``where`` (a file, a line), the key,
-    the value (shortened) and what is accepted."""
+    the value (shortened) and what is accepted (a subschema's ``accepted`` where it says it in words)."""
     lines = []
     for error in sorted(schema_validator(schema).iter_errors(value), key=lambda e: list(map(str, e.absolute_path))):
         key = ".".join(map(str, error.absolute_path)) or "(top level)"
@@ -187,7 +187,8 @@ def schema_problems(schema: dict[str, Any], value: Any, where: str) -> list[str]
         if error.validator == "required":
             lines.append(f"{where}: {error.message}")
         else:
-            lines.append(f"{where}: {key}={shown} is not accepted ({error.message.split(' is ')[-1][:80]})")
+            said = error.schema.get("accepted") if isinstance(error.schema, dict) else None  # the schema's words
+            lines.append(f"{where}: {key}={shown} is not accepted ({said or error.message.split(' is ')[-1][:80]})")
     return lines
 
 

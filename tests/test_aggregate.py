@@ -78,7 +78,13 @@ def test_a_speed_record_with_a_key_its_type_does_not_know_is_one_line_naming_the
     results = two_cells(tmp_path)
     path = results / "generations" / f"{SE}.speed.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "speedup": 1.5}))
-    with pytest.raises(ResultsError, match=r"the speed record .*we_se-T0-g2.speed.json: unknown speed record keys"):
+    with pytest.raises(ResultsError, match=r"the speed record .*we_se-T0-g2.speed.json: .*'speedup' was unexpected"):
+        collect(results, reported={})
+    path.write_text(json.dumps({**json.loads(path.read_text()), "speedup": None, "tau": "fast"}))  # another type
+    del_key = json.loads(path.read_text())
+    del del_key["speedup"]
+    path.write_text(json.dumps(del_key))
+    with pytest.raises(ResultsError, match=r"the speed record .*we_se-T0-g2.speed.json: tau=\"fast\" is not accepted"):
         collect(results, reported={})
 
 

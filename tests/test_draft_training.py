@@ -284,3 +284,33 @@ def test_a_draft_is_trained_in_float32_whatever_its_teachers_dtype(tiny_dir, tmp
     with safe_open(out / "model.safetensors", "pt") as saved:
         dtypes = {saved.get_tensor(name).dtype for name in saved.keys()}  # noqa: SIM118 (safe_open is not iterable)
     assert dtypes == {torch.float32}
+
+
+def test_a_drafts_weights_and_head_are_checked_as_they_load(tiny_dir, tmp_path, monkeypatch):
+    """A distilled draft whose weights hold NaN (it would propose nothing, silently) or whose head names ids outside
+    the vocabulary (an IndexError deep in the head before) is one line when it loads."""
+    from safetensors.torch import load_file, save_file
+
+    from pipeline.models.resolve import ensure_draft
+
+    monkeypatch.setenv("SPECENS_CACHE", str(tmp_path / "cache"))
+    out = ensure_draft(ModelSpec("tiny", source=str(tiny_dir)), Recipe(**TINY, steps=2), out_dir=tmp_path / "draft")
+    load(out, pack=False)  # as made: it loads
+    heads = out / "head_tokens.json"
+    kept = json.loads(heads.read_text())
+    for bad, said in (
+        ([*kept[:-1], 10**9], "distinct token ids below"),
+        ([*kept[:-1], kept[0]], "distinct"),
+        ("x", ""),
+    ):
+        heads.write_text(json.dumps(bad))
+        with pytest.raises(ModelError, match=f"restricted head {heads}.*{said}") as err:
+            load(out, pack=False)
+        assert "\n" not in str(err.value)
+    heads.write_text(json.dumps(kept))
+    weights = load_file(out / "model.safetensors")
+    name = sorted(weights)[0]
+    weights[name][0] = float("nan")
+    save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelError, match="its weight .* holds NaN or infinity; distil it again"):
+        load(out, pack=False)

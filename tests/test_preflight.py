@@ -382,6 +382,26 @@ def test_a_tokenizer_config_that_is_not_an_object_is_one_line(tmp_path, text):
     (path / "tokenizer_config.json").write_text(text)
     info = model_files.read_dir(model_files.ModelInfo("m", ""), path)
     assert info.problems == [
-        f"config key models.m: {path}/tokenizer_config.json is a JSON "
-        f"{type(json.loads(text)).__name__}, expected an object"
+        f"config key models.m: {path}/tokenizer_config.json: (top level)={text} is not accepted (not of type 'object')"
     ]
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ("{not json", "Expecting property name"),
+        ('{"chat_template": 5}', "chat_template=5 is not accepted (a Jinja template as a string, null, or a list"),
+        ('{"chat_template": [{"name": "default"}]}', "is not accepted (a Jinja template"),
+        ('{"model_max_length": "long"}', 'model_max_length="long" is not accepted'),
+    ],
+)
+def test_a_tokenizer_config_that_is_not_json_or_of_other_types_is_one_line(tmp_path, text, said):
+    """Before: not JSON passed the check silently (then 'no chat template'), a chat template that is not text was
+    a TypeError traceback from Jinja."""
+    path = model_dir(tmp_path, "m", "meta-llama/Llama-2-7b-hf", LLAMA_WORDS)
+    (path / "tokenizer_config.json").write_text(text)
+    info = model_files.read_dir(model_files.ModelInfo("m", ""), path)
+    assert len(info.problems) == 1 and "\n" not in info.problems[0], info.problems
+    assert (
+        info.problems[0].startswith(f"config key models.m: {path}/tokenizer_config.json: ") and said in info.problems[0]
+    )

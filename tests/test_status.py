@@ -16,6 +16,18 @@ from pipeline.report.status import failure_lines, rerun_unstable, status
 CELLS = ["humaneval/pair/sd-T0-g2", "humaneval/pair/we-T0", "humaneval/pair/we_se-T0-g1-2", "humaneval/tiny/large-T0"]
 
 
+def dims(cell) -> dict:
+    """A cell's dimensions as the workflow writes them to grid.json (``cell.Dims``)."""
+    return {
+        "id": cell,
+        "experiment": "e",
+        "grid": "g",
+        "model_set": "pair",
+        "models": ["a", "b"],
+        "large_model": "a",
+    } | {"method": "sd", "family": "single", "kind": "sd", "dataset": "humaneval", "temperature": 0.0}
+
+
 def write(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
@@ -26,7 +38,7 @@ def write(path: Path, text: str) -> Path:
 def results(tmp_path):
     """Four cells: sd done, we done but flagged, we_se failed in generation, large generating (a journal)."""
     res = tmp_path / "results"
-    write(res / "grid.json", json.dumps([{"id": c} for c in CELLS]))
+    write(res / "grid.json", json.dumps([dims(c) for c in CELLS]))
     gen = res / "generations"
     for cell, flags in ((CELLS[0], []), (CELLS[1], ["interference on 3 of 10 samples"])):
         for suffix in (".jsonl", ".meta.json", ".scores.jsonl", ".summary.json", ".wandb.json"):
@@ -267,8 +279,8 @@ CONTENTS = {  # what a file of a cell may hold, or be
     "a dangling link": "link",
 }
 GRIDS = st.one_of(
-    st.just([{"id": c} for c in IDS]),
-    st.lists(st.fixed_dictionaries({"id": st.sampled_from([*IDS, "../escape", "/abs", "", ".", "a//b", 7])})),
+    st.just([dims(c) for c in IDS]),
+    st.lists(st.builds(dims, st.sampled_from([*IDS, "../escape", "/abs", "", ".", "a//b", 7]))),
     st.sampled_from([b"{not json", b"\xff", b"{}", b'[{"no_id": 1}]', b"[1]", b"null", None]),
 )
 

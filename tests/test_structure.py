@@ -109,7 +109,12 @@ def test_no_import_cycles_counting_annotation_only_imports():
     assert cycles(graph) == []
 
 
-BASE = {"pipeline.errors", "pipeline.files", "pipeline.hub"}  # the base layer, under `tasks` and the rest of `pipeline`
+BASE = {
+    "pipeline.errors",
+    "pipeline.files",
+    "pipeline.hub",
+    "pipeline.records",
+}  # the base layer, under `tasks` and the rest of `pipeline`
 NO_TASKS = ("pipeline.decoding", "pipeline.models")  # the decoder and the models know nothing of benchmarks
 
 
@@ -305,6 +310,12 @@ IO_ALLOWED = {
     ("tasks/sandbox.py", "_cgroup_parent", ".write_text()"): "cgroup.subtree_control (the kernel's)",
     ("tasks/sandbox_judge.py", "judge", "open(..., 'w')"): "cgroup.procs (the kernel's)",
     ("tasks/sandbox_judge.py", "judge", ".wait() without timeout"): "after kill(): returns at once",
+    # files the project ships and reads itself (version-controlled, never a user's, a cache's or a job's)
+    ("pipeline/bench/doc.py", "load_notes", "yaml.safe_load of a file read raw"): "benchmarks/notes.yaml",
+    ("pipeline/experiment/config.py", "load_schema", "yaml.safe_load of a file read raw"): "the config's schema",
+    ("pipeline/experiment/config_doc.py", "render_page", "yaml.safe_load of a file read raw"): "the config's schema",
+    ("pipeline/models/spec.py", "default_models", "yaml.safe_load of a file read raw"): "the default config",
+    ("pipeline/report/results_file.py", "load_reported", "yaml.safe_load of a file read raw"): "the paper's figures",
 }
 
 
@@ -323,6 +334,13 @@ def raw_io(tree: ast.AST) -> list[tuple[str, str, int]]:
     return found
 
 
+def reads_a_file(arg: ast.AST) -> bool:
+    """Whether a parser's argument reads a file itself (``p.read_text()``, ``p.read_bytes()``, ``open(p)``)."""
+    if isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute):
+        return arg.func.attr in ("read_text", "read_bytes")
+    return isinstance(arg, ast.Call) and isinstance(arg.func, ast.Name) and arg.func.id == "open"
+
+
 def raw_call(node: ast.Call) -> str | None:
     f, name = node.func, ast.unparse(node.func)
     keywords = {k.arg for k in node.keywords}
@@ -334,6 +352,12 @@ def raw_call(node: ast.Call) -> str | None:
         return f".{f.attr}()"
     elif name in RAW_CALLS:
         return name
+    elif (
+        name in ("json.loads", "json.load", "torch.load", "yaml.safe_load", "yaml.load")
+        and node.args
+        and reads_a_file(node.args[0])
+    ):
+        return f"{name} of a file read raw"  # an unchecked record: read_record / read_user_* check it where it enters
     elif isinstance(f, ast.Attribute) and f.attr in ("rename", "replace") and len(node.args) == 1 and not keywords:
         return None if isinstance(f.value, ast.Constant) else f"Path.{f.attr}()"  # str.replace takes two
     elif name in UNBOUNDED and "timeout" not in keywords:
@@ -371,9 +395,12 @@ def test_every_write_and_wait_goes_through_the_io_layer_or_is_allowed_with_its_r
 def test_the_io_rule_finds_a_raw_write_and_an_unbounded_wait():
     code = (
         "def f(p, proc):\n    open(p, 'w').write('x')\n    p.write_text('x')\n    proc.wait()\n    s.replace('a', 'b')"
+        "\n    json.loads(p.read_text())\n    json.loads(read_user_bytes(p))\n    yaml.safe_load(open(p))"
     )
     assert [(w, n) for _, w, n in raw_io(ast.parse(code))] == [
         ("open(..., 'w')", 2),
         (".write_text()", 3),
         (".wait() without timeout", 4),
+        ("json.loads of a file read raw", 6),
+        ("yaml.safe_load of a file read raw", 8),
     ]

@@ -8,7 +8,6 @@ regenerates the page and compares).
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import yaml
 
 from pipeline.errors import UserError, one_line
-from pipeline.files import generated_page
+from pipeline.files import generated_page, read_user_json
 from pipeline.measure.speed import fmt
 
 from .. import ROOT
@@ -157,7 +156,7 @@ def render_page() -> str:
     lines = [HEADER.rstrip("\n")]
     for path in records():
         name = path.relative_to(RECORDS).as_posix()
-        record, note = json.loads(path.read_text()), notes[name]
+        record, note = read_user_json(path, "bench record"), notes[name]
         lines += ["", f"## {note['title']}", "", f"`benchmarks/{name}`. {machine_line(record)}"]
         settings = settings_line(record)
         if settings:

@@ -17,6 +17,7 @@ from ..errors import UserError
 from ..files import read_user_json, write_atomic
 from ..measure.speed import Policy
 from ..models import ModelSpec
+from ..records import ID, register, schema_of
 
 CONFIG = {"config": True}  # a setting that is the config's key of the same name (a grid's, where it sets one)
 SAMPLING = ("gamma", "gamma_schedule", "max_new_tokens", "temperature", "top_k", "top_p")  # passed to every run
@@ -167,3 +168,24 @@ class CellFile:
     def write(self, path: Path | str) -> None:
         """Written atomically, keys sorted: a cell whose settings are unchanged keeps its bytes."""
         write_atomic(Path(path), json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n")
+
+
+GRID, CELL_FILE = "grid.json", "cell file"  # record types (``records.py``): their readers name them from here
+
+
+def _register_records() -> None:
+    """grid.json (each cell's dimensions) and the cell file as record types (``records.py``)."""
+    dims = schema_of(Dims)
+    dims["properties"]["id"] = ID  # a cell's id names its files
+    register(GRID, {"type": "array", "items": dims})
+    register(  # a cell file (cells/<id>.json): its settings and dimensions (``CellFile`` checks the settings' values)
+        CELL_FILE,
+        {
+            "type": "object",
+            "required": ["cell"],
+            "properties": {"cell": {"type": "object"}, "dims": {"anyOf": [dims, {"type": "null"}]}},
+        },
+    )
+
+
+_register_records()

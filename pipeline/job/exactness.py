@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,7 +18,8 @@ from typing import Any
 
 import torch
 
-from ..errors import one_line
+from ..errors import UserError, one_line
+from ..records import read_record
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -46,8 +46,8 @@ def float64_bytes(spec) -> int:
     path = resolve(spec)
     files = [f for pattern in ("*.safetensors", "*.bin") for f in path.glob(pattern)]
     stored = None  # unknown: float16, 2 bytes a parameter
-    with contextlib.suppress(OSError, ValueError):
-        stored = json.loads((path / "config.json").read_text()).get("torch_dtype")
+    with contextlib.suppress(UserError):  # unreadable: counted as float16
+        stored = read_record(path / "config.json", "config.json", "model config").get("torch_dtype")
     per_param = {"float32": 4, "float64": 8}.get(str(stored), 2)
     return sum(f.stat().st_size for f in files) * 8 // per_param
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UserError
+from ..records import register, schema_of
 from .acceptance import decoding_metrics, union_metrics
 from .cost import predicted_speedup
 from .timing import Thresholds
@@ -387,3 +388,7 @@ def flags(summary: dict[str, Any], policy: Policy) -> list[str]:
         if abs(est - pred) > slack:
             out.append(f"measured {est:.2f}x is off the cost model's {pred:.2f}x")
     return out
+
+
+SPEED_RECORD = "speed record"  # its record type (``records.py``): its readers name it from here
+register(SPEED_RECORD, schema_of(SpeedSummary))  # a cell's .speed.json, checked where it is read (records.py)

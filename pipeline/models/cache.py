@@ -11,6 +11,8 @@ from pathlib import Path
 
 from ..files import open_own
 
+META = "draft.json"  # the record of a model this project trained (a draft, a student, a feature head)
+
 
 def cache_dir() -> Path:
     return Path(os.environ.get("SPECENS_CACHE", Path.home() / ".cache" / "specens")).expanduser()

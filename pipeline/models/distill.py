@@ -32,15 +32,15 @@ from typing import Any
 import torch
 
 from ..decoding.lookup import PromptLookup
+from ..errors import UserError
 from ..files import atomic_path
-from .cache import cache_lock, save_dir
+from .cache import META, cache_lock, save_dir
 from .cpu_kernels import pack_linears
 from .loading import truncated_copy
 from .restricted import RestrictedHeadLM
 from .sources import locate
 from .spec import ModelError, ModelSpec
 
-META = "draft.json"
 HEAD_FILE = "head_tokens.json"
 
 
@@ -569,4 +569,10 @@ def digest(teacher: ModelSpec, recipe) -> str:
 
 
 def read_meta(path: Path) -> dict:
-    return json.loads((Path(path) / META).read_text())
+    """The record (``draft.json``) of a draft, student or head in directory ``path``, checked (``records.py``)."""
+    from ..records import read_record
+
+    try:
+        return read_record(Path(path) / META, "draft.json", "the draft's record")
+    except UserError as err:
+        raise ModelError(f"{err}; delete {path} to make it again") from None

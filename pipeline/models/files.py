@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import one_line
-from ..files import schema_problems
+from ..errors import UserError, one_line
+from ..files import read_user_bytes
+from ..records import read_record, record_problems
 from .spec import BUNDLED, DTYPES, ModelError, ModelSpec, config_entry, teacher_spec
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -87,37 +88,21 @@ def count_parameters(config: dict[str, Any]) -> tuple[int, int]:
     return sum(p.numel() for p in model.parameters()), 0 if embedding is head else embedding.numel()
 
 
-POSITIVE = {"type": "integer", "minimum": 1}
-CONFIG_JSON = {  # what the preflight reads of a model's config.json, checked before anything is built from it
-    "type": "object",
-    "required": ["model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"],
-    "properties": {
-        "model_type": {"type": "string", "minLength": 1},
-        "vocab_size": {**POSITIVE, "maximum": 10_000_000},
-        "hidden_size": {**POSITIVE, "maximum": 1_000_000},
-        "num_hidden_layers": {**POSITIVE, "maximum": 1_000},
-        "num_attention_heads": {**POSITIVE, "maximum": 10_000},
-        "num_key_value_heads": {"anyOf": [{**POSITIVE, "maximum": 10_000}, {"type": "null"}]},
-        "intermediate_size": {"anyOf": [{**POSITIVE, "maximum": 10_000_000}, {"type": "null"}]},
-        "head_dim": {"anyOf": [{**POSITIVE, "maximum": 100_000}, {"type": "null"}]},
-        "max_position_embeddings": {"anyOf": [{**POSITIVE, "maximum": 100_000_000}, {"type": "null"}]},
-        "tie_word_embeddings": {"type": "boolean"},
-    },
-}
+# what the preflight reads of a model's config.json: its schema is records.CONFIG_JSON
 
 
 def config_json_problems(config: Any, where: str) -> list[str]:
     """One line per value of a config.json the preflight cannot use (``CONFIG_JSON``: type, sign, range),
     naming the file, the key and what is accepted."""
-    return schema_problems(CONFIG_JSON, config, where)
+    return record_problems("config.json", config, where)
 
 
 def read_dir(info: ModelInfo, path: Path) -> ModelInfo:
     """Read a model directory's config.json and tokenizer files into ``info``."""
     info.path = path
     try:
-        config = json.loads((path / "config.json").read_bytes())
-    except (OSError, ValueError) as err:  # ValueError: not JSON, or not UTF-8
+        config = json.loads(read_user_bytes(path / "config.json", "model config"))
+    except (UserError, ValueError) as err:  # ValueError: not JSON, or not UTF-8
         info.problems.append(f"config key models.{info.name}: {path}/config.json cannot be read ({one_line(err)})")
         return info
     if problems := config_json_problems(config, f"config key models.{info.name}: {path}/config.json"):
@@ -127,8 +112,8 @@ def read_dir(info: ModelInfo, path: Path) -> ModelInfo:
     head_file = path / "head_tokens.json"
     if head_file.exists():
         info.restricted_head = True
-        with contextlib.suppress(OSError, json.JSONDecodeError, TypeError):
-            info.head_tokens = len(json.loads(head_file.read_text()))
+        with contextlib.suppress(UserError):  # unreadable: the loader refuses it in one line
+            info.head_tokens = len(read_record(head_file, "head_tokens.json", "restricted head"))
     present = [f for f in TOKENIZER_FILES if (path / f).exists()]
     if not present:
         info.problems.append(
@@ -142,12 +127,11 @@ def read_dir(info: ModelInfo, path: Path) -> ModelInfo:
         info.problems.append(f"config key models.{info.name}: its tokenizer in {path} cannot be read: {one_line(err)}")
         return info
     tok_config = path / "tokenizer_config.json"
-    with contextlib.suppress(OSError, ValueError):  # absent or unreadable: the tokenizer's own reader says so
-        found = json.loads(tok_config.read_bytes())
-        if not isinstance(found, dict):
-            info.problems.append(
-                f"config key models.{info.name}: {tok_config} is a JSON {type(found).__name__}, expected an object"
-            )
+    if tok_config.exists():
+        try:
+            found = read_record(tok_config, "tokenizer_config.json", f"config key models.{info.name}:")
+        except UserError as err:  # not JSON, not an object, a chat template that is not text: nothing renders
+            info.problems.append(str(err))
             return info
         info.chat_template = bool(found.get("chat_template"))
     info.chat_template |= any((path / f).exists() for f in ("chat_template.jinja", "chat_template.json"))

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..errors import one_line
+from ..errors import UserError, one_line
+from .cache import META
 from .sources import bundled_dir
 from .spec import ModelError
 
@@ -64,16 +64,13 @@ def load(
             f"model directory {path} could not be loaded: {len(missing)} weights are missing from its files "
             f"(first: {sorted(missing)[0]}); the files are incomplete or of another model"
         )
+    if (path / META).exists():  # a draft this project trained: its weights are checked as they load
+        check_finite(model, path)
     head_file = path / "head_tokens.json"
     if head_file.exists() and not full_head:  # a distilled draft whose head scores a subset of the vocabulary
-        from ..files import read_user_text
         from .restricted import RestrictedHeadLM
 
-        try:
-            head = json.loads(read_user_text(head_file, "restricted head"))
-        except json.JSONDecodeError as err:
-            raise ModelError(f"restricted head {head_file} is not valid JSON: {err.msg}") from None
-        model = RestrictedHeadLM(model, head).eval()
+        model = RestrictedHeadLM(model, head_tokens(head_file, model)).eval()
     if pack is None:
         pack = dtype == torch.float32 and device != "auto" and torch.device(device).type == "cpu" and engine == "eager"
     if pack:
@@ -99,6 +96,31 @@ def load_tokenizer(path: str | Path):
             f"model directory {path} has no usable tokenizer (tokenizer.json or tokenizer_config.json missing "
             f"or damaged): {type(err).__name__}: {said}"
         ) from None
+
+
+def check_finite(model: torch.nn.Module, path: Path) -> None:
+    """Refuse, in one line naming the first tensor, a model whose weights hold NaN or infinity (a draft trained to
+    NaN proposes nothing, silently: the run stays exact and slow)."""
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise ModelError(f"model directory {path}: its weight {name} holds NaN or infinity; distil it again")
+
+
+def head_tokens(head_file: Path, model: torch.nn.Module) -> list[int]:
+    """A restricted head's kept ids (``head_tokens.json``): distinct ids below the model's vocabulary rows."""
+    from ..records import read_record
+
+    try:
+        kept = read_record(head_file, "head_tokens.json", "restricted head")
+    except UserError as err:
+        raise ModelError(str(err)) from None
+    rows = model.get_output_embeddings().weight.shape[0]
+    if not kept or len(set(kept)) != len(kept) or max(kept) >= rows:
+        raise ModelError(
+            f"restricted head {head_file}: expected distinct token ids below {rows} (the model's vocabulary), "
+            f"got {len(kept)} ids, {len(set(kept))} distinct, the largest {max(kept, default=None)}"
+        )
+    return kept
 
 
 def load_bundled(dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", pack: bool | None = None):

@@ -9,14 +9,15 @@ kernels round differently) or a bug. Prints one line per pair of cells (docs/vll
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
+from ..experiment.cell import GRID
 from ..experiment.layout import cell_path
 from ..files import read_jsonl
+from ..records import read_record
 
 
 def greedy_pairs(results: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -24,7 +25,7 @@ def greedy_pairs(results: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     index = results / "grid.json"
     if not index.is_file():
         raise UserError(f"{results}: no grid.json (not a results directory, or no cells written yet)")
-    cells = json.loads(index.read_text())
+    cells = read_record(index, GRID, "the grid index")
     greedy = [c for c in cells if c.get("temperature") == 0 and not c.get("control")]
     ours = {(c["models"][0], c["dataset"]): c for c in greedy if c["method"] == "large_model"}
     return [(c, ours[key]) for c in greedy if c["method"] == "vllm" and (key := (c["models"][0], c["dataset"])) in ours]

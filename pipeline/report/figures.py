@@ -10,7 +10,6 @@ figures, per distribution. ``reported``: the paper's figures, when they name thi
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,11 +18,20 @@ import pandas as pd
 
 from ..decoding.spec import parse_method
 from ..errors import UserError
-from ..experiment.cell import Dims
+from ..experiment.cell import GRID, Dims
 from ..experiment.layout import beside, cell_path
-from ..files import ResultsError, read_jsonl, read_user_json
+from ..files import ResultsError, read_jsonl
 from ..measure.intervals import bootstrap_interval
-from ..measure.speed import Policy, SpeedSummary, halfwidth, paired_speedup, relative_speedup, speedup_ratio
+from ..measure.speed import (
+    SPEED_RECORD,
+    Policy,
+    SpeedSummary,
+    halfwidth,
+    paired_speedup,
+    relative_speedup,
+    speedup_ratio,
+)
+from ..records import read_record
 from .results_file import RATIOS, load_reported
 
 ROW = ["model_set", "method", "T"]
@@ -49,31 +57,25 @@ class Collected:
     records: dict[str, dict[str, Any]]  # each finished cell's speed record and score summary, as read once
 
 
-def _record(path: Path, what: str, kind: type = dict) -> Any:
-    """A results file the aggregate reads; one line naming it when it is damaged (its job makes it again once it
-    is deleted)."""
-    found = read_user_json(path, what)
-    if not isinstance(found, kind):
-        shape = "an object" if kind is dict else "a list"
-        raise ResultsError(f"{what} {path} is not {shape} of JSON; delete it and run the workflow again")
-    return found
+def _record(path: Path, kind: str, what: str) -> Any:
+    """A results file the aggregate reads, checked against its record type (``records.py``); one line naming it
+    when it is damaged (its job makes it again once it is deleted)."""
+    try:
+        return read_record(path, kind, what)
+    except UserError as err:
+        raise ResultsError(f"{err}; delete it and run the workflow again") from None
 
 
 def speed_record(path: Path) -> dict[str, Any]:
-    """A cell's ``.speed.json``, checked against its type (``SpeedSummary``: a key it does not know is one line
-    naming the file) and kept as written (a key a record lacks stays absent)."""
-    found = _record(path, "the speed record")
-    try:
-        SpeedSummary.from_json(found)
-        return found
-    except UserError as err:
-        raise ResultsError(f"the speed record {path}: {err}; delete it and run the workflow again") from None
+    """A cell's ``.speed.json``, checked against its type (``SpeedSummary``'s schema: a key it does not know, or a
+    value of another type, is one line naming the file) and kept as written (a key a record lacks stays absent)."""
+    return _record(path, SPEED_RECORD, "the speed record")
 
 
 def grid_dims(results: Path) -> list[dict[str, Any]]:
     """The dims of each cell of the grid (``grid.json``, written by the workflow), in the grid's order, read
     through the one type of a cell's dimensions (``cell.Dims``), in grid.json's key order (cells.csv's columns)."""
-    return [{**d, **Dims.from_json(d).to_json()} for d in _record(results / "grid.json", "the grid index", list)]
+    return [{**d, **Dims.from_json(d).to_json()} for d in _record(results / "grid.json", GRID, "the grid index")]
 
 
 def cell_figures(cell: str, speed: dict[str, Any], summary: dict[str, Any]) -> list[tuple]:
@@ -120,7 +122,7 @@ def collect(results: Path, reported: dict[str, Any] | None = None) -> Collected:
         policy = Policy.from_dict(speed.get("policy"))  # the cells' own: one config judged them all
         samples[dims["id"]] = read_jsonl(base)
         summary = beside(base, "summary")
-        quality = _record(summary, "the score summary") if summary.exists() else {}
+        quality = _record(summary, "score summary", "the score summary") if summary.exists() else {}
         read[dims["id"]] = {"speed": speed, "quality": quality}
         rows += cell_figures(dims["id"], speed, quality)
         record = {k: v for k, v in dims.items() if k != "models"} | {"models": " + ".join(dims["models"])}
@@ -170,9 +172,9 @@ def drafts(results: Path) -> pd.DataFrame:
     rows = []
     for path in sorted((results / "models").glob("*.json")):
         try:
-            record = json.loads(path.read_text())
+            record = read_record(path, "model record")
             made = [(path.stem, record.get("distilled")), (f"{path.stem} (eagle)", record.get("feature_head"))]
-        except (OSError, ValueError, AttributeError):
+        except UserError:
             continue  # not a model record: the preparation's own files are checked where they are written
         for name, facts in made:
             if isinstance(facts, dict):
@@ -294,7 +296,7 @@ def scored(cells: pd.DataFrame, results: Path) -> pd.DataFrame:
         order.setdefault(use, i)
     rows = []
     for path in sorted((results / "likelihood").glob("*.json")):
-        found = json.loads(path.read_text())
+        found = _record(path, "likelihood record", "the likelihood record")
         for key, score in found["scores"].items():
             uses = sorted((u for u in score.get("uses", []) if u in order), key=order.get)
             if not uses:

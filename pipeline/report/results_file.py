@@ -97,7 +97,10 @@ def machine() -> dict[str, Any]:
 
 
 def _read(path: Path) -> dict[str, Any] | None:
-    return json.loads(path.read_text()) if path.exists() else None
+    from ..experiment.cell import CELL_FILE
+    from ..records import read_record
+
+    return read_record(path, CELL_FILE) if path.exists() else None
 
 
 def cell_record(results: Path, row: pd.Series, read: dict[str, Any]) -> dict[str, Any]:

@@ -20,8 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UserError
+from ..experiment.cell import GRID
 from ..experiment.layout import CELL_FILES, cell_path
-from ..files import read_tail, read_user_bytes, read_user_json
+from ..files import read_tail, read_user_json
+from ..measure.speed import SPEED_RECORD
+from ..records import read_record
 
 SPEED_LIMIT = 1 << 24  # bytes: a speed record is a few kilobytes
 
@@ -53,12 +56,11 @@ def cause(log: Path) -> str | None:
 def cell_ids(results: Path) -> list[str]:
     """The cells of a results directory, from its index (grid.json, written by the workflow)."""
     index = Path(results) / "grid.json"
-    data = read_user_bytes(index, "the index")  # a pipe or a device: one line, no wait
     try:
-        ids = [dims["id"] for dims in json.loads(data)]
-    except (OSError, ValueError, KeyError, TypeError) as err:  # ValueError: not JSON, or not UTF-8
-        said = f"{type(err).__name__}: {err}"
-        raise UserError(f"results directory {results}: no readable grid.json ({said[:120]})") from None
+        ids = [dims["id"] for dims in read_record(index, GRID, "the index")]  # a pipe: one line, no wait
+    except UserError as err:
+        said = str(err).removeprefix(f"the index {index}").lstrip(": ")
+        raise UserError(f"results directory {results}: no readable grid.json ({said[:160]})") from None
     for cell in ids:
         parts = Path(cell).parts if isinstance(cell, str) else ()
         if not parts or Path(cell).is_absolute() or ".." in parts or "\0" in cell or cell != Path(cell).as_posix():
@@ -77,17 +79,11 @@ def flags(speed: Path) -> list[str]:
     if not speed.exists():
         return []
     try:
-        record = json.loads(read_user_bytes(speed, "speed record", SPEED_LIMIT))
-    except UserError as err:  # a pipe, a device, too large, unreadable
-        return [
-            f"{speed.name} cannot be read ({str(err).removeprefix(f'speed record {speed} ')}); judge the cell again"
-        ]
-    except ValueError as err:  # not JSON, or not UTF-8
-        return [f"{speed.name} cannot be read ({type(err).__name__}); judge the cell again"]
-    found = record.get("flags") if isinstance(record, dict) else None
-    if not isinstance(record, dict) or not isinstance(found or [], list):
-        return [f"{speed.name} is not a speed record (a JSON {type(record).__name__}); judge the cell again"]
-    return [str(f) for f in found or []]
+        record = read_record(speed, SPEED_RECORD, limit=SPEED_LIMIT)
+    except UserError as err:  # a pipe, a device, too large, unreadable, not JSON, not a speed record
+        said = str(err).removeprefix(f"speed record {speed}").lstrip(": ")
+        return [f"{speed.name} cannot be read ({said[:160]}); judge the cell again"]
+    return [str(f) for f in record.get("flags") or []]
 
 
 def model_failures(results: Path) -> dict[str, str]:

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import one_line
 from ..experiment.layout import FAILED, beside
 from ..files import read_jsonl, read_user_json, write_atomic
+from ..measure.speed import SPEED_RECORD
+from ..records import read_record
 
 if TYPE_CHECKING:
     from ..experiment.cell import CellFile
@@ -42,7 +44,7 @@ def resolve_mode(mode: str) -> str:
 def cell_metrics(samples: Path) -> dict[str, Any]:
     """Summary metrics of a cell from its files: speed with its interval and flags (``.speed.json``),
     exactness, and quality (``.summary.json``)."""
-    speed = json.loads(beside(samples, "speed").read_text())
+    speed = read_record(beside(samples, "speed"), SPEED_RECORD)
     out = {f"speed/{k}": v for k, v in speed.items() if isinstance(v, int | float)}
     if speed.get("flags") is not None:
         out["speed/flags"] = "; ".join(speed["flags"])
@@ -52,7 +54,7 @@ def cell_metrics(samples: Path) -> dict[str, Any]:
         out["exactness/bugs"] = exact.get("bugs", 0)
     summary_path = beside(samples, "summary")
     if summary_path.exists():
-        quality = json.loads(summary_path.read_text())
+        quality = read_record(summary_path, "score summary")
         out.update({f"quality/{k}": v for k, v in quality.items() if isinstance(v, int | float) and k != "samples"})
     return out
 

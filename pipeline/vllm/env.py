@@ -27,6 +27,7 @@ from typing import Any
 from ..errors import UserError
 from ..files import write_atomic
 from ..models.cache import cache_dir, cache_lock
+from ..records import read_record
 
 VERSION = "0.32.0"  # vLLM's release, for both builds
 LOCKS = Path(__file__).resolve().parents[2] / "workflow" / "envs"
@@ -84,10 +85,10 @@ def ready(kind: str | None = None) -> dict[str, Any] | None:
     """The environment's record (interpreter, versions) where it is built and complete, else None."""
     where = env_dir(kind or build())
     try:
-        record = json.loads(marker(where).read_text())
-    except (OSError, ValueError):
+        record = read_record(marker(where), "env.json", "vLLM's environment record")
+    except UserError:  # absent, or not a record this module wrote: built again
         return None
-    return record if isinstance(record, dict) and Path(record.get("python", "")).exists() else None
+    return record if Path(record["python"]).exists() else None
 
 
 def unsupported(architectures: list[str], record: dict[str, Any] | None = None) -> list[str]:
