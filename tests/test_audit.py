@@ -12,6 +12,7 @@ import pytest
 
 from pipeline.decoding import generate
 from pipeline.decoding.audit import Audit, AuditError
+from pipeline.decoding.ensemble import conformance_ensembles
 from pipeline.decoding.feature import attach
 from pipeline.decoding.member import Member
 from pipeline.decoding.runner import HFRunner
@@ -23,11 +24,8 @@ from .conftest import perturbed, tiny_llama
 N = 110
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 3, 1, 4, 1]  # repeats: prompt lookup has matches from the start
 SETTINGS = {"greedy": {}, "sampling": {"temperature": 0.9, "top_k": 20, "top_p": 0.95}}
-ARGS = {
-    "we": {"weights": [0.5, 0.3, 0.2]},
-    "cd": {"alpha": 0.3, "beta": 0.05},
-    "gac": {"weights": [0.6, 0.4], "threshold": 0.4},
-}
+ARGS = conformance_ensembles()  # every registered ensemble, with the arguments it declared for these tests
+ARGS["we"] = {"weights": [0.5, 0.3, 0.2]}  # and the built-in mixture over three models of other weights
 SE_GAMMA = [2, 3, 1]
 # the built-in ensembles: ones registered by other tests may round on purpose (ties), beyond any tolerance;
 # not transformers' own methods (tests/test_peers.py), which run none of our code
@@ -54,7 +52,7 @@ def trio():
 
 def audited(trio, method, proposer=None, setting="greedy", n=N, seed=0, start=None, **kw):
     spec = parse_method(method)
-    models = trio if spec.base == "we" else trio[:2]
+    models = trio if spec.base == "we" else trio[:2]  # a registered ensemble: two models (its least)
     args = dict(ARGS.get(spec.base, {}))
     if proposer is not None:
         args["proposer"] = proposer
@@ -80,7 +78,8 @@ def test_every_distribution_matches_a_recompute_from_scratch(trio, method, propo
 
 def test_every_built_in_method_is_audited():
     assert {parse_method(m).kind for m in METHODS} == {"plain", "parallel", "sd", "se", "me", "me_sd"}
-    assert {parse_method(m).base for m in METHODS} == {"large_model", "small_model", "we", "cd", "gac"}
+    assert {parse_method(m).base for m in METHODS} == {"large_model", "small_model", *conformance_ensembles()}
+    assert {"we", "cd", "gac"} <= set(conformance_ensembles())
 
 
 @pytest.mark.parametrize("method", ["sd", "we_sd", "we_se", "cd_se", "gac_se"])

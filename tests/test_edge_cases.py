@@ -87,7 +87,7 @@ def test_top_p_so_small_that_one_token_survives(pair):
             assert out.token_ids == greedy
 
 
-@register_ensemble("rounded_mean", params={"scale": 1.0})
+@register_ensemble("rounded_mean", params={"scale": 1.0}, test_args=None)  # ties on purpose: its own tests
 def rounded_mean(logits, sampling, scale):
     """A target with many exact ties: the mean logits rounded to a grid of ``scale``."""
     from pipeline.decoding.sampling import probs
@@ -156,7 +156,7 @@ def test_custom_ensemble_gets_every_method():
     name = "max_mix"
     if name not in ENSEMBLES:
 
-        @register_ensemble(name, params={"sharpness": 1.0})
+        @register_ensemble(name, params={"sharpness": 1.0}, test_args=None)
         def max_mix(logits, sampling, sharpness):
             from pipeline.decoding.sampling import probs
 

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from pipeline.decoding import generate
+from pipeline.decoding.ensemble import ENSEMBLES, conformance_ensembles
 from pipeline.decoding.spec import method_names, parse_method
 
 PROMPTS = [[random.Random(i).randrange(32) for _ in range(n)] for i, n in enumerate([1, 3, 8, 17, 5, 2])]
@@ -32,12 +33,13 @@ def test_sd_equals_large_model(trio, gamma, n):
         assert accepted > 0, "the close draft should have some tokens accepted"
 
 
-# gac: a threshold at which the trio's target is confident at some positions only (the gate does both)
-ENSEMBLE_ARGS = {"we": {"lambda": 0.4}, "cd": {"alpha": 0.3}, "gac": {"lambda": 0.4, "threshold": 0.3}}
+# every registered ensemble, with the arguments it declared for these tests (``register_ensemble(test_args=)``)
+ENSEMBLE_ARGS = conformance_ensembles()
+PAIRABLE = sorted(e for e in ENSEMBLE_ARGS if ENSEMBLES[e].min_models <= 2)  # those that take two models
 GAMMAS = {"_sd": [1, 2, 4, 7], "_se": [1, 3, [1, 4], [3, 1], [2, 2]]}
 
 
-@pytest.mark.parametrize("ensemble", ["we", "cd", "gac"])
+@pytest.mark.parametrize("ensemble", PAIRABLE)
 @pytest.mark.parametrize("variant", ["_sd", "_se"])
 @pytest.mark.parametrize("proposer", [0, 1])
 def test_two_model_ensembles_equal_standard_ensemble(trio, ensemble, variant, proposer):
@@ -118,7 +120,7 @@ def test_parallel_ensemble_equals_standard_ensemble(trio, method):
                 ), (prompt, n)
 
 
-@pytest.mark.parametrize("method", ["sd", "we_sd", "we_se", "cd_sd", "cd_se", "gac_sd", "gac_se"])
+@pytest.mark.parametrize("method", ["sd", *(e + v for e in PAIRABLE for v in ("_sd", "_se"))])
 @pytest.mark.parametrize("gamma", [1, 3])
 def test_dynamic_gamma_equals_baseline(trio, method, gamma):
     """Each proposer's gamma moves between rounds (+2 / -1); the tokens are the baseline's."""

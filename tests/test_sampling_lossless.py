@@ -20,6 +20,9 @@ import torch
 from scipy import stats
 
 from pipeline.decoding import generate
+from pipeline.decoding.ensemble import ENSEMBLES, conformance_ensembles
+from pipeline.decoding.sampling import Sampling
+from pipeline.decoding.spec import parse_method
 from pipeline.models.restricted import RestrictedHeadLM
 
 from .conftest import perturbed, tiny_llama
@@ -85,12 +88,24 @@ def ref_target(kind: str, models, tokens, setting, args) -> np.ndarray:
         return sum(w * ref_probs(l, **setting) for w, l in zip(args["weights"], logits))
     if kind == "cd":
         return ref_probs(logits[0] - args["alpha"] * logits[1], **setting)
+    if kind.startswith("registered:"):  # a registered ensemble: its own r, from its function and checked args
+        return registered_target(kind.removeprefix("registered:"), logits, setting, args)
     if kind == "gac":  # the lead model alone where its plain softmax is confident
         lead = np.exp(logits[0] - logits[0].max())
         if lead.max() / lead.sum() >= args["threshold"]:
             return ref_probs(logits[0], **setting)
         return ref_target("we", models, tokens, setting, args)
     raise AssertionError(kind)
+
+
+def registered_target(name: str, logits: list[np.ndarray], setting: dict, args: dict) -> np.ndarray:
+    """The target ``r`` a registered ensemble defines (its function on the exact logits, its arguments checked
+    as a generation checks them): what its speculative forms must sample from."""
+    spec = parse_method(name)
+    resolved = spec.check(len(logits), dict(args), False)
+    params = {k: v for k, v in resolved.items() if k in spec.ensemble.params}
+    rows = [torch.from_numpy(x).double()[None] for x in logits]
+    return spec.ensemble.fn(rows, Sampling(**setting), **params)[0].numpy()
 
 
 def exact_joint(kind, models, setting, args, prompt=PROMPT) -> np.ndarray:
@@ -160,10 +175,30 @@ CASES = [
 ]
 
 
+def reference(name: str, args: dict) -> tuple[str, dict]:
+    """An independent reference where one is written here (``ref_target``), else the ensemble's own r."""
+    return ("gac", {"weights": [0.5, 0.5], **args}) if name == "gac" else (f"registered:{name}", args)
+
+
+# every other registered ensemble (``register_ensemble``), with the arguments it declared for these tests: its
+# speculative forms with a draft, at one setting (top-k and temperature both warp)
+REGISTERED = [
+    (name + form, [0, 1], *reference(name, args), {"method_args": args, **gamma})
+    for name, args in conformance_ensembles().items()
+    if name not in ("we", "cd") and ENSEMBLES[name].min_models <= 2
+    for form, gamma in (("_sd", {"gamma": 2}), ("_se", {"gamma": [1, 2]}))
+]
+
+
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: "T{temperature}-k{top_k}-p{top_p}".format(**s))
 @pytest.mark.parametrize("case", CASES, ids=lambda c: case_id(c))
 def test_first_two_tokens_follow_the_target(models, case, setting):
     check_case(models, case, setting)
+
+
+@pytest.mark.parametrize("case", REGISTERED, ids=lambda c: case_id(c))
+def test_every_registered_ensembles_speculative_forms_follow_its_target(models, case):
+    check_case(models, case, SETTINGS[1])
 
 
 def case_id(case) -> str:

@@ -18,6 +18,7 @@ import torch
 
 from pipeline.decoding import generate
 from pipeline.decoding.audit import Audit, AuditError
+from pipeline.decoding.ensemble import conformance_ensembles
 from pipeline.decoding.spec import method_names, parse_method
 from pipeline.decoding.tree import cache as tree_cache
 from pipeline.decoding.tree import verify as tree_verify
@@ -28,7 +29,7 @@ from .conftest import perturbed, tiny_llama, without_null
 from .test_cell import Repeat
 from .test_sampling_lossless import ALPHA, VOCAB, chi_square_pvalue, exact_joint, make_models
 
-ARGS = {"we": {"lambda": 0.4}, "cd": {"alpha": 0.3}, "gac": {"lambda": 0.4, "threshold": 0.3}}
+ARGS = conformance_ensembles()  # every registered ensemble, with the arguments it declared for these tests
 SPECULATIVE = [
     m for m in method_names() if parse_method(m).kind in ("sd", "se") and parse_method(m).base != "small_model"
 ]

@@ -44,9 +44,18 @@ class Ensemble:
     check: Callable[[dict[str, Any], int], dict[str, Any]] | None = None  # validate/normalise
     full_vocab: bool = False  # needs every member's logits over the whole vocabulary
     mixture: bool = False  # r = sum_k weights[k] * softmax(warp(l_k)): sampled as a mixture by <name>_me
+    # the arguments the exactness tests run it with (any number of models it takes); None: not under them (an
+    # ensemble a test registers to fail on purpose)
+    test_args: dict[str, Any] | None = field(default_factory=dict)
 
 
 ENSEMBLES: dict[str, Ensemble] = {}
+
+
+def conformance_ensembles() -> dict[str, dict[str, Any]]:
+    """Every registered ensemble the exactness tests run (greedy identity, chi-square sampling, the audit, trees),
+    with the arguments it declared for them: registering one puts its methods under every test, no test edited."""
+    return {name: dict(e.test_args) for name, e in ENSEMBLES.items() if e.test_args is not None}
 
 
 def register_ensemble(name: str, **options: Any) -> Callable[[EnsembleFn], EnsembleFn]:
@@ -109,7 +118,14 @@ def _check_cd(args: dict[str, Any], n_models: int) -> dict[str, Any]:
     return args
 
 
-@register_ensemble("cd", params={"alpha": 0.1, "beta": None}, max_models=2, check=_check_cd, full_vocab=True)
+@register_ensemble(
+    "cd",
+    params={"alpha": 0.1, "beta": None},
+    max_models=2,
+    check=_check_cd,
+    full_vocab=True,
+    test_args={"alpha": 0.3, "beta": 0.05},
+)
 def contrastive_decoding(logits: Sequence[Tensor], sampling: Sampling, alpha: float, beta: float | None) -> Tensor:
     """``r = softmax(warp(l_expert - alpha * l_amateur))`` over the plausible set."""
     expert, amateur = logits
@@ -128,7 +144,9 @@ def _check_gac(args: dict[str, Any], n_models: int) -> dict[str, Any]:
     return _check_weights(args, n_models)
 
 
-@register_ensemble("gac", params={"threshold": 0.5, "weights": None, "lambda": None}, check=_check_gac)
+@register_ensemble(  # test_args: a threshold at which a tiny model is confident at some positions only
+    "gac", params={"threshold": 0.5, "weights": None, "lambda": None}, check=_check_gac, test_args={"threshold": 0.3}
+)
 def gated_ensemble(logits: Sequence[Tensor], sampling: Sampling, threshold: float, weights: Sequence[float]) -> Tensor:
     """The lead model (the first) alone where it is confident, the weighted ensemble elsewhere.
 
