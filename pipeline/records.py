@@ -35,7 +35,9 @@ ID = {
     "accepted": "a path relative to the results directory, with no '.' or '..' part",
 }
 NUMBER_OR_NULL = {"type": ["number", "null"]}
-TOKEN_ID = {"type": "integer", "minimum": 0}
+TOKEN_ID = {"type": "integer", "minimum": 0, "accepted": "a token id, an integer >= 0"}
+COUNT = {"type": "integer", "minimum": 0, "accepted": "a count, an integer >= 0"}
+SECONDS = {"type": "number", "minimum": 0, "accepted": "seconds, a number >= 0"}  # JSON has no NaN or infinity
 
 POSITIVE = {"type": "integer", "minimum": 1}
 CONFIG_JSON = {  # what the preflight reads of a model's config.json, checked before anything is built from it
@@ -183,6 +185,23 @@ RECORDS: dict[str, dict[str, Any]] = {
         },
     },
     "head_tokens.json": {"type": "array", "items": TOKEN_ID},
+    # vLLM's worker (``vllm/worker.py``), one JSON line each: ready (its versions, its load time), then one answer
+    # per generation (ids, wall time, vLLM's speculation counters)
+    "vLLM worker start": {
+        "type": "object",
+        "required": ["versions", "load_s"],
+        "properties": {"versions": {"type": "object", "additionalProperties": {"type": "string"}}, "load_s": SECONDS},
+    },
+    "vLLM worker answer": {
+        "type": "object",
+        "required": ["token_ids", "wall_s", "drafts", "draft_tokens", "accepted", "accepted_per_pos"],
+        "properties": {
+            "token_ids": {"type": "array", "items": TOKEN_ID},
+            "wall_s": SECONDS,
+            **{k: COUNT for k in ("drafts", "draft_tokens", "accepted")},
+            "accepted_per_pos": {"type": "array", "items": COUNT},
+        },
+    },
 }  # and, registered by their types' modules: "speed record", "grid.json", "cell file"
 
 

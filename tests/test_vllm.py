@@ -581,7 +581,9 @@ for line in sys.stdin:
     ids = {"huge": [10**9], "negative": [-1], "float": [1.5], "hang": None}.get(mode, [1, 2])
     if ids is None:
         time.sleep(60)
-    say(json.dumps({"token_ids": ids, "wall_s": 0.01, **counts}))
+    wall = {"nan wall": float("nan"), "string wall": "0.1"}.get(mode, 0.01)
+    counts["accepted"] = -1 if mode == "negative count" else 0
+    say(json.dumps({"token_ids": ids, "wall_s": wall, **counts}))
 """
 
 
@@ -589,11 +591,14 @@ for line in sys.stdin:
     "mode, says",
     [
         ("not json", "answered 'this is not json' (its start), not a JSON object"),
-        ("no versions", "said it was ready without its versions"),
+        ("no versions", "said it was ready, but 'versions' is a required property"),
         ("silent", "did not answer within 1 s (its start)"),
         ("hang", "did not answer within 1 s (a generation)"),
-        ("negative", "answered a generation that is not one: token_ids is not a list of token ids"),
-        ("float", "answered a generation that is not one: token_ids is not a list of token ids"),
+        ("negative", "answered a generation that is not one: token_ids.0=-1 is not accepted (a token id, an integer"),
+        ("float", "answered a generation that is not one: token_ids.0=1.5 is not accepted (a token id, an integer"),
+        ("nan wall", 'answered \'{"token_ids": [1, 2], "wall_s": NaN'),  # NaN is not JSON
+        ("string wall", 'wall_s="0.1" is not accepted (seconds, a number >= 0)'),
+        ("negative count", "accepted=-1 is not accepted (a count, an integer >= 0)"),
         ("huge", "answered token id 1000000000, outside the model's vocabulary of 49152"),
     ],
 )

@@ -34,7 +34,7 @@ from ..decoding.peers import cut_at_stop
 from ..decoding.spec import DRAFT, VLLM, parse_method
 from ..decoding.stats import GenerationStats, ModelStats
 from ..errors import UserError
-from ..files import read_user_json
+from ..records import read_record, record_problems
 
 WORKER = Path(__file__).with_name("worker.py")
 NGRAM = {"prompt_lookup_max": 4, "prompt_lookup_min": 2}  # our ``lookup`` proposer's n-gram sizes (lookup.py)
@@ -94,29 +94,16 @@ START_S = 1800.0  # seconds a worker may take to load its engine (a CPU build co
 ANSWER_S = 900.0  # seconds one generation may take before the worker is taken for hung
 
 
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+def _not_json(constant: str) -> None:
+    raise ValueError(f"{constant} is not JSON")
 
 
-def _seconds(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < float("inf")
-
-
-def reply_problem(reply: dict[str, Any]) -> str | None:
-    """What is wrong with a worker's answer to a generation (``worker.py``: token ids, wall time, vLLM's counters),
-    or None: ids are non-negative integers (the vocabulary is the run's to check), counts counts, times finite."""
-    ids = reply.get("token_ids")
-    if not isinstance(ids, list) or not all(_count(t) for t in ids):
-        return "token_ids is not a list of token ids (non-negative integers)"
-    if not _seconds(reply.get("wall_s")):
-        return "wall_s is not a number of seconds"
-    for key in ("drafts", "draft_tokens", "accepted"):
-        if not _count(reply.get(key)):
-            return f"{key} is not a count"
-    per_position = reply.get("accepted_per_pos")
-    if not isinstance(per_position, list) or not all(_count(n) for n in per_position):
-        return "accepted_per_pos is not a list of counts"
-    return None
+def reply_problem(reply: dict[str, Any], kind: str = "vLLM worker answer") -> str | None:
+    """What is wrong with a worker's line (``worker.py``; its schema, ``records.py``: ready with its versions and
+    load time, or an answer of token ids, wall time and vLLM's counters), or None. The ids' vocabulary is the
+    run's to check."""
+    problems = record_problems(kind, reply, "")
+    return problems[0].removeprefix(": ") if problems else None
 
 
 class Worker:
@@ -140,12 +127,9 @@ class Worker:
         if "error" in first:
             self.close()
             raise VLLMError(f"vLLM could not start {settings['model']}: {str(first['error'])[:300]}")
-        versions = first.get("versions")
-        if not isinstance(versions, dict) or not all(isinstance(v, str) for v in versions.values()):
-            self.stop(f"said it was ready without its versions ({json.dumps(first)[:80]})")
-        if not _seconds(first.get("load_s")):
-            self.stop(f"said it was ready without its load time ({json.dumps(first)[:80]})")
-        self.versions, self.load_s = versions, first["load_s"]
+        if problem := reply_problem(first, "vLLM worker start"):
+            self.stop(f"said it was ready, but {problem} ({json.dumps(first)[:80]})")
+        self.versions, self.load_s = first["versions"], first["load_s"]
 
     @property
     def pid(self) -> int:
@@ -180,7 +164,7 @@ class Worker:
         if line is None:
             self._exited()
         try:
-            value = json.loads(line)
+            value = json.loads(line, parse_constant=_not_json)  # NaN and Infinity are not JSON
         except ValueError:
             value = None
         if not isinstance(value, dict):
@@ -248,10 +232,10 @@ def vocab_size(model: str, tokenizer: Any) -> int:
     """The ids the model can emit: its head's rows (``config.json``'s ``vocab_size``, a padded head included), at
     least the tokenizer's."""
     try:
-        size = read_user_json(Path(model) / "config.json", "model config").get("vocab_size")
-    except (UserError, AttributeError):
-        size = None
-    return max(len(tokenizer), size if _count(size) else 0)
+        size = read_record(Path(model) / "config.json", "config.json", "model config")["vocab_size"]
+    except UserError:  # unreadable or not a model's: the tokenizer's size
+        size = 0
+    return max(len(tokenizer), size)
 
 
 class VLLMRun:
