@@ -122,10 +122,11 @@ def read_user_text(path: Path, what: str = "file", limit: int = MAX_USER_FILE) -
         ) from None
 
 
-def read_user_json(path: Path, what: str = "JSON file") -> Any:
-    """A JSON file's content; a one-line UserError naming the file (``what`` it is) when it cannot be read."""
+def read_user_json(path: Path, what: str = "JSON file", limit: int = MAX_USER_FILE) -> Any:
+    """A JSON file's content (at most ``limit`` bytes); a one-line UserError naming the file (``what`` it is) when
+    it cannot be read."""
     try:
-        return json.loads(read_user_text(Path(path), what))
+        return json.loads(read_user_text(Path(path), what, limit))
     except json.JSONDecodeError as err:
         raise UserError(f"{what} {path}: {err}") from None
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UserError
-from .files import MAX_USER_FILE, read_user_bytes, read_user_json, schema_problems
+from .files import MAX_USER_FILE, read_user_json, schema_problems
 
 __all__ = ["ID", "RecordError", "read_record", "record_problems", "records", "register", "schema_of"]
 
@@ -217,16 +217,7 @@ def read_record(path: Path | str, kind: str, what: str | None = None, limit: int
     if kind not in RECORDS:  # a type registered by its module: the reader imports that module
         raise KeyError(f"record type {kind!r} is not registered; import the module of its type first")
     path, what = Path(path), what or kind
-    if limit == MAX_USER_FILE:
-        value = read_user_json(path, what)
-    else:
-        import json
-
-        data = read_user_bytes(path, what, limit)
-        try:
-            value = json.loads(data)
-        except ValueError as err:  # not JSON, or not UTF-8
-            raise RecordError(f"{what} {path}: {type(err).__name__}: {str(err)[:120]}") from None
+    value = read_user_json(path, what, limit)
     if problems := record_problems(kind, value, f"{what} {path}"):
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise RecordError(problems[0] + more)
