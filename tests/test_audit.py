@@ -13,8 +13,8 @@ import pytest
 from pipeline.decoding import generate
 from pipeline.decoding.audit import Audit, AuditError
 from pipeline.decoding.ensemble import conformance_ensembles
-from pipeline.decoding.feature import attach
 from pipeline.decoding.member import Member
+from pipeline.decoding.proposers.feature import attach
 from pipeline.decoding.runner import HFRunner
 from pipeline.decoding.spec import method_names, parse_method
 from pipeline.models.feature_head import FeatureHead

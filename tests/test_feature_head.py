@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from pipeline.decoding import generate
-from pipeline.decoding.feature import FEATURE_HEAD, FeatureProposer, attach
+from pipeline.decoding.proposers.feature import FEATURE_HEAD, FeatureProposer, attach
 from pipeline.decoding.runner import HFRunner
 from pipeline.decoding.sampling import Sampling
 from pipeline.errors import ArgumentError

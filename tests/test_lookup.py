@@ -7,7 +7,7 @@ import random
 import pytest
 
 from pipeline.decoding import generate
-from pipeline.decoding.lookup import PromptLookup
+from pipeline.decoding.proposers.lookup import PromptLookup
 
 from .conftest import perturbed, tiny_llama
 

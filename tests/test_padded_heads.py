@@ -107,7 +107,7 @@ def test_a_feature_head_on_a_padded_model_proposes_over_the_same_rows(padded_dir
     """An EAGLE head scores every row of its model's head; its rows are cropped as the target's, so that
     verification compares rows of one vocabulary (sampled and greedy, chains and trees)."""
     from pipeline.decoding import generate
-    from pipeline.decoding.feature import attach
+    from pipeline.decoding.proposers.feature import attach
     from pipeline.models.feature_head import FeatureHead
 
     model, tok = load(padded_dir, pack=False)

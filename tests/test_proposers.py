@@ -20,8 +20,8 @@ import torch
 from pipeline.decoding import engine, generate
 from pipeline.decoding.corpus import Corpus, CorpusLeak, SuffixAutomaton
 from pipeline.decoding.proposers import parse_proposer
-from pipeline.decoding.recycle import TokenRecycling
-from pipeline.decoding.suffix import SuffixProposer
+from pipeline.decoding.proposers.recycle import TokenRecycling
+from pipeline.decoding.proposers.suffix import SuffixProposer
 from pipeline.errors import ArgumentError
 
 from .conftest import perturbed, tiny_llama
@@ -418,3 +418,84 @@ def test_a_tree_with_a_proposer_that_cannot_branch_is_refused_when_the_config_is
         assert check_config(config)["grids"][trees]["proposer"] == "suffix+recycle+draft"
     finally:
         NAMED_PROPOSERS.pop("one_at_a_time")
+
+
+DROPPED = '''
+from pipeline.decoding.proposers import NamedProposer, Proposal, register_proposer
+from pipeline.decoding.stats import ModelStats
+
+
+@register_proposer("repeat_last")
+class RepeatLast(NamedProposer):
+    """Proposes the context's last token again (one-hot): a module dropped in the proposers' folder."""
+
+    branches = True
+
+    def __init__(self):
+        self.stats = ModelStats()
+
+    def draft(self, tokens, committed):
+        return Proposal(tokens[-1], None, self)
+
+    def continuations(self, context, limit):
+        return [context[-1]][:limit]
+'''
+
+
+def test_a_module_dropped_in_the_proposers_folder_is_a_proposer_kind_with_no_import_line(tmp_path):
+    """``discover`` imports every module of the folder (``pkgutil`` over its ``__path__``): one placed there, here
+    a folder appended to the package's path as a file copied into ``pipeline/decoding/proposers/`` would be, is a
+    proposer kind of ``generate``, of the method check and of a config's tree check, in a fresh process, with no
+    line edited anywhere else. Without the discovery it is unknown, one line."""
+    (tmp_path / "repeat_last.py").write_text(DROPPED)
+    script = f"""
+import pipeline.decoding.proposers as proposers
+from pipeline.decoding.spec import parse_method
+from pipeline.errors import ArgumentError
+try:
+    parse_method("sd").check(2, {{"proposer": "repeat_last+draft"}})
+except ArgumentError as err:
+    print("before:", err)
+proposers.__path__.append({str(tmp_path)!r})
+print("modules:", ",".join(proposers.discover()))
+print("resolved:", parse_method("sd").check(2, {{"proposer": "repeat_last+draft"}})["proposer"])
+print("branches:", proposers.parse_proposer("repeat_last+lookup").branches)
+"""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert "before: proposer='repeat_last+draft': unknown proposer 'repeat_last'" in out
+    assert "modules: feature,lookup,recycle,suffix,repeat_last" in out
+    assert "resolved: repeat_last+draft" in out and "branches: True" in out
+
+
+def test_a_proposer_that_reads_features_needs_a_head_on_the_first_model_when_the_config_is_read():
+    """``reads_features`` is a declaration, read by the config check for any proposer that makes it (the built-in
+    ``eagle`` declares it), not a comparison with a name: a throwaway proposer that declares it is refused on a
+    set whose first model has no feature head, in one line naming it; one that does not is accepted."""
+    from pipeline import ROOT
+    from pipeline.decoding.proposers import NAMED_PROPOSERS, NamedProposer, capabilities, register_proposer
+    from pipeline.experiment.config import ConfigError, check_config, load_config_file
+
+    class ReadsNothing(NamedProposer):
+        def draft(self, tokens, committed):
+            return None
+
+    class ReadsFeatures(ReadsNothing):
+        reads_features = True
+
+    assert capabilities(NAMED_PROPOSERS["eagle"]).reads_features
+    assert not any(capabilities(NAMED_PROPOSERS[n]).reads_features for n in ("lookup", "suffix", "recycle"))
+    config = load_config_file(ROOT / "config" / "default.yaml")
+    register_proposer("reads_features")(ReadsFeatures)
+    register_proposer("reads_nothing")(ReadsNothing)
+    try:
+        config["grids"][0]["proposer"] = "lookup+reads_features+draft"
+        with pytest.raises(ConfigError, match=r"grids\[0\].proposer: reads_features drafts from a feature head"):
+            check_config(config)
+        config["grids"][0]["proposer"] = "lookup+reads_nothing+draft"
+        assert check_config(config)["grids"][0]["proposer"] == "lookup+reads_nothing+draft"
+    finally:
+        NAMED_PROPOSERS.pop("reads_features")
+        NAMED_PROPOSERS.pop("reads_nothing")

@@ -102,7 +102,7 @@ def draft_forwards(stats) -> int:
 
 
 def test_lookup_branches_are_the_distinct_continuations_of_its_matches():
-    from pipeline.decoding.lookup import PromptLookup
+    from pipeline.decoding.proposers.lookup import PromptLookup
 
     lookup = PromptLookup()
     tokens = [5, 6, 1, 5, 6, 2, 5, 6, 1, 9, 5, 6]
@@ -188,7 +188,7 @@ def test_the_tree_check_rejects_without_replacement_judged_as_with(small, monkey
 
 @pytest.fixture(scope="module")
 def audit_trio():
-    from pipeline.decoding.feature import attach
+    from pipeline.decoding.proposers.feature import attach
     from pipeline.models.feature_head import FeatureHead
 
     target = tiny_llama(80, layers=2, hidden=32)

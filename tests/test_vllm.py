@@ -18,7 +18,7 @@ import yaml
 from transformers import AutoModelForCausalLM
 
 from pipeline.decoding import generate
-from pipeline.decoding.lookup import PromptLookup
+from pipeline.decoding.proposers.lookup import PromptLookup
 from pipeline.decoding.spec import PR55006, method_names, parse_method
 from pipeline.errors import ArgumentError, UserError
 from pipeline.measure.acceptance import decoding_metrics
@@ -352,7 +352,7 @@ def test_vllms_eagle_drafts_what_ours_drafts_from_one_head_of_eagles_layout(vllm
     layout) accept differently, so the comparison can tell where a head reads."""
     import torch
 
-    from pipeline.decoding.feature import attach
+    from pipeline.decoding.proposers.feature import attach
     from pipeline.vllm.engine import Worker
 
     target = tiny_llama(7, vocab=512, hidden=64, layers=2, init=0.06).to(torch.float32)

@@ -7,7 +7,7 @@ logits rows it computed for positions not yet committed, so a row is never
 computed twice and a proposer's drafting rows double as its verification rows.
 
 The speculative loop covers every speculative method with one schedule, a
-cyclic list of turns ``(proposer, gamma)`` (``proposers.py``). On its turn a
+cyclic list of turns ``(proposer, gamma)`` (``proposers/base.py``). On its turn a
 proposer is fed every token it has not yet seen (a model: one forward), the
 pending tokens that every target model has now seen are verified
 (``verify.py``), and the proposer then drafts up to ``gamma`` tokens. If after

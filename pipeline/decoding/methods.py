@@ -39,13 +39,16 @@ from .proposers import (
     Chain,
     ModelProposer,
     Proposer,
+    ProposerKind,
     ProposerSetup,
+    build,
     capabilities,
+    close,
     drafts_trees,
     parse_proposer,
     parts,
 )
-from .spec import VLLM, is_int, parse_method
+from .spec import VLLM, MethodSpec, is_int, parse_method
 from .static import make_runner
 from .stats import GenerationStats, ModelStats
 from .tree.loop import check_tree_models, parse_tree, tree_loop
@@ -96,14 +99,19 @@ def fixed_turns(schedule: list[Turn] | None, sizes: Sequence[int]) -> frozenset[
 
 
 def plan_method(
-    method: str, sizes: Sequence[int], gamma: Any, method_args: dict[str, Any], restricted: Sequence[str] = ()
+    method: str | MethodSpec,
+    sizes: Sequence[int],
+    gamma: Any,
+    method_args: dict[str, Any],
+    restricted: Sequence[str] = (),
 ) -> tuple[Plan, dict[str, Any]]:
-    """Check a method and its arguments against a model set (``sizes``: each model's parameter count;
-    ``restricted``: the models with a restricted output head); return its plan and resolved args."""
-    spec = parse_method(method)
+    """Check a method (its name, or its spec parsed already) and its arguments against a model set (``sizes``:
+    each model's parameter count; ``restricted``: the models with a restricted output head); return its plan and
+    resolved args."""
+    spec = method if isinstance(method, MethodSpec) else parse_method(method)
     if spec.engine == VLLM:
         raise ArgumentError(
-            f"{method!r} runs in vLLM's own environment, through a grid cell's generation job (pipeline/vllm); "
+            f"{spec.name!r} runs in vLLM's own environment, through a grid cell's generation job (pipeline/vllm); "
             "this decoder runs our methods and transformers' own (hf_*)"
         )
     n = len(sizes)
@@ -116,7 +124,8 @@ def plan_method(
         if not spec.speculative:
             return Plan(target, single_model, None), args
         args["gamma"] = check_gamma(spec, gamma, n)[-1]
-        return Plan(target, single_model, _schedule(args["proposer"], target, [1], [args["gamma"]])), args
+        kind = parse_proposer(args["proposer"])
+        return Plan(target, single_model, _schedule(kind, target, [1], [args["gamma"]])), args
     target_fn = partial(spec.ensemble.fn, **{k: v for k, v in args.items() if k in spec.ensemble.params})
     members = list(range(n))
     if not spec.speculative:
@@ -129,14 +138,14 @@ def plan_method(
         args["gamma"] = gammas[first]
         return Plan(members, target_fn, [((first,), gammas[first])], mixture=args["weights"]), args
     order = members[first:] + members[:first] if spec.in_turn else [first]
-    return Plan(members, target_fn, _schedule(args["proposer"], members, order, [gammas[i] for i in order])), args
+    kind = parse_proposer(args["proposer"])
+    return Plan(members, target_fn, _schedule(kind, members, order, [gammas[i] for i in order])), args
 
 
-def _schedule(proposer: str, targets: list[int], drafters: list[int], gammas: list[int]) -> list[Turn]:
+def _schedule(kind: ProposerKind, targets: list[int], drafters: list[int], gammas: list[int]) -> list[Turn]:
     """The turns of a speculative method (see ``engine.py``): ``drafters`` propose in turn, ``gammas``
     tokens each; the other target models only verify. Without ``draft`` in the proposer kind no model
     drafts: one turn proposes the first drafter's gamma, then every target model verifies."""
-    kind = parse_proposer(proposer)
     named = kind.named
     if not kind.draft:
         return [(named, gammas[0])] + [((i,), 0) for i in targets]
@@ -164,8 +173,7 @@ def _proposers(
                 f"proposer {name!r} drafts one candidate per position and cannot draft a token tree (it has "
                 "neither continuations nor logits): use it without tree, or a tree with another proposer"
             )
-    build = {s: getattr(c, "for_decoder", None) for s, c in kinds.items()}
-    named = {s: build[s](setup) if build[s] else c() for s, c in kinds.items()}
+    named = {s: build(c, setup) for s, c in kinds.items()}
     stats.proposers.update({name: p.stats for name, p in named.items()})
     watching = [named[s] for s, c in kinds.items() if capabilities(c).watches]
 
@@ -231,7 +239,8 @@ def generate(
         raise ArgumentError("models must be a non-empty list of causal LMs")
     check_loaded(models)
     names = [model_name(m, i) for i, m in enumerate(models)]
-    union = None if tokenizers is None else join(models, tokenizers, parse_method(method), names)
+    spec = parse_method(method)  # the one parse of the method's name in this call
+    union = None if tokenizers is None else join(models, tokenizers, spec, names)
     vocab = check_vocab_size(models, vocab_size) if union is None else head_rows(models[0])
     if method_args is not None and not isinstance(method_args, dict):
         raise ArgumentError(f"method_args={method_args!r}: expected a dict of argument names to values")
@@ -241,8 +250,7 @@ def generate(
         )
     sizes = parameter_counts(models)
     restricted = restricted_heads(models)
-    plan, resolved = plan_method(method, sizes, gamma, dict(method_args or {}), restricted)
-    spec = parse_method(method)
+    plan, resolved = plan_method(spec, sizes, gamma, dict(method_args or {}), restricted)
     sampling = check_sampling(temperature, top_k, top_p, max_new_tokens)
     spec.check_temperature(sampling.temperature)
     dynamic = check_gamma_schedule(gamma_schedule)
@@ -328,7 +336,7 @@ def generate(
     finally:  # a proposer that reads a model's forwards (eagle) stops reading them
         for proposer, _ in schedule or []:
             for p in parts(proposer):
-                getattr(p, "close", lambda: None)()
+                close(p)
     if events is not None:
         events[1].record()
         torch.cuda.synchronize(device)  # the clock is read only once the device is done

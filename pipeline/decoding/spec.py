@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ArgumentError
-from . import feature, lookup, recycle, suffix  # noqa: F401  (register the built-in proposers)
 from .ensemble import ENSEMBLES, Ensemble
 from .forms import KINDS, Form, ensemble_forms, split
 from .proposers import DRAFT, NAMED_PROPOSERS, parse_proposer
@@ -200,6 +199,12 @@ class MethodSpec:
     def peer_proposer(self) -> str | None:
         """What proposes for a peer method: ``draft`` (the set's second model), ``lookup`` or ``eagle``."""
         return PEERS[self.name][1] if self.peer else None
+
+    @property
+    def peer_reads_features(self) -> bool:
+        """A peer method whose proposer drafts from the first model's feature head (``vllm_eagle``: the proposer's
+        declared ``reads_features``)."""
+        return self.peer and parse_proposer(self.peer_proposer).reads_features
 
     @property
     def ours(self) -> str | None:

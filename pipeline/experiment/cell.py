@@ -13,6 +13,7 @@ from typing import Any
 from ..decoding.checks import check_gamma_schedule, check_sampling, check_seed
 from ..decoding.spec import MethodSpec, parse_method
 from ..decoding.tree.loop import parse_tree
+from ..decoding.tree.shape import tree_problem
 from ..errors import UserError
 from ..files import read_user_json, write_atomic
 from ..measure.speed import Policy
@@ -50,8 +51,8 @@ class Cell:
         specs = [parse_method(m) for m in (self.method, self.baseline) if m is not None]
         check_sampling(self.temperature, self.top_k, self.top_p, self.max_new_tokens)
         check_gamma_schedule(self.gamma_schedule)
-        if parse_tree(self.tree) is not None and not specs[0].own_loop:
-            raise UserError(f"tree={self.tree!r} for {self.method!r}: a tree is for the sd, *_sd and *_se methods")
+        if parse_tree(self.tree) is not None and (why := tree_problem(specs[0])):
+            raise UserError(f"tree={self.tree!r}: {why}")
         for spec in specs:
             spec.check_temperature(self.temperature)
         check_seed(self.seed)

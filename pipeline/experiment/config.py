@@ -232,7 +232,7 @@ def check_config(config: dict[str, Any], schema: dict[str, Any] | None = None) -
     if errors := schema_errors(config, schema):
         raise ConfigError(errors[0])
     config = fill_defaults(copy.deepcopy(config), schema)
-    proposers = {"proposer": config["proposer"]}  # the registered proposer kinds (decoding/proposers.py)
+    proposers = {"proposer": config["proposer"]}  # the registered proposer kinds (decoding/proposers/base.py)
     proposers |= {f"grids[{i}].proposer": g["proposer"] for i, g in enumerate(config["grids"]) if "proposer" in g}
     for key, value in proposers.items():
         try:
@@ -267,17 +267,19 @@ def check_config(config: dict[str, Any], schema: dict[str, Any] | None = None) -
     usable = sorted({k for g in config["grids"] for m in g["methods"] for k in accepted_args(m)})
     for key in config["method_args"]:  # the defaults of every grid: some method somewhere must take them
         _known(key, usable, f"config key method_args.{key}: no method of any grid takes it")
-    for i, grid in enumerate(config["grids"]):  # the eagle proposer drafts from the large model's feature head
-        if parse_proposer(grid.get("proposer", config["proposer"])).has("eagle"):
+    for i, grid in enumerate(config["grids"]):  # a proposer that reads features drafts from the large model's head
+        kind = parse_proposer(grid.get("proposer", config["proposer"]))
+        readers = [n for n, c in zip(kind.named, kind.classes()) if capabilities(c).reads_features]
+        if readers:
             for name, members in grid["model_sets"].items():
                 if models[members[0]].get("eagle") is None:
                     raise ConfigError(
-                        f"config key grids[{i}].proposer: eagle drafts from a feature head of the set's large model, "
-                        f"and models.{members[0]} (of set {name!r}) has none; give it eagle: {{}} (trained here) "
-                        "or eagle: <a head's directory>"
+                        f"config key grids[{i}].proposer: {readers[0]} drafts from a feature head of the set's large "
+                        f"model, and models.{members[0]} (of set {name!r}) has none; give it eagle: {{}} (trained "
+                        "here) or eagle: <a head's directory>"
                     )
         for method in grid["methods"]:  # vLLM's EAGLE drafts from a head of the large model that vLLM runs as ours
-            if parse_method(method).peer_proposer == "eagle":
+            if parse_method(method).peer_reads_features:
                 from ..vllm.eagle import entry_problem
 
                 for name, members in grid["model_sets"].items():

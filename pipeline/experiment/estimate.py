@@ -168,7 +168,7 @@ def token_seconds(
 ) -> float:
     """Seconds per generated token of ``method`` over members whose forwards cost ``t`` seconds each; a gamma past
     ``max_new_tokens`` counts as that many (the decoder never drafts past the tokens left)."""
-    from ..decoding.proposers import parse_proposer
+    from ..decoding.proposers import DRAFT, parse_proposer
     from ..decoding.spec import parse_method
     from ..measure.cost import chain_speedup
 
@@ -179,7 +179,7 @@ def token_seconds(
         return sum(t) / len(t) if spec.mixture else sum(t)
     if spec.peer:
         target = sum(t) if spec.ensemble else t[0]
-        draft = t[-1] if spec.peer_proposer == "draft" else 0.0  # lookup and a feature head: as ours are counted
+        draft = t[-1] if spec.peer_proposer == DRAFT else 0.0  # lookup and a feature head: as ours are counted
     else:
         target = t[0] if spec.name == "sd" else sum(t) / len(t) if spec.mixture else sum(t)
         draft = min(t) if parse_proposer(proposer).draft and len(t) > 1 else 0.0
@@ -216,7 +216,7 @@ def forecast(
             )
             for m, g in zip(members, graphed)
         ]
-        proposer = cell.method_args.get("proposer", "draft")
+        proposer = cell.method_args.get("proposer", "draft")  # the default proposer kind
         runs = [cell.method] + ([cell.baseline] if cell.baseline else [])
         per_token = sum(token_seconds(r, t, cell.gamma, proposer, acceptance, cell.max_new_tokens) for r in runs)
         used = [members[:1] if r == "large_model" else members[-1:] if r == "small_model" else members for r in runs]

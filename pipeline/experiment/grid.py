@@ -235,8 +235,9 @@ def _trees(sweep: list[Any], spec: MethodSpec, grid: str) -> list[Any]:
     """The grid's trees (``decoding/tree/``) for ``spec``: each checked; None (a chain) only for the methods
     that cannot take one."""
     from ..decoding.tree.loop import parse_tree
+    from ..decoding.tree.shape import tree_problem
 
-    if not spec.own_loop:
+    if tree_problem(spec):
         return [None]
     try:
         return list(dict.fromkeys(parse_tree(value) for value in sweep))

@@ -60,9 +60,10 @@ def vllm_problem(dims, infos: dict[str, ModelInfo]) -> str | None:
     vLLM's model classes), or None."""
     if dims.spec.engine != "vllm":
         return None
+    from ..decoding.proposers import DRAFT
     from ..vllm.env import unsupported
 
-    loaded = dims.models[:2] if dims.spec.peer_proposer == "draft" else dims.models[:1]
+    loaded = dims.models[:2] if dims.spec.peer_proposer == DRAFT else dims.models[:1]
     for name in loaded:
         config = infos[name].config or {}
         if missing := unsupported(list(config.get("architectures") or [])):

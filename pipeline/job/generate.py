@@ -174,7 +174,7 @@ def vllm_runs(cell: Cell, stack: ExitStack):
         )
     paths = [str(resolve(spec)) for spec in cell.models]
     eagle = None
-    if parse_method(cell.method).peer_proposer == "eagle":  # the first model's feature head, as vLLM's EAGLE model
+    if parse_method(cell.method).peer_reads_features:  # the first model's feature head, as vLLM's EAGLE model
         from ..models.resolve import ensure_head
         from ..vllm.eagle import checkpoint
 

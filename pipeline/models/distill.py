@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from ..decoding.lookup import PromptLookup
+from ..decoding.proposers.lookup import PromptLookup
 from ..errors import UserError
 from ..files import atomic_path
 from .cache import META, cache_lock, save_dir

@@ -5,7 +5,7 @@ level of features: at position t the head takes the target's last hidden state (
 the embedding of the next token x_{t+1}, fuses them (``fc``: 2d -> d), runs them through one decoder layer of
 the target's own kind, and so predicts f_{t+1}; the target's final norm and output head (here restricted to the
 kept ids, as a distilled draft's) turn that into the distribution of x_{t+2}. Drafting goes on from predicted
-features; the verification forward of the target computes the true ones for free (``decoding/feature.py``
+features; the verification forward of the target computes the true ones for free (``decoding/proposers/feature.py``
 reads them). Embeddings, final norm and head are the target's, shared and frozen: the head's own weights are
 ``fc`` and its decoder layer.
 
@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..decoding.feature import LAYOUTS, attach, read_features
+from ..decoding.proposers.feature import LAYOUTS, attach, read_features
 from .cache import write_dir
 from .cpu_kernels import pack_linears
 from .distill import (
@@ -85,7 +85,7 @@ class FeatureHead(nn.Module):
     (kept rows of its) output head are borrowed, not owned. The decoder's KV cache is the caller's
     (``new_cache``), so one head serves any number of generations.
 
-    ``layout`` (``decoding.feature.LAYOUTS``): ``ours`` reads the target's features before its final norm and
+    ``layout`` (``decoding.proposers.feature.LAYOUTS``): ``ours`` reads the target's features before its final norm and
     puts its predictions through that norm before the output head; ``eagle`` is EAGLE-1's as published and as
     vLLM runs it (``EagleLlamaForCausalLM``): features after the final norm, predictions straight into the output
     head, and no input norm in the first decoder layer (the fused features enter its attention as they are)."""

@@ -59,7 +59,7 @@ def speculative_config(
         return None
     if spec.peer_proposer == DRAFT:
         return {"method": "draft_model", "model": str(paths[1]), "num_speculative_tokens": gamma}
-    if spec.peer_proposer == "eagle":
+    if spec.peer_reads_features:
         if eagle is None:
             raise UserError(f"{method!r} needs the first model's feature head as an EAGLE checkpoint")
         return {"method": "eagle", "model": str(eagle), "num_speculative_tokens": gamma}
@@ -203,7 +203,7 @@ def stats_of(method: str, reply: dict[str, Any], prompt_tokens: int, new_tokens:
     per-position counts stay vLLM's."""
     spec, made = parse_method(method), len(reply["token_ids"])
     accepted = reply["accepted"]
-    if spec.peer_proposer in (DRAFT, "eagle"):  # every step after the prompt's drafts: 1 + drafts + accepted
+    if spec.peer_proposer == DRAFT or spec.peer_reads_features:  # each step after the prompt's: 1 + drafts + accepted
         accepted -= max(0, reply["drafts"] + accepted - made)  # tokens made, where max_tokens cut none off
     steps = made - accepted
     stats = GenerationStats(method=method, prompt_tokens=prompt_tokens, new_tokens=new_tokens)

@@ -2,7 +2,7 @@
 drafter, which feeds one depth per forward over the nodes it expands (a static shape's all, a dynamic one's
 of highest cumulative draft probability) and proposes each node's children: greedy, its top tokens;
 sampling, draws with or without replacement. A turn's proposers take part through the ``Proposer`` protocol
-(``proposers.py``): one-hot candidates (``continuations``, as prompt lookup's) come first, in the chain's order,
+(``proposers/base.py``): one-hot candidates (``continuations``, as prompt lookup's) come first, in the chain's order,
 then draws from the first distribution a proposer gives there (a model's row from its tree cache, or ``logits``,
 as the feature head's)."""
 

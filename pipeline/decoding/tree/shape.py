@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import ArgumentError
+from ..forms import FORMS
 from ..spec import MethodSpec, is_int
 
 MAX_NODES = 64  # the most nodes a tree may hold (each is one more query in every target forward)
@@ -76,11 +77,20 @@ def parse_tree(value: Any) -> TreeShape | None:
     return shape
 
 
+def tree_problem(spec: MethodSpec) -> str | None:
+    """Why a token tree cannot run ``spec`` (None: it can), the one home of the rule: a tree is drafted and verified
+    by our own speculative loop, so only the forms that declare ``own_loop`` (``forms.py``) take one."""
+    if spec.own_loop:
+        return None
+    forms = ["sd", *(f"*{f.suffix}" for f in FORMS if f.own_loop and f.suffix)]
+    return f"a tree is for the {', '.join(forms[:-1])} and {forms[-1]} methods; {spec.name!r} is of kind {spec.kind!r}"
+
+
 def check_tree_models(models: list, spec: MethodSpec) -> None:
-    """Refuse, in one line, what a tree cannot run on: a method that does not speculate with our loop, and
-    models with sliding-window layers (their cache cannot be compacted)."""
-    if not spec.own_loop:
-        raise ArgumentError(f"a tree is for the sd, *_sd and *_se methods; this method's kind is {spec.kind!r}")
+    """Refuse, in one line, what a tree cannot run on: a method that does not speculate with our loop
+    (``tree_problem``), and models with sliding-window layers (their cache cannot be compacted)."""
+    if why := tree_problem(spec):
+        raise ArgumentError(why)
     for i, model in enumerate(models):
         config = getattr(model, "config", None)
         types = getattr(config, "layer_types", None) or []

@@ -18,11 +18,11 @@ import time
 import torch
 from torch import Tensor
 
-from ..errors import ArgumentError
-from .proposers import NamedProposer, Proposal, ProposerSetup, register_proposer
-from .runner import HFRunner
-from .sampling import Sampling, probs, sample
-from .stats import ModelStats
+from ...errors import ArgumentError
+from ..runner import HFRunner
+from ..sampling import Sampling, probs, sample
+from ..stats import ModelStats
+from .base import NamedProposer, Proposal, ProposerSetup, register_proposer
 
 FEATURE_HEAD = "_specens_feature_head"  # where a model keeps its attached head (its __dict__)
 
@@ -54,6 +54,7 @@ def read_features(model: torch.nn.Module, layout: str, found) -> torch.utils.hoo
 @register_proposer("eagle")
 class FeatureProposer(NamedProposer):
     branches = True  # a distribution per node (``logits``): EAGLE-2's dynamic trees grow by it
+    reads_features = True  # the first model's features, through its head (``attach``)
 
     def __init__(self, runner: HFRunner, head, sampling: Sampling, generator: torch.Generator | None):
         self.runner, self.head, self.sampling, self.generator = runner, head, sampling, generator

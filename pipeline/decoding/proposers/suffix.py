@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import time
 
-from ..errors import ArgumentError
-from .corpus import CorpusView, SuffixAutomaton
-from .proposers import NamedProposer, Proposal, ProposerSetup, register_proposer
-from .stats import ModelStats
+from ...errors import ArgumentError
+from ..corpus import CorpusView, SuffixAutomaton
+from ..stats import ModelStats
+from .base import NamedProposer, Proposal, ProposerSetup, register_proposer
 
 
 @register_proposer("suffix")

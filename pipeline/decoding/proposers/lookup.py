@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 from array import array
 
-from ..errors import ArgumentError
-from .proposers import NamedProposer, Proposal, register_proposer
-from .stats import ModelStats
+from ...errors import ArgumentError
+from ..stats import ModelStats
+from .base import NamedProposer, Proposal, register_proposer
 
 
 @register_proposer("lookup")

@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 import torch
 from torch import Tensor
 
-from ..errors import ArgumentError
-from .ensemble import single_model
-from .sampling import Sampling, probs, sample
-from .stats import ModelStats
+from ...errors import ArgumentError
+from ..ensemble import single_model
+from ..sampling import Sampling, probs, sample
+from ..stats import ModelStats
 
 if TYPE_CHECKING:
-    from .audit import Audit
-    from .member import Member
+    from ..audit import Audit
+    from ..member import Member
 
 
 @dataclass
@@ -65,7 +65,10 @@ class NamedProposer:
     * ``watches``: it reads the target's distribution at every verified position (``observe``): the rows the
       verification computed anyway, before anything is accepted;
     * ``reads_corpus``: it reads the job's corpus (``ProposerSetup.corpus``): the text it holds, or what the
-      generations of the job's earlier prompts left there.
+      generations of the job's earlier prompts left there;
+    * ``reads_features``: it drafts from the target's features, through a feature head of the set's first model
+      (the ``eagle`` entry of that model in a config): a config whose first models have none is refused in one
+      line when it is checked.
 
     One instance serves one generation: ``for_decoder(setup)`` builds it (by default without arguments), ``close``
     is called when the generation ends.
@@ -74,6 +77,7 @@ class NamedProposer:
     branches: ClassVar[bool] = False
     watches: ClassVar[bool] = False
     reads_corpus: ClassVar[bool] = False
+    reads_features: ClassVar[bool] = False
     stats: ModelStats
 
     @classmethod
@@ -112,12 +116,26 @@ class Capabilities:
     branches: bool
     watches: bool
     reads_corpus: bool
+    reads_features: bool
 
 
 def capabilities(cls: type) -> Capabilities:
     if isinstance(cls, type) and issubclass(cls, NamedProposer):
-        return Capabilities(cls.branches, cls.watches, cls.reads_corpus)
-    return Capabilities(any(hasattr(cls, m) for m in ("continuations", "logits")), hasattr(cls, "observe"), False)
+        return Capabilities(cls.branches, cls.watches, cls.reads_corpus, cls.reads_features)
+    branches = any(hasattr(cls, m) for m in ("continuations", "logits"))
+    return Capabilities(branches, hasattr(cls, "observe"), False, False)
+
+
+def build(cls: type, setup: ProposerSetup) -> Proposer:
+    """One generation's instance of a named proposer: its ``for_decoder(setup)`` (a class written to the protocol
+    alone and without one: built without arguments)."""
+    return cls.for_decoder(setup) if hasattr(cls, "for_decoder") else cls()
+
+
+def close(proposer: Proposer) -> None:
+    """The generation is over: a proposer that holds something (the feature head's hook on a model) lets it go."""
+    if hasattr(proposer, "close"):
+        proposer.close()
 
 
 def parts(proposer: Proposer) -> list[Proposer]:
@@ -171,8 +189,10 @@ class ProposerKind:
         """Every part can give several candidates at a node (a token tree takes it)."""
         return all(capabilities(c).branches for c in self.classes())
 
-    def has(self, name: str) -> bool:
-        return name in self.named
+    @property
+    def reads_features(self) -> bool:
+        """A part drafts from the target's features (the first model needs a feature head)."""
+        return any(capabilities(c).reads_features for c in self.classes())
 
 
 def parse_proposer(text: object) -> ProposerKind:

@@ -18,9 +18,9 @@ import time
 
 from torch import Tensor
 
-from .corpus import CorpusView
-from .proposers import NamedProposer, Proposal, ProposerSetup, register_proposer
-from .stats import ModelStats
+from ..corpus import CorpusView
+from ..stats import ModelStats
+from .base import NamedProposer, Proposal, ProposerSetup, register_proposer
 
 TOP = 8  # candidates kept per token: the widest node of a tree the default shapes draw
 
