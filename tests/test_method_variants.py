@@ -242,3 +242,24 @@ def test_the_largest_models_turn_keeps_its_gamma(pair, monkeypatch):
     generate([big, pair[1]], PROMPT, "we_se", gamma=[1, 1], max_new_tokens=60, gamma_schedule="dynamic")
     assert {g for turn, g in drafts if turn == 1} == {1}  # model 0, the larger (earlier on a tie), proposes second
     assert max(g for turn, g in drafts if turn == 0) > 1
+
+
+def test_generates_settings_are_one_object_with_its_keywords_and_defaults(pair, monkeypatch):
+    """``generate`` keeps its keyword signature and carries the settings behind it as one ``Settings``: the two
+    cannot drift (every keyword is a field, in order, with the same default), what ``decode`` is handed is what
+    was asked for, and the tokens are the same either way."""
+    import dataclasses
+    import inspect
+
+    from pipeline.decoding import Settings, decode, methods
+
+    keywords = list(inspect.signature(generate).parameters.values())[2:]  # past the models and the prompt
+    fields = dataclasses.fields(Settings)
+    assert [(p.name, p.default) for p in keywords] == [(f.name, f.default) for f in fields]
+    asked = dict(method="we_sd", gamma=2, max_new_tokens=12, temperature=1.0, top_k=5, seed=3)
+    handed = []
+    real = methods.decode
+    monkeypatch.setattr(methods, "decode", lambda m, p, s: handed.append(s) or real(m, p, s))
+    tokens = generate(list(pair), [3, 1, 4], **asked).token_ids
+    assert handed == [Settings(**asked)]
+    assert decode(list(pair), [3, 1, 4], Settings(**asked)).token_ids == tokens

@@ -4,7 +4,7 @@ See ``docs/algorithms.md`` for the contract each method keeps.
 """
 
 from .ensemble import ENSEMBLES, register_ensemble
-from .methods import GenerationResult, generate
+from .methods import GenerationResult, Settings, decode, generate
 from .proposers import register_proposer
 from .sampling import Sampling
 from .spec import method_names
@@ -17,8 +17,10 @@ __all__ = [
     "GenerationStats",
     "ModelStats",
     "Sampling",
+    "Settings",
     "UnionVocab",
     "check_joinable",
+    "decode",
     "generate",
     "method_names",
     "register_ensemble",

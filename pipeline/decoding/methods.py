@@ -198,6 +198,31 @@ def _concurrent(decoder: Decoder, plan: Plan) -> Iterator[None]:
             decoder.concurrent = None
 
 
+@dataclass(frozen=True)
+class Settings:
+    """One generation's settings: every argument of :func:`generate` but the models and the prompt, carried as one
+    object (``generate`` keeps its keyword signature for users and builds one; :func:`decode` takes it). Each is
+    checked by ``decode`` before anything runs; their meaning is ``generate``'s."""
+
+    method: str = "large_model"
+    gamma: int | Sequence[int] = 1
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    method_args: dict[str, Any] | None = None
+    seed: int = 0
+    eos_token_id: int | Sequence[int] | None = None
+    stop_strings: Sequence[str] = ()
+    tokenizer: Any = None
+    tokenizers: Sequence[Any] | None = None
+    vocab_size: int | None = None
+    audit: Audit | None = None
+    gamma_schedule: str = "fixed"
+    tree: Any = None
+    corpus: Any = None
+
+
 def generate(
     models: Sequence[torch.nn.Module],
     prompt_ids: Sequence[int] | torch.Tensor,
@@ -235,77 +260,107 @@ def generate(
     (docs/tokenizers.md): ``prompt_ids`` are the first model's ids, ``token_ids`` union ids, ``pieces`` and
     ``text`` their text. Raises ``ValueError`` on any bad argument before decoding.
     """
+    return decode(
+        models,
+        prompt_ids,
+        Settings(
+            method,
+            gamma,
+            max_new_tokens,
+            temperature,
+            top_k,
+            top_p,
+            method_args,
+            seed,
+            eos_token_id,
+            stop_strings,
+            tokenizer,
+            tokenizers,
+            vocab_size,
+            audit,
+            gamma_schedule,
+            tree,
+            corpus,
+        ),
+    )
+
+
+def decode(
+    models: Sequence[torch.nn.Module], prompt_ids: Sequence[int] | torch.Tensor, s: Settings
+) -> GenerationResult:
+    """:func:`generate` with its settings as one object (``Settings``)."""
     if not isinstance(models, (list, tuple)) or not models:
         raise ArgumentError("models must be a non-empty list of causal LMs")
     check_loaded(models)
+    audit = s.audit  # a joined set's audit wraps it (below)
     names = [model_name(m, i) for i, m in enumerate(models)]
-    spec = parse_method(method)  # the one parse of the method's name in this call
-    union = None if tokenizers is None else join(models, tokenizers, spec, names)
-    vocab = check_vocab_size(models, vocab_size) if union is None else head_rows(models[0])
-    if method_args is not None and not isinstance(method_args, dict):
-        raise ArgumentError(f"method_args={method_args!r}: expected a dict of argument names to values")
-    if corpus is not None and not isinstance(corpus, CorpusView):
+    spec = parse_method(s.method)  # the one parse of the method's name in this call
+    union = None if s.tokenizers is None else join(models, s.tokenizers, spec, names)
+    vocab = check_vocab_size(models, s.vocab_size) if union is None else head_rows(models[0])
+    if s.method_args is not None and not isinstance(s.method_args, dict):
+        raise ArgumentError(f"method_args={s.method_args!r}: expected a dict of argument names to values")
+    if s.corpus is not None and not isinstance(s.corpus, CorpusView):
         raise ArgumentError(
-            f"corpus={type(corpus).__name__}: expected one prompt's view of a corpus, Corpus(...).view(prompt_id)"
+            f"corpus={type(s.corpus).__name__}: expected one prompt's view of a corpus, Corpus(...).view(prompt_id)"
         )
     sizes = parameter_counts(models)
     restricted = restricted_heads(models)
-    plan, resolved = plan_method(spec, sizes, gamma, dict(method_args or {}), restricted)
-    sampling = check_sampling(temperature, top_k, top_p, max_new_tokens)
+    plan, resolved = plan_method(spec, sizes, s.gamma, dict(s.method_args or {}), restricted)
+    sampling = check_sampling(s.temperature, s.top_k, s.top_p, s.max_new_tokens)
     spec.check_temperature(sampling.temperature)
-    dynamic = check_gamma_schedule(gamma_schedule)
+    dynamic = check_gamma_schedule(s.gamma_schedule)
     if not spec.own_loop:  # the schedule of our speculative loop only
         dynamic = None
     else:
-        resolved["gamma_schedule"] = gamma_schedule
-    shape = parse_tree(tree)
+        resolved["gamma_schedule"] = s.gamma_schedule
+    shape = parse_tree(s.tree)
     if shape is not None:
         check_tree_models(models, spec)
         if union is not None:
             raise ArgumentError(
-                f"tree={tree!r} with models of different tokenizers: token trees run over one shared vocabulary; "
+                f"tree={s.tree!r} with models of different tokenizers: token trees run over one shared vocabulary; "
                 "drop tree= (chains run over the union) or use models of one tokenizer"
             )
         resolved["tree"] = shape.label
     prompt = prompt_list(prompt_ids, vocab)
-    if stop_strings and tokenizer is None and union is None:
+    if s.stop_strings and s.tokenizer is None and union is None:
         raise ArgumentError("stop_strings need a tokenizer to decode the output")
-    check_seed(seed)
-    eos, decode = eos_set(eos_token_id, vocab), tokenizer.decode if tokenizer else None
-    stats = GenerationStats(method=method, prompt_tokens=len(prompt))
+    check_seed(s.seed)
+    eos, decode = eos_set(s.eos_token_id, vocab), s.tokenizer.decode if s.tokenizer else None
+    stats = GenerationStats(method=s.method, prompt_tokens=len(prompt))
     if union is not None:  # the decoder runs over union ids (joined.py)
         joined = Joined(union, prompt, sampling, stats)
         prompt, sampling, eos, decode = joined.prompt, joined.sampling, joined.eos(eos), union.text
-    stopper = Stopper(max_new_tokens, eos, stop_strings, decode)
+    stopper = Stopper(s.max_new_tokens, eos, s.stop_strings, decode)
     used = sorted(set(plan.members) | {i for turn, _ in plan.schedule or [] for i in turn if is_int(i)})
-    check_context(models, range(len(models)) if spec.peer else used, len(prompt), max_new_tokens)
+    check_context(models, range(len(models)) if spec.peer else used, len(prompt), s.max_new_tokens)
     for i in used if union is not None else ():  # each member's own prompt (at least one own token per new one)
-        check_context(models, [i], len(joined.own_prompts[i]), max_new_tokens)
+        check_context(models, [i], len(joined.own_prompts[i]), s.max_new_tokens)
 
     def result(tokens: list[int], stats: GenerationStats) -> GenerationResult:
         if union is not None:
             return GenerationResult(tokens, stats, union.text(tokens), resolved, joined.pieces(tokens))
-        text = tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else None
+        text = s.tokenizer.decode(tokens, skip_special_tokens=True) if s.tokenizer is not None else None
         return GenerationResult(tokens, stats, text, resolved)
 
     if spec.peer:
         if audit is not None:
-            raise ArgumentError(f"{method!r} runs transformers' generate: an audit checks our decoder only")
+            raise ArgumentError(f"{s.method!r} runs transformers' generate: an audit checks our decoder only")
         spec.check_heads([head_rows(m) for m in models])  # transformers' own: its heads are not cropped
-        return result(*run_peer(spec, models, prompt, resolved, sampling, stopper, seed))
+        return result(*run_peer(spec, models, prompt, resolved, sampling, stopper, s.seed))
 
     device = next(models[used[0]].parameters()).device
     stats.models = [ModelStats() for _ in models]
-    max_len = len(prompt) + max_new_tokens + 1  # the most positions a runner is fed
+    max_len = len(prompt) + s.max_new_tokens + 1  # the most positions a runner is fed
     if union is None:
         members = [Member(make_runner(m, vocab, stats.models[i], max_len, device)) for i, m in enumerate(models)]
     else:
         members = []
         for i, m in enumerate(models):  # each over its own output head (joined.py)
-            own = make_runner(m, head_rows(m), stats.models[i], joined.max_len(i, max_new_tokens), device)
+            own = make_runner(m, head_rows(m), stats.models[i], joined.max_len(i, s.max_new_tokens), device)
             members.append(Member(joined.runner(i, own)))
         audit = None if audit is None else joined.audit(audit)
-    generator = None if sampling.greedy else torch.Generator(device=device).manual_seed(seed)
+    generator = None if sampling.greedy else torch.Generator(device=device).manual_seed(s.seed)
     decoder = Decoder(
         members=members,
         targets=plan.members,
@@ -322,7 +377,7 @@ def generate(
     )
     schedule = None
     if plan.schedule:
-        setup = ProposerSetup(members, sampling, generator, corpus)
+        setup = ProposerSetup(members, sampling, generator, s.corpus)
         schedule, decoder.watchers = _proposers(plan.schedule, members, setup, stats, audit, shape is not None)
     events = None
     if device.type == "cuda":  # device time too: CUDA events around the whole decode
