@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run dry-run bench bench-quick test lint clean
+.PHONY: install run dry-run bench bench-quick test test-integration test-all lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	sh scripts/install-bubblewrap.sh
@@ -31,8 +31,18 @@ bench-quick: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pipeline.bench --json results/bench/bench.json
 
+PYTEST := $(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q --durations=15
+
+# make test: every test but the integration tier (tests/conftest.py: vLLM's environment, a SLURM cluster, the whole
+# DAG, inductor); make test-integration: that tier alone; make test-all: both in one run, what CI runs (.ci/run).
 test: $(STAMP)
-	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q --durations=15
+	$(PYTEST) -m "not integration"
+
+test-integration: $(STAMP)
+	$(PYTEST) -m integration
+
+test-all: $(STAMP)
+	$(PYTEST)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pipeline tasks tests

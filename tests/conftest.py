@@ -18,7 +18,18 @@ torch.set_num_threads(1)
 LONGEST_FIRST = ("test_sampling_new_methods.py", "test_sampling_lossless.py", "test_workflow.py", "test_slurm.py")
 
 
+# The integration tier (marker ``integration``): tests that bring up a whole system end to end, minutes each on this
+# machine: vLLM's environment and its cells, a one-node SLURM cluster, the whole DAG on tiny models (the fixtures
+# below, every test that uses one), and the few marked in their files (the bundled model's benchmark, inductor's
+# CPU kernels). `make test` leaves them out; `make test-all`, what CI runs, takes them too (README, "Tests").
+INTEGRATION_FIXTURES = frozenset({"vllm_ready", "vllm_run", "slurm_cluster", "tiny_run"})
+
+
+@pytest.hookimpl(tryfirst=True)  # marked before ``-m`` selects by marker
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
     if missing := [name for name in LONGEST_FIRST if name not in {p.name for p in config.rootpath.glob("tests/*.py")}]:
         raise pytest.UsageError(f"tests/conftest.py LONGEST_FIRST names files that do not exist: {missing}")
     counts = Counter(item.path.name for item in items)

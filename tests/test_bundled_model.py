@@ -50,6 +50,7 @@ def test_missing_model_directory_is_one_clear_error(tmp_path):
         load(tmp_path / "nope")
 
 
+@pytest.mark.integration
 def test_benchmark_runs_prints_every_method_and_records_the_run(capsys, tmp_path):
     args = ["--prompts", "2", "--max-new-tokens", "4", "--gamma", "1", "--draft", "truncated", "--proposer", "draft"]
     args += ["--parallel"]

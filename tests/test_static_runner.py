@@ -100,6 +100,7 @@ def test_audit_passes_over_long_outputs(engines):
         assert len(result.token_ids) == 120
 
 
+@pytest.mark.integration
 def test_inductor_on_the_cpu_matches_eager():
     """The real compiler (inductor's C++ kernels) in float64: token for token the eager runner's output, a
     token tree's masked forwards included (prompt lookup's continuations as its branches)."""
@@ -128,6 +129,7 @@ def assert_autotuned_emits_eager_tokens(model, fast) -> None:
                     assert generate([fast], prompt, method, **kw).token_ids == want.token_ids
 
 
+@pytest.mark.integration
 def test_autotuned_cpu_kernels_emit_the_eager_runners_tokens():
     """``compiled+autotune``: inductor's own C++ matrix kernels over frozen float32 weights (counted), the
     eager runner's tokens greedy and sampled, nothing compiled again while decoding."""
