@@ -114,6 +114,7 @@ BASE = {
     "pipeline.files",
     "pipeline.hub",
     "pipeline.records",
+    "pipeline.provenance",
 }  # the base layer, under `tasks` and the rest of `pipeline`
 NO_TASKS = ("pipeline.decoding", "pipeline.models")  # the decoder and the models know nothing of benchmarks
 
@@ -178,6 +179,35 @@ def test_rooms_import_only_their_own_and_the_floors_below():
     graph = {name: imports(name, file, known, annotations=True) for name, file in known.items()}
     assert "pipeline.experiment.cell" in graph["pipeline.job.generate"]  # a job reads its cell, a floor below
     assert arrows_up(graph) == []
+
+
+def floors(graph: dict[str, set[str]]) -> dict[str, int]:
+    """Each room's floor as the imports make it: one above the highest room it imports (the base is floor 1)."""
+    below: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        below.setdefault(room(name), set()).update(room(t) for t in targets if room(t) != room(name))
+
+    def floor(r: str, seen: tuple[str, ...] = ()) -> int:
+        assert r not in seen, f"rooms import each other: {' -> '.join((*seen, r))}"
+        return 1 + max((floor(b, (*seen, r)) for b in below.get(r, ())), default=0)
+
+    return {r: floor(r) for r in below}
+
+
+def test_the_house_has_at_most_eight_floors():
+    """Rooms that import nothing of each other share a floor: the house is as tall as its longest chain of imports.
+    Eight: what a machine and its versions made (``provenance.py``) sits on the base floor, so the benchmarks read it
+    without standing on the job's and the report's floors."""
+    known = modules()
+    graph = {name: imports(name, file, known, annotations=True) for name, file in known.items()}
+    found = floors(graph)
+    assert max(found.values()) <= 8, found
+    assert found["bench"] < found["job"]  # the benchmarks no longer stand on the jobs (nor the report)
+
+
+def test_the_floor_count_follows_the_longest_chain():
+    graph = {"pipeline.report.a": {"pipeline.job.b"}, "pipeline.job.b": {"pipeline.files"}, "pipeline.bench.c": set()}
+    assert floors(graph) == {"report": 3, "job": 2, "bench": 1}
 
 
 def test_the_floor_rule_finds_an_arrow_up():

@@ -103,9 +103,7 @@ def record(out_dir: Path, rows: list[dict], settings: dict[str, Any]) -> Path:
     import datetime
     import platform
 
-    from ..job.generate import environment
-    from ..measure.timing import provenance
-    from ..report.results_file import git_state
+    from ..provenance import environment, git_state, provenance
 
     state = git_state()
     commit, dirty = (state["commit"] or "unknown")[:12], bool(state["dirty"])

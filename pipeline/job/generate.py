@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
 from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
@@ -32,29 +31,12 @@ from ..errors import UserError
 from ..experiment.cell import Cell
 from ..experiment.layout import beside
 from ..files import writable_dir, write_atomic
-from ..measure.timing import Probe, provenance, run_record
+from ..measure.timing import Probe
 from ..models import decode_vocabulary, load_members
 from ..models.corpus import teacher_documents
+from ..provenance import environment, provenance, run_record
 from .journal import Journal, journal_lock
 from .judge import write_speed
-
-
-def environment() -> dict[str, Any]:
-    import transformers
-
-    info = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_threads": torch.get_num_threads(),
-        "cuda": torch.cuda.is_available(),
-    }
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
-    return info
-
 
 STATS_KEYS = ("new_tokens", "wall_time_s", "forward_time_s", "rounds", "accepted", "models")
 

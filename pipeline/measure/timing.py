@@ -1,4 +1,5 @@
-"""Timing a run honestly: wall and CPU time, signs that something else competed for the CPU, provenance.
+"""Timing a run honestly: wall and CPU time, signs that something else competed for the CPU (where and by which run
+a sample was timed: ``pipeline/provenance.py``).
 
 A timed region records its wall time and three interference signals (docs/speed.md, "Interference"):
 ``wait_s``, the seconds this process's threads spent runnable on a run queue, waiting for a CPU
@@ -17,18 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import platform
-import re
 import resource
-import socket
-import subprocess
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-PROCESS_START = time.time()  # this module is imported as a job starts: the run a sample belongs to
 
 
 def _psi_file() -> Path:
@@ -205,48 +200,3 @@ class Probe:
             "nivcsw": usage.ru_nivcsw - self._usage.ru_nivcsw + switches,
             "beside": beside(self._others, others),  # read after the clock stopped: not in wall_s
         }
-
-
-def run_record() -> dict[str, Any]:
-    """Which run of a job generated a sample: when the process started and, under SLURM, its job and how many
-    times SLURM had requeued it (a preemption or a node failure). A cell whose samples come from several runs
-    was resumed; its speed record lists them (``runs``)."""
-    job = os.environ.get("SLURM_JOB_ID")
-    return {
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(PROCESS_START)),
-        "slurm_job": job,
-        "restarts": slurm_restarts(job),
-    }
-
-
-def slurm_restarts(job: str | None) -> int | None:
-    """How many times SLURM requeued ``job``: ``SLURM_RESTART_COUNT`` where the batch script passed it on, else
-    ``scontrol show job`` (a job step started by srun does not see it); None outside SLURM or unknown."""
-    value = os.environ.get("SLURM_RESTART_COUNT", "")
-    if value.isdigit():
-        return int(value)
-    if not job:
-        return None
-    try:
-        shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    found = re.search(r"\bRestarts=(\d+)", shown)
-    return int(found.group(1)) if found else None
-
-
-def provenance(device: Any = None, engines: Iterable[str] = ("eager",)) -> dict[str, Any]:
-    """Where a sample was timed: host, device, threads, engine. Samples timed differently are never pooled."""
-    import torch
-    import transformers
-
-    dev = str(device) if device is not None else "cpu"
-    name = platform.processor() or platform.machine()
-    if dev.startswith("cuda") and torch.cuda.is_available():
-        name = torch.cuda.get_device_name(torch.device(dev))
-    return {
-        "host": socket.gethostname(),
-        "device": f"{dev} ({name})",
-        "threads": torch.get_num_threads(),
-        "engine": f"transformers {transformers.__version__} {'+'.join(sorted(engines))}, torch {torch.__version__}",
-    }

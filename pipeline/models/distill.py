@@ -34,6 +34,7 @@ import torch
 from ..decoding.proposers.lookup import PromptLookup
 from ..errors import UserError
 from ..files import atomic_path
+from ..provenance import weights_versions
 from .cache import META, cache_lock, save_dir
 from .cpu_kernels import pack_linears
 from .loading import truncated_copy
@@ -301,7 +302,7 @@ def data_name(teacher: ModelSpec, recipe: Recipe) -> str:
         teacher.dtype,
         teacher.resolved_device(),
     ]  # how the teacher ran, and with what: its numbers depend on both
-    key = {"data": fields, "teacher": [where[0], str(where[1]), *loaded], "versions": versions()}
+    key = {"data": fields, "teacher": [where[0], str(where[1]), *loaded], "versions": weights_versions()}
     key = json.dumps(key, sort_keys=True, default=str)
     return f"{teacher.name}-{hashlib.sha256(key.encode()).hexdigest()[:8]}.pt"
 
@@ -543,15 +544,8 @@ def train_draft(base, data: TeacherData, recipe: Recipe, curve: bool = False) ->
     facts = train(draft, data.examples, recipe, probe)
     facts.update(acceptance(draft, data.held))
     facts.update(label_coverage=round(data.label_coverage, 4), train_sequences=len(data.examples))
-    facts.update(teacher_seconds=data.seconds, versions=versions())
+    facts.update(teacher_seconds=data.seconds, versions=weights_versions())
     return draft, facts
-
-
-def versions() -> dict:
-    """The library versions a draft's weights depend on (with the thread count, recorded by ``fit``)."""
-    import transformers
-
-    return {"torch": torch.__version__, "transformers": transformers.__version__}
 
 
 def draft_name(teacher: ModelSpec, recipe: Recipe) -> str:

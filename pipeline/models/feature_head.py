@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from ..decoding.proposers.feature import LAYOUTS, attach, read_features
+from ..provenance import weights_versions
 from .cache import write_dir
 from .cpu_kernels import pack_linears
 from .distill import (
@@ -45,7 +46,6 @@ from .distill import (
     fixed_threads,
     loss_at,
     teacher_data,
-    versions,
 )
 from .spec import ModelError
 
@@ -253,7 +253,7 @@ def train_head(teacher, data: TeacherData, recipe: HeadRecipe, curve: bool = Fal
     facts.update(
         feature_scale=round(scale, 4), label_coverage=round(data.label_coverage, 4), train_sequences=len(data.examples)
     )
-    facts.update(teacher_seconds=data.seconds, versions=versions())
+    facts.update(teacher_seconds=data.seconds, versions=weights_versions())
     return head, facts
 
 

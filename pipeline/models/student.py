@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from ..provenance import weights_versions
 from .cache import save_dir
 from .cpu_kernels import pack_linears
 from .distill import (
@@ -37,7 +38,6 @@ from .distill import (
     stdlib_files,
     stdlib_prompts,
     teacher_continuations,
-    versions,
 )
 from .loading import truncated_copy
 from .spec import ModelError, ModelSpec
@@ -256,7 +256,8 @@ def _distill_student(teacher, teacher_tokenizer, out_dir: Path, recipe: StudentR
         teacher, teacher_tokenizer, heldout_prompts(recipe.eval_prompts), recipe.new_tokens, recipe.batch, "held-out"
     )
     facts.update(string_agreement(student, tokenizer, teacher_tokenizer, held))
-    facts.update(train_sequences=len(examples), versions=versions(), total_seconds=round(time.perf_counter() - t0, 1))
+    seconds = round(time.perf_counter() - t0, 1)
+    facts.update(train_sequences=len(examples), versions=weights_versions(), total_seconds=seconds)
     meta = {"teacher": teacher_name, "kind": "student", "recipe": asdict(recipe), **facts}
     save_dir(student, tokenizer, out_dir, {META: json.dumps(meta, indent=2)})
     return out_dir

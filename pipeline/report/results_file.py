@@ -10,11 +10,6 @@ import datetime as dt
 import fnmatch
 import json
 import math
-import os
-import platform
-import shutil
-import subprocess
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +18,8 @@ import yaml
 
 from .. import ROOT
 from ..measure.speed import SpeedSummary
+from ..provenance import git_state, machine, versions
 
-LIBRARIES = ("torch", "transformers", "snakemake", "lm_eval", "wandb", "pandas", "numpy", "scipy")
 SPEED_KEYS = SpeedSummary.shown("published")
 RATIOS = ("speedup_vs_standard", "speedup_vs_large")  # computed across cells by the aggregate step
 
@@ -40,60 +35,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
-
-
-def versions() -> dict[str, str | None]:
-    """Installed versions of the libraries the results depend on (None: not installed)."""
-    out = {}
-    for name in LIBRARIES:
-        try:
-            out[name] = metadata.version(name.replace("_", "-"))
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
-
-
-def git_state(root: Path = ROOT) -> dict[str, Any]:
-    """The commit of the checkout and whether its tree had uncommitted changes (None outside a git checkout)."""
-
-    def git(*args: str) -> str | None:
-        try:
-            run = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return run.stdout if run.returncode == 0 else None
-
-    commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return {"commit": commit.strip() if commit else None, "dirty": None if status is None else bool(status.strip())}
-
-
-def machine() -> dict[str, Any]:
-    """The machine the results were aggregated on (each cell's own timing host is in its speed record)."""
-    cpu = None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    gpus: list[str] = []
-    if shutil.which("nvidia-smi"):
-        try:
-            run = subprocess.run(
-                ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
-            )
-            gpus = [g.strip() for g in run.stdout.splitlines() if g.strip()] if run.returncode == 0 else []
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-    return {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpu": cpu or platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "gpus": gpus,
-    }
 
 
 def _read(path: Path) -> dict[str, Any] | None:
