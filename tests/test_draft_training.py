@@ -14,19 +14,22 @@ import torch
 
 from pipeline.decoding.verify import verify_sampled
 from pipeline.models import ModelError, ModelSpec, Recipe, distill, load
-from pipeline.models.distill import Example, acceptance, draft_loss, fit, teacher_data, train_draft
+from pipeline.models.distill import train_draft
 from pipeline.models.loading import truncated_copy
 from pipeline.models.resolve import recipe_for
 from pipeline.models.restricted import RestrictedHeadLM
+from pipeline.models.teacher import Example, teacher_data
+from pipeline.models.training import acceptance, draft_loss, fit
 
-distill_module = importlib.import_module("pipeline.models.distill")  # the package exports its function
+teacher_module = importlib.import_module("pipeline.models.teacher")
+training_module = importlib.import_module("pipeline.models.training")
 TINY = dict(layers=1, head_tokens=64, prompts=4, new_tokens=8, source_chunks=2, chunk_tokens=64, eval_prompts=2)
 
 
 def test_training_runs_its_steps_however_slow_the_clock(monkeypatch):
     """Every step of the recipe is taken even when each one seems to take an hour: no time bound."""
     clock = iter(range(0, 10**9, 3600))
-    monkeypatch.setattr(distill_module.time, "perf_counter", lambda: float(next(clock)))
+    monkeypatch.setattr(training_module.time, "perf_counter", lambda: float(next(clock)))
     layer = torch.nn.Linear(3, 2)
     examples = [(torch.randn(4, 3), torch.tensor([0, 1, 1, 0]))]
     calls = []
@@ -61,7 +64,7 @@ def test_the_same_recipe_makes_the_same_weights_beside_a_busy_process(tiny_dir, 
         assert (quiet / name).read_bytes() == (loaded / name).read_bytes(), name
     facts = [json.loads((d / "draft.json").read_text()) for d in (quiet, loaded)]
     for f in facts:
-        assert f["steps"] == 12 and f["threads"] == distill_module.TRAIN_THREADS and f["versions"]["torch"]
+        assert f["steps"] == 12 and f["threads"] == training_module.TRAIN_THREADS and f["versions"]["torch"]
     timeless = [{k: v for k, v in f.items() if "seconds" not in k} for f in facts]
     assert timeless[0] == timeless[1]  # loss, acceptance, everything but the clock
 
@@ -71,13 +74,13 @@ def test_drafts_of_one_teachers_data_share_it_and_train_the_same_weights(tiny_di
     the steps), and a draft trained from the stored data has the weights it has when the data is made afresh."""
     store = tmp_path / "data.pt"
     made = []
-    real = distill_module.teacher_data
-    monkeypatch.setattr(distill_module, "teacher_data", lambda *a: made.append(1) or real(*a))
+    real = teacher_module.teacher_data
+    monkeypatch.setattr(teacher_module, "teacher_data", lambda *a: made.append(1) or real(*a))
     first, second = Recipe(**TINY, steps=6, loss="kl"), Recipe(**TINY, steps=9, loss="ce")
-    assert distill_module.data_name(ModelSpec("tiny", source=str(tiny_dir)), first) == distill_module.data_name(
+    assert teacher_module.data_name(ModelSpec("tiny", source=str(tiny_dir)), first) == teacher_module.data_name(
         ModelSpec("tiny", source=str(tiny_dir)), second
     )
-    assert distill_module.data_name(ModelSpec("tiny", source=str(tiny_dir)), first) != distill_module.data_name(
+    assert teacher_module.data_name(ModelSpec("tiny", source=str(tiny_dir)), first) != teacher_module.data_name(
         ModelSpec("tiny", source=str(tiny_dir)), Recipe(**{**TINY, "prompts": 5})
     )
     dirs = {}
@@ -104,7 +107,7 @@ def test_the_teachers_data_reads_no_recipe_setting_its_cache_name_leaves_out(tin
 
     teacher, tokenizer = load(tiny_dir, pack=False)
     teacher_data(teacher, tokenizer, Spy(Recipe(**TINY)))
-    assert read and read <= set(distill_module.DATA_FIELDS), read - set(distill_module.DATA_FIELDS)
+    assert read and read <= set(teacher_module.DATA_FIELDS), read - set(teacher_module.DATA_FIELDS)
 
 
 def rows(vocab: int, kept: int, positions: int, seed: int = 0):
@@ -202,7 +205,7 @@ def test_a_recipe_that_cannot_train_is_refused_in_one_line(settings, message):
 
 
 def test_every_nth_on_policy_prompt_can_be_a_chat_turn(smol_tokenizer):
-    from pipeline.models.distill import as_chat_turns
+    from pipeline.models.teacher import as_chat_turns
 
     prompts = [f"def f{i}():\n" for i in range(5)]
     turned = as_chat_turns(prompts, smol_tokenizer, 2)
@@ -221,7 +224,7 @@ def test_the_shared_teacher_data_cache_writes_through_no_link_and_makes_again_wh
     import os
 
     from pipeline.errors import UserError
-    from pipeline.models.distill import stored_teacher_data
+    from pipeline.models.teacher import stored_teacher_data
 
     teacher, tokenizer = load(tiny_dir, pack=False)
     recipe, store = Recipe(**TINY), tmp_path / "cache" / "data.pt"

@@ -493,8 +493,8 @@ def test_a_heads_recipe_loss_is_the_loss_its_head_trains_on(pair):
     """``eagle: {loss: ...}`` names the next token's part of the head's loss (as a draft's ``loss``): ``kl`` is
     EAGLE's forward KL to the teacher at each labelled row after the first, ``ce`` and ``tvd`` are the draft's
     losses seen one position on; three recipes, three losses (they once trained one head under three names)."""
-    from pipeline.models.distill import Example
     from pipeline.models.feature_head import HeadRecipe, head_loss
+    from pipeline.models.teacher import Example
 
     target = copy.deepcopy(pair[1])
     head = FeatureHead(target, None, 1)

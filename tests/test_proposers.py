@@ -152,7 +152,8 @@ def test_the_teacher_datas_held_out_continuations_never_enter_the_corpus(tiny_di
     assert files == []
     docs, why = model_corpus.teacher_documents([target, draft], 32)
     assert docs == [] and "no teacher data of t" in why
-    from pipeline.models.distill import Recipe, data_name
+    from pipeline.models.recipe import Recipe
+    from pipeline.models.teacher import data_name
 
     store = tmp_path / "teacher-data" / data_name(model_corpus.teacher_spec(draft), Recipe(layers=1))
     store.parent.mkdir()

@@ -322,7 +322,7 @@ IO_ALLOWED = {
     ("pipeline/models/cache.py", "write_dir", ".write_text()"): "into a fresh mkdtemp directory of its own",
     ("pipeline/models/cache.py", "write_dir", "Path.rename()"): "the finished directory takes its place whole",
     ("pipeline/models/cache.py", "write_dir", "shutil.rmtree"): "the cache entry it replaces (a link is unlinked)",
-    ("pipeline/models/distill.py", "stored_teacher_data", "torch.save"): "into atomic_path's fresh temporary name",
+    ("pipeline/models/teacher.py", "stored_teacher_data", "torch.save"): "into atomic_path's fresh temporary name",
     ("pipeline/report/status.py", "rerun_unstable", "shutil.move"): "inside the results directory, checked first",
     ("pipeline/report/status.py", "rerun_unstable", "shutil.rmtree"): "its own copy, cut short across filesystems",
     ("pipeline/report/status.py", "_put_back", "shutil.move"): "back where rerun moved it from",

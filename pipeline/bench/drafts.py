@@ -21,7 +21,9 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..files import write_atomic
-from ..models.distill import LOSSES, Recipe, teacher_data, train_draft
+from ..models.distill import train_draft
+from ..models.recipe import LOSSES, Recipe
+from ..models.teacher import teacher_data
 
 COLUMNS = ("agreement", "agreement_with_lookup", "acceptance_t1", "acceptance_t1_with_lookup", "final_loss")
 

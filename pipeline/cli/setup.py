@@ -107,7 +107,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
 def cmd_prepare(args: argparse.Namespace) -> int:
     from ..files import write_atomic
     from ..models import ModelError, ModelSpec, load_spec, read_meta, resolve
-    from ..models.distill import META
+    from ..models.cache import META
     from ..models.resolve import ensure_head
 
     data = inline_json(args.spec, "model spec")

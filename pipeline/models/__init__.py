@@ -8,8 +8,9 @@ from another model). Modules depend downwards only: ``spec`` and ``cache``;
 loads it.
 """
 
-from .distill import Recipe, distill, read_meta
+from .distill import distill, read_meta
 from .loading import check_tokenizers, load, load_bundled, truncated_copy
+from .recipe import Recipe
 from .resolve import (
     decode_vocabulary,
     ensure_draft,

@@ -14,10 +14,11 @@ from pathlib import Path
 import torch
 
 from .cache import cache_dir
-from .distill import Recipe, data_name, token_ids
+from .recipe import Recipe
 from .resolve import recipe_for
 from .sources import locate
 from .spec import ModelError, ModelSpec, teacher_spec
+from .teacher import data_name, token_ids
 
 
 def teacher_data_files(specs: list[ModelSpec]) -> list[Path]:

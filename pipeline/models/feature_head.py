@@ -34,20 +34,12 @@ from torch import nn
 
 from ..decoding.proposers.feature import LAYOUTS, attach, read_features
 from ..provenance import weights_versions
-from .cache import write_dir
+from .cache import META, write_dir
 from .cpu_kernels import pack_linears
-from .distill import (
-    META,
-    Example,
-    Recipe,
-    TeacherData,
-    draft_loss,
-    fit,
-    fixed_threads,
-    loss_at,
-    teacher_data,
-)
+from .recipe import Recipe
 from .spec import ModelError
+from .teacher import Example, TeacherData, teacher_data
+from .training import draft_loss, fit, fixed_threads, loss_at
 
 WEIGHTS = "feature_head.safetensors"
 HEAD_CONFIG = "feature_head.json"

@@ -7,13 +7,15 @@ from pathlib import Path
 from typing import Any
 
 from ..decoding.checks import head_rows
-from .cache import cache_dir, cache_lock
-from .distill import META, Recipe, data_name, digest, distill, draft_name
+from .cache import META, cache_dir, cache_lock
+from .distill import digest, distill, draft_name
 from .feature_head import HeadRecipe, distill_head
 from .loading import check_tokenizers, first_different, load
+from .recipe import Recipe
 from .sources import bundled_dir, gguf_dir, hub_dir, locate
 from .spec import ModelError, ModelSpec
 from .student import StudentRecipe, distill_student, recipe_from, student_name
+from .teacher import data_name
 
 
 def resolve(spec: ModelSpec, cache: Path | None = None) -> Path:

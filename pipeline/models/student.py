@@ -25,22 +25,14 @@ from pathlib import Path
 import torch
 
 from ..provenance import weights_versions
-from .cache import save_dir
+from .cache import META, save_dir
 from .cpu_kernels import pack_linears
-from .distill import (
-    META,
-    as_chat_turns,
-    check_recipe,
-    digest,
-    fit,
-    fixed_threads,
-    heldout_prompts,
-    stdlib_files,
-    stdlib_prompts,
-    teacher_continuations,
-)
+from .distill import digest
 from .loading import truncated_copy
+from .recipe import check_recipe
 from .spec import ModelError, ModelSpec
+from .teacher import as_chat_turns, heldout_prompts, stdlib_files, stdlib_prompts, teacher_continuations
+from .training import fit, fixed_threads
 
 
 @dataclass
