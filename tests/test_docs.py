@@ -17,7 +17,6 @@ from pipeline import cli
 from pipeline.bench import doc as benchmarks_doc
 from pipeline.bench import engines as engine_bench
 from pipeline.bench import methods as bench
-from pipeline.experiment import checks as workflow
 
 from .conftest import without_null
 
@@ -34,15 +33,17 @@ SHELL = {"bash", "sh", "shell", "console"}
 # own argument parser below; the benchmarks' runs take minutes, and the test named in PROGRAMS runs each program.
 COMMANDS = {
     "make run": "tests/test_workflow.py::test_the_whole_dag_writes_tables_plots_wandb_runs_and_a_notebook",
-    "make test": "suite: it runs every test here (about 20 minutes on 2 cores)",
+    "make test": "suite: it runs every test here but the integration tier (tests/conftest.py)",
+    "make test-integration": "suite: it runs the integration tier (tests/conftest.py)",
+    "make test-all": "suite: it runs every test here, the integration tier included (what CI runs)",
     "bash benchmarks/gpu/run.sh trees": "gpu: benchmarks/gpu/run.sh runs on a GPU machine only",
     "bash benchmarks/gpu/run.sh trees-compiled": "gpu: benchmarks/gpu/run.sh runs on a GPU machine only",
     "make bench": "tests/test_bundled_model.py::test_benchmark_runs_prints_every_method_and_records_the_run",
     ".venv/bin/pipeline --help": "tests/test_docs.py::test_the_readmes_cheap_commands_run_as_written",
-    ".venv/bin/python -m pipeline.experiment.checks config/default.yaml": (
+    ".venv/bin/pipeline grid config/default.yaml": (
         "tests/test_docs.py::test_the_readmes_cheap_commands_run_as_written"
     ),
-    ".venv/bin/python -m pipeline.experiment.checks config/my.yaml": (
+    ".venv/bin/pipeline grid config/my.yaml": (
         "tests/test_docs.py::test_the_readmes_own_model_pair_passes_the_config_check"
     ),
     ".venv/bin/snakemake --cores 2 --configfile config/my.yaml": (
@@ -279,7 +280,7 @@ def test_the_readmes_cheap_commands_run_as_written(capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["--help"])
     assert exit_.value.code == 0 and "preflight" in capsys.readouterr().out
-    assert workflow.main([str(ROOT / "config" / "default.yaml")]) == 0
+    assert cli.main(["grid", str(ROOT / "config" / "default.yaml")]) == 0
     captured = capsys.readouterr()
     cells = len(captured.out.split())
     assert f"{cells} cells" in captured.err
@@ -296,7 +297,7 @@ def test_the_readmes_own_model_pair_passes_the_config_check(tmp_path, monkeypatc
     path.write_text(block)
     for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.delenv(key, raising=False)
-    assert workflow.main([str(path)]) == 0
+    assert cli.main(["grid", str(path)]) == 0
     cells = without_null(capsys.readouterr().out.split())
     assert cells == [
         "humaneval/qwen/we-T1",
