@@ -269,7 +269,7 @@ def check_config(config: dict[str, Any], schema: dict[str, Any] | None = None) -
         _known(key, usable, f"config key method_args.{key}: no method of any grid takes it")
     for i, grid in enumerate(config["grids"]):  # a proposer that reads features drafts from the large model's head
         kind = parse_proposer(grid.get("proposer", config["proposer"]))
-        readers = [n for n, c in zip(kind.named, kind.classes()) if capabilities(c).reads_features]
+        readers = kind.feature_readers
         if readers:
             for name, members in grid["model_sets"].items():
                 if models[members[0]].get("eagle") is None:

@@ -190,9 +190,13 @@ class ProposerKind:
         return all(capabilities(c).branches for c in self.classes())
 
     @property
+    def feature_readers(self) -> tuple[str, ...]:
+        """The parts that draft from the target's features (the first model needs a feature head)."""
+        return tuple(n for n, c in zip(self.named, self.classes()) if capabilities(c).reads_features)
+
+    @property
     def reads_features(self) -> bool:
-        """A part drafts from the target's features (the first model needs a feature head)."""
-        return any(capabilities(c).reads_features for c in self.classes())
+        return bool(self.feature_readers)
 
 
 def parse_proposer(text: object) -> ProposerKind:
