@@ -5,6 +5,7 @@ wait on another process inside the I/O layer (`pipeline/files.py`) or allowed wi
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -434,3 +435,95 @@ def test_the_io_rule_finds_a_raw_write_and_an_unbounded_wait():
         ("json.loads of a file read raw", 6),
         ("yaml.safe_load of a file read raw", 8),
     ]
+
+
+# ---- engines: a name compared only in its record ------------------------------------------------------------------
+# An engine (pipeline/decoding/engines.py: ours, transformers', vLLM's) is asked through its record, never told
+# apart by its name: a comparison with an engine's name, its own standard method (vLLM's ``vllm``) or the kind of
+# its methods (``vllm_peer``; transformers' ``peer`` is the word every peer kind shares, ``ours`` a feature head's
+# layout too), or the old ``VLLM`` constant, fails this test anywhere but in the table and the engine's own package
+# (``pipeline/<engine>/``), unless ENGINE_NAMES_ALLOWED names it with its reason.
+ENGINE_TABLE = "pipeline/decoding/engines.py"
+ENGINE_NAMES_ALLOWED = {
+    ("pipeline/cli/setup.py", "compares 'vllm'"): "lm-eval's own model name (`lm_eval --model vllm`), not a method",
+}
+
+
+def engine_words() -> set[str]:
+    from pipeline.decoding.engines import ENGINES
+
+    words = set(ENGINES) | {e.standard for e in ENGINES.values() if e.standard}
+    words |= {e.peer_kind for e in ENGINES.values() if e.peer_kind and e.peer_kind != "peer"}
+    return words - {"ours"}
+
+
+def engine_comparisons(tree: ast.AST, words: set[str]) -> list[tuple[str, int]]:
+    """(what, line) for each comparison of a value with an engine's word, and each use of a name ``VLLM``."""
+
+    def constants(node: ast.AST) -> set[str]:
+        found = {node.value} if isinstance(node, ast.Constant) and isinstance(node.value, str) else set()
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            for element in node.elts:
+                found |= constants(element)
+        return found
+
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            hit = set().union(*(constants(n) for n in (node.left, *node.comparators))) & words
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("eq", "ne", "isin")
+        ):
+            hit = set().union(set(), *(constants(a) for a in node.args)) & words
+        elif isinstance(node, ast.Name) and node.id == "VLLM":
+            hit = {"VLLM"}
+        else:
+            continue
+        out += [(f"compares {word!r}", node.lineno) for word in sorted(hit)]
+    return out
+
+
+def rule_lines(text: str, words: set[str]) -> list[int]:
+    """The lines of a rule file (Snakemake's Python, not parsed here) that compare a value with an engine's word."""
+    named = "|".join(map(re.escape, sorted(words)))
+    pattern = re.compile(rf"""(==|!=|\bin\b)\s*[(\[{{]?[^#\n]*?["']({named})["']""")
+    return [i for i, line in enumerate(text.splitlines(), 1) if pattern.search(line.split("#")[0])]
+
+
+def test_no_engine_is_told_apart_by_its_name_outside_its_record():
+    from pipeline.decoding.engines import ENGINES
+
+    words, found = engine_words(), []
+    own = tuple(f"pipeline/{name}/" for name in ENGINES)
+    for file in sorted((ROOT / "pipeline").rglob("*.py")):
+        rel = file.relative_to(ROOT).as_posix()
+        if rel == ENGINE_TABLE or rel.startswith(own):
+            continue
+        for what, line in engine_comparisons(ast.parse(file.read_text()), words):
+            if (rel, what) not in ENGINE_NAMES_ALLOWED:
+                found.append(f"{rel}:{line}: {what}")
+    for file in sorted([ROOT / "Snakefile", *(ROOT / "workflow").rglob("*.smk")]):
+        found += [
+            f"{file.relative_to(ROOT).as_posix()}:{i}: compares an engine's name"
+            for i in rule_lines(file.read_text(), words)
+        ]
+    assert not found, "an engine told apart by its name (ask its record, pipeline/decoding/engines.py):\n" + "\n".join(
+        found
+    )
+
+
+def test_the_engine_rule_finds_a_name_compared():
+    code = (
+        "def f(spec, cells):\n    if spec.engine.name == 'vllm':\n        pass\n    x = m in ('large_model', 'vllm')\n"
+        "    cells['kind'].eq('vllm_peer')\n    return VLLM\n    y = spec.engine.title == 'x'"
+    )
+    assert engine_comparisons(ast.parse(code), engine_words()) == [
+        ("compares 'vllm'", 2),
+        ("compares 'vllm'", 4),
+        ("compares 'vllm_peer'", 5),
+        ("compares 'VLLM'", 6),
+    ]
+    rules = "CELLS = [c for c in X if e.dims.spec.engine == 'vllm']\ninput: f'{RESULTS}/envs/vllm.json'  # == 'vllm'"
+    assert rule_lines(rules, engine_words()) == [1]

@@ -18,6 +18,7 @@ import yaml
 from transformers import AutoModelForCausalLM
 
 from pipeline.decoding import generate
+from pipeline.decoding.engines import ENGINES
 from pipeline.decoding.proposers.lookup import PromptLookup
 from pipeline.decoding.spec import PR55006, method_names, parse_method
 from pipeline.errors import ArgumentError, UserError
@@ -37,13 +38,15 @@ from tests.tiny_dag import ROOT, snakemake
 
 def test_vllm_methods_are_parsed_once_with_vllms_decoding_as_their_baseline():
     plain, sd, ngram, eagle = (parse_method(m) for m in ("vllm", "vllm_sd", "vllm_ngram", "vllm_eagle"))
-    assert plain.engine == sd.engine == ngram.engine == eagle.engine == "vllm"
+    assert plain.engine is sd.engine is ngram.engine is eagle.engine is ENGINES["vllm"]
     assert plain.baseline is None and plain.standard is None and plain.kind == "plain" and not plain.speculative
     assert sd.baseline == ngram.baseline == eagle.baseline == "vllm" and sd.kind == ngram.kind == "vllm_peer"
     assert (sd.peer_proposer, ngram.peer_proposer, eagle.peer_proposer, sd.ours) == ("draft", "lookup", "eagle", "sd")
     assert sd.model_range() == (2, 2) and ngram.model_range() == eagle.model_range() == (1, 2)
     assert plain.accepted_args() == sd.accepted_args() == eagle.accepted_args() == {"eager": True}
-    assert parse_method("sd").engine == parse_method("hf_assisted").engine == "ours" and plain.family == "single"
+    assert parse_method("sd").engine is ENGINES["ours"]
+    assert parse_method("hf_assisted").engine is ENGINES["transformers"]
+    assert plain.family == "single" and plain.engine.reference == "large_model"
     with pytest.raises(ArgumentError, match=r"^unknown method 'vllm_medusa'; accepted: large_model, small_model, sd,"):
         parse_method("vllm_medusa")
     assert {"vllm", "vllm_sd", "vllm_ngram", "vllm_eagle"} <= set(method_names())

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .engines import ENGINES
+
 
 @dataclass(frozen=True)
 class Form:
@@ -16,8 +18,7 @@ class Form:
     in_turn: bool = False  # every model proposes in turn: one gamma per model
     mixture: bool = False  # draws one member per position (only a mixture ensemble has this form)
     parallel: bool = False  # the members' forwards run concurrently
-    peer: bool = False  # another engine's method, run beside ours (transformers' or vLLM's)
-    engine: str = "ours"  # what decodes: our decoder (transformers' generate for its peers) or vLLM (``pipeline/vllm``)
+    peer: bool = False  # another engine's method, run beside ours (its engine's record: ``engines.py``)
 
 
 FORMS = (
@@ -27,8 +28,8 @@ FORMS = (
     Form("se", "_se", speculative=True, own_loop=True, in_turn=True),
     Form("me", "_me", mixture=True),
     Form("me_sd", "_me_sd", speculative=True, mixture=True),
-    Form("peer", speculative=True, peer=True),
-    Form("vllm_peer", speculative=True, peer=True, engine="vllm"),
+    # each other engine's methods, of the kind its record names (transformers' ``peer``, vLLM's ``vllm_peer``)
+    *(Form(engine.peer_kind, speculative=True, peer=True) for engine in ENGINES.values() if engine.peer_kind),
 )
 KINDS = {form.kind: form for form in FORMS}
 SUFFIXES = tuple(form.suffix for form in FORMS if form.suffix)  # reserved: no ensemble's name ends in one

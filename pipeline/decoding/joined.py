@@ -57,8 +57,8 @@ def join(models: Sequence[torch.nn.Module], tokenizers: Any, spec: MethodSpec, n
             f"{spec.name!r} cannot join models with different tokenizers: contrastive decoding needs the amateur "
             "to score every token of the expert's vocabulary; use we or gac"
         )
-    if spec.peer:
-        raise ArgumentError(f"{spec.name!r} runs {spec.engine_name}, which needs one tokenizer for all models")
+    if not spec.engine.unions:
+        raise ArgumentError(f"{spec.name!r} runs {spec.engine.title}, which needs one tokenizer for all models")
     return union
 
 

@@ -48,7 +48,7 @@ from .proposers import (
     parse_proposer,
     parts,
 )
-from .spec import VLLM, MethodSpec, is_int, parse_method
+from .spec import MethodSpec, is_int, parse_method
 from .static import make_runner
 from .stats import GenerationStats, ModelStats
 from .tree.loop import check_tree_models, parse_tree, tree_loop
@@ -109,10 +109,9 @@ def plan_method(
     each model's parameter count; ``restricted``: the models with a restricted output head); return its plan and
     resolved args."""
     spec = method if isinstance(method, MethodSpec) else parse_method(method)
-    if spec.engine == VLLM:
+    if spec.engine.elsewhere:
         raise ArgumentError(
-            f"{spec.name!r} runs in vLLM's own environment, through a grid cell's generation job (pipeline/vllm); "
-            "this decoder runs our methods and transformers' own (hf_*)"
+            f"{spec.name!r} runs {spec.engine.elsewhere}; this decoder runs our methods and transformers' own (hf_*)"
         )
     n = len(sizes)
     args = spec.check(n, method_args, restricted)

@@ -16,42 +16,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ArgumentError
+from .engines import ENGINES, OURS, PR55006, Engine
 from .ensemble import ENSEMBLES, Ensemble
 from .forms import KINDS, Form, ensemble_forms, split
 from .proposers import DRAFT, NAMED_PROPOSERS, parse_proposer
 
 SINGLE_METHODS = ("large_model", "small_model")
-VLLM = "vllm"  # vLLM's autoregressive decoding of the set's first model: the baseline of its speculation
-# other engines' methods: name -> (the method it speeds up, what proposes: the set's draft, prompt lookup or
-# the first model's feature head, our method it is measured against)
-PEERS = {
-    "hf_assisted": ("large_model", DRAFT, "sd"),
-    "hf_prompt_lookup": ("large_model", "lookup", "sd"),
-    "hf_assisted_ensemble": ("we", DRAFT, "we_sd"),
-    "vllm_sd": (VLLM, DRAFT, "sd"),  # vLLM's draft-model speculation ("draft_model")
-    "vllm_ngram": (VLLM, "lookup", "sd"),  # vLLM's prompt lookup ("ngram", n-grams 2 to 4 as our lookup's)
-    "vllm_eagle": (VLLM, "eagle", "sd"),  # vLLM's EAGLE: the first model's feature head (our sd, proposer eagle)
-}
-# vLLM's CPU build's one bug behind its inexact speculation at T > 0 (vLLM issue #55005): the shim that stands in
-# for the Triton kernel ``expand_kernel`` hands the int64-only C++ kernel an int64 copy of its output and discards
-# it, so the rejection sampler divides the target's logits by uninitialised memory as their temperature (and
-# truncates top-p). ``vllm_*_pr55006`` run vLLM with only that shim corrected in their worker, as the upstream fix
-# (vLLM PR #55006, open) does: the behaviour of vLLM's speculation once exact (worker.py)
-PR55006 = "_pr55006"
-PEERS |= {f"{name}{PR55006}": PEERS[name] for name in ("vllm_sd", "vllm_ngram", "vllm_eagle")}
-CPU_EXPAND = (
-    "vLLM's CPU build divides the target's logits by uninitialised memory as temperature (its expand_kernel shim "
-    "discards its output: vLLM issue #55005; fix PR #55006, open; the *_pr55006 variant applies it)"
-)
+# other engines' methods (``engines.py``: each engine's record lists its own): name -> what it speeds up, what
+# proposes and our method of the same job; and the engine that runs each, and the engines' own standard methods
+PEERS = {name: method for engine in ENGINES.values() for name, method in engine.methods.items()}
+PEER_ENGINES = {name: engine for engine in ENGINES.values() for name in engine.methods}
+STANDARDS = {engine.standard: engine for engine in ENGINES.values() if engine.standard}  # vLLM's ``vllm``
 # peers whose samples at T > 0 are not their standard method's distribution, measured (docs/exactness.md,
-# docs/vllm.md): why. Verifying a sampled draft token as if one-hot (accept with r(x), else draw from r without x)
-# is exact, only less accepting: vllm_sd's inexactness is the CPU build's, as that of lookup's and EAGLE's drafts
-NOT_EXACT_SAMPLING = {
-    "hf_assisted_ensemble": "transformers draws a fully accepted block's next token from the target alone",
-    "vllm_sd": CPU_EXPAND,
-    "vllm_ngram": CPU_EXPAND,
-    "vllm_eagle": CPU_EXPAND,
-}
+# docs/vllm.md): why
+NOT_EXACT_SAMPLING = {name: method.not_exact for name, method in PEERS.items() if method.not_exact}
 
 
 def is_int(x: Any) -> bool:
@@ -72,6 +50,7 @@ class MethodSpec:
     base: str  # the method it is or speeds up: large_model, small_model or an ensemble's name
     form: Form  # what it does (forms.py): its kind and the properties below
     ensemble: Ensemble | None = None
+    engine: Engine = OURS  # what decodes it (engines.py): our decoder, transformers' generate or vLLM
 
     @property
     def kind(self) -> str:
@@ -104,19 +83,9 @@ class MethodSpec:
         return temperature == 0 or self.name not in NOT_EXACT_SAMPLING
 
     @property
-    def engine(self) -> str:
-        """What decodes it: ``ours`` (our decoder; transformers' ``generate`` for the ``hf_*``) or ``vllm``."""
-        return VLLM if self.base == VLLM else "ours"
-
-    @property
     def expand_fixed(self) -> bool:
         """vLLM's speculation with its CPU build's ``expand_kernel`` shim corrected in the worker (``PR55006``)."""
-        return self.name.endswith(PR55006) and self.engine == VLLM
-
-    @property
-    def engine_name(self) -> str:
-        """The engine a peer's generation runs in, as messages name it."""
-        return "vLLM" if self.engine == VLLM else "transformers' generate"
+        return self.peer and self.name.endswith(PR55006)
 
     @property
     def mixture(self) -> bool:
@@ -146,7 +115,7 @@ class MethodSpec:
     @property
     def family(self) -> str:
         """The ensemble it runs, or ``single`` (one model of the set, or ``sd`` and its peers)."""
-        return self.base if self.base not in (*SINGLE_METHODS, VLLM) else "single"
+        return self.base if self.ensemble is not None else "single"
 
     @property
     def proposer_kinds(self) -> tuple[str, ...]:
@@ -166,8 +135,7 @@ class MethodSpec:
     def accepted_args(self) -> dict[str, Any]:
         """The ``method_args`` this method takes, with their defaults."""
         accepted = dict(self.ensemble.params) if self.ensemble else {}
-        if self.engine == VLLM:  # vLLM's CUDA graphs / torch.compile (docs/vllm.md: eager fits the budgets here)
-            accepted["eager"] = True
+        accepted |= self.engine.method_args  # vLLM's: eager (docs/vllm.md: eager fits the budgets here)
         if self.proposer_kinds:
             accepted["proposer"] = DRAFT
             if self.ensemble:
@@ -189,16 +157,15 @@ class MethodSpec:
         ``draft_model``) needs the target's and the draft's heads of one size; our methods crop heads padded past a
         shared tokenizer (``vocab_size``) and run any such set."""
         if self.peer_proposer == DRAFT and len(set(heads)) > 1:
-            what = "vLLM's draft-model speculation" if self.engine == VLLM else "transformers' assisted generation"
             raise ArgumentError(
-                f"{self.name!r} runs {what}, which needs heads of one size "
+                f"{self.name!r} runs {self.engine.drafting}, which needs heads of one size "
                 f"(these have {', '.join(map(str, heads))} rows); our own methods crop the padding and run this set"
             )
 
     @property
     def peer_proposer(self) -> str | None:
         """What proposes for a peer method: ``draft`` (the set's second model), ``lookup`` or ``eagle``."""
-        return PEERS[self.name][1] if self.peer else None
+        return PEERS[self.name].proposer if self.peer else None
 
     @property
     def peer_reads_features(self) -> bool:
@@ -209,7 +176,7 @@ class MethodSpec:
     @property
     def ours(self) -> str | None:
         """For a peer method: our method that does the same job (``sd`` for assisted generation, ``vllm_sd``)."""
-        return PEERS[self.name][2] if self.peer else None
+        return PEERS[self.name].ours if self.peer else None
 
     def fits(self, n: int, proposer: str = DRAFT) -> bool:
         low, high = self.model_range(proposer)
@@ -241,9 +208,9 @@ class MethodSpec:
             want = str(low) if low == high else f"{low} to {high}" if high else f"{low} or more"
             given = f" with proposer={proposer!r}" if self.model_range(proposer) != self.model_range() else ""
             raise ArgumentError(f"{self.name!r}{given} needs {want} models, got {n}")
-        if self.peer_proposer == DRAFT and restricted:
+        if self.peer_proposer == DRAFT and restricted and not self.engine.restricted_heads:
             raise ArgumentError(
-                f"{self.name!r} runs {self.engine_name}, which cannot take the restricted output head of model "
+                f"{self.name!r} runs {self.engine.title}, which cannot take the restricted output head of model "
                 f"{restricted[0]} (a distilled draft); use a draft with a full head ('full_head: true' in a config)"
             )
         if self.ensemble is not None and self.ensemble.full_vocab and restricted:
@@ -273,7 +240,7 @@ class MethodSpec:
 
 def method_names() -> list[str]:
     """Every accepted method name, registered ensembles included."""
-    names = [*SINGLE_METHODS, "sd", VLLM]
+    names = [*SINGLE_METHODS, "sd", *STANDARDS]
     for name, ensemble in ENSEMBLES.items():
         names += [name + form.suffix for form in ensemble_forms(ensemble.mixture)]
     return names + list(PEERS)
@@ -281,13 +248,15 @@ def method_names() -> list[str]:
 
 def parse_method(name: str) -> MethodSpec:
     """The spec of a method name (raises ArgumentError for an unknown one)."""
-    if name in (*SINGLE_METHODS, VLLM):
+    if name in SINGLE_METHODS:
         return MethodSpec(name, name, KINDS["plain"])
+    if name in STANDARDS:  # an engine's own decoding of the set's first model (vLLM's ``vllm``)
+        return MethodSpec(name, name, KINDS["plain"], engine=STANDARDS[name])
     if name == "sd":
         return MethodSpec(name, "large_model", KINDS["sd"])
     if name in PEERS:
-        base = PEERS[name][0]
-        return MethodSpec(name, base, KINDS["vllm_peer" if base == VLLM else "peer"], ENSEMBLES.get(base))
+        engine, base = PEER_ENGINES[name], PEERS[name].base
+        return MethodSpec(name, base, KINDS[engine.peer_kind], ENSEMBLES.get(base), engine)
     base, form = split(name)
     if base not in ENSEMBLES or form not in ensemble_forms(ENSEMBLES[base].mixture):
         raise ArgumentError(f"unknown method {name!r}; accepted: {', '.join(method_names())}")

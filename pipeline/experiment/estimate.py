@@ -173,7 +173,7 @@ def token_seconds(
     from ..measure.cost import chain_speedup
 
     spec = parse_method(method)
-    if method in ("large_model", "small_model", "vllm"):  # one model of the set (a speculative cell's baseline)
+    if spec.ensemble is None and not spec.speculative:  # one model of the set (a speculative cell's baseline)
         return t[-1] if method == "small_model" else t[0]
     if not spec.speculative:
         return sum(t) / len(t) if spec.mixture else sum(t)

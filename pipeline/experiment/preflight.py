@@ -45,7 +45,7 @@ def set_problems(config: dict[str, Any], cells: dict[str, CellFile], infos: dict
                         f"config key datasets.{dims.dataset}: chat is true but model {name!r} has no chat template "
                         "(tokenizer_config.json chat_template); set chat: false or use an instruct model"
                     ] = None
-        if problem := vllm_problem(dims, infos):
+        if problem := engine_problem(dims, infos):
             problems[f"{where}: {problem}"] = None
         restricted = [repr(n) for n in names if infos[n].restricted_head]
         try:
@@ -55,21 +55,19 @@ def set_problems(config: dict[str, Any], cells: dict[str, CellFile], infos: dict
     return list(problems)
 
 
-def vllm_problem(dims, infos: dict[str, ModelInfo]) -> str | None:
-    """What vLLM cannot load of a ``vllm*`` cell's models (their config.json architectures against the built
-    vLLM's model classes), or None."""
-    if dims.spec.engine != "vllm":
-        return None
+def engine_problem(dims, infos: dict[str, ModelInfo]) -> str | None:
+    """What the cell's engine cannot load of its models (their config.json architectures against the engine's
+    model classes: vLLM's, as built), or None."""
     from ..decoding.proposers import DRAFT
-    from ..vllm.env import unsupported
 
+    engine = dims.spec.engine
     loaded = dims.models[:2] if dims.spec.peer_proposer == DRAFT else dims.models[:1]
-    for name in loaded:
+    for name in loaded if engine.unsupported else ():
         config = infos[name].config or {}
-        if missing := unsupported(list(config.get("architectures") or [])):
+        if missing := engine.cannot_load(list(config.get("architectures") or [])):
             return (
-                f"{dims.method!r} runs vLLM, which has no model class for {missing[0]} (model {name!r}, "
-                "config.json architectures); use a model vLLM supports, or our own methods"
+                f"{dims.method!r} runs {engine.title}, which has no model class for {missing[0]} (model {name!r}, "
+                f"config.json architectures); use a model {engine.title} supports, or our own methods"
             )
     return None
 
@@ -89,8 +87,8 @@ def one_tokenizer_only(spec) -> str | None:
     """Why a method cannot run over a set of different tokenizers (None: it can, over their union)."""
     if spec.ensemble is not None and spec.ensemble.full_vocab:
         return "contrastive decoding subtracts the members' log-probabilities token by token, over one vocabulary"
-    if spec.peer or spec.engine != "ours":
-        return f"{spec.engine_name} runs one shared tokenizer"
+    if not spec.engine.unions:
+        return f"{spec.engine.title} runs one shared tokenizer"
     return None
 
 

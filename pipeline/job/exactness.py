@@ -31,10 +31,10 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
 def _plan(method: str, method_args: dict, n: int):
     """The method's target members and function (the models' sizes only pick a first proposer: not needed)."""
     from ..decoding.methods import plan_method
-    from ..decoding.spec import VLLM, parse_method
+    from ..decoding.spec import parse_method
 
-    if parse_method(method).engine == VLLM:  # vLLM's decoding draws the large model's tokens
-        method, method_args = "large_model", {}
+    if reference := parse_method(method).engine.reference:  # vLLM's decoding draws the large model's tokens
+        method, method_args = reference, {}
     plan, _ = plan_method(method, [0] * n, 1, dict(method_args))
     return plan
 

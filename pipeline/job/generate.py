@@ -16,15 +16,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from tasks import get_task, render
 
 from ..decoding import generate
 from ..decoding.corpus import Corpus
 from ..decoding.proposers import capabilities, parse_proposer
 from ..decoding.runner import engine_of
-from ..decoding.spec import VLLM, parse_method
+from ..decoding.spec import parse_method
 from ..decoding.static import compile_ahead
 from ..decoding.tree.loop import parse_tree
 from ..errors import UserError
@@ -97,17 +95,15 @@ def _run_cell(cell: Cell, out: Path, progress: bool, journal: Path, speed: bool)
     log = Journal(journal, [ex.id for ex in examples], sample_check(cell))
     done = log.recover()  # before the models load: a journal problem costs nothing
     with ExitStack() as stack:
-        if parse_method(cell.method).engine == VLLM:  # vLLM's methods: workers in vLLM's environment
-            run, tokenizer, prepared = vllm_runs(cell, stack)
-        else:
-            run, tokenizer, prepared = our_runs(cell)
+        runs = parse_method(cell.method).engine.runner()  # the engine's (engines.py): ours, or vLLM's workers
+        run, tokenizer, prepared = runs(cell, stack)
         return _generate(cell, out, progress, journal, speed, task, examples, log, done, run, tokenizer, prepared)
 
 
 def reads_corpus(cell: Cell) -> bool:
     """Whether the cell's method has a proposer that reads the job's corpus (``suffix``, ``recycle``)."""
     proposer = cell.method_args.get("proposer")
-    if proposer is None or parse_method(cell.method).engine == VLLM:
+    if proposer is None:  # no proposer of ours (another engine's methods take none)
         return False
     return any(capabilities(c).reads_corpus for c in parse_proposer(proposer).classes())
 
@@ -122,8 +118,9 @@ def job_corpus(cell: Cell, union: bool, vocab: int) -> Corpus:
     return Corpus(documents, source)
 
 
-def our_runs(cell: Cell):
-    """The cell's runs by our decoder: its models loaded, and what makes them ready once the prompts are known."""
+def our_runs(cell: Cell, stack: ExitStack):
+    """The cell's runs by our decoder (and transformers' ``generate`` for its ``hf_*``, ``peers.py``): its models
+    loaded, and what makes them ready once the prompts are known (``stack``: nothing of ours to close)."""
     models, tokenizers = load_members(cell.models)
     tokenizer = tokenizers[0]  # prompts are the first model's tokens
     # every run of the cell: its models and settings (methods that do not speculate ignore gamma_schedule)
@@ -141,57 +138,8 @@ def our_runs(cell: Cell):
     return run, tokenizer, prepared
 
 
-def vllm_runs(cell: Cell, stack: ExitStack):
-    """The cell's runs in vLLM (``pipeline/vllm``): workers in vLLM's environment, logging to the job's log."""
-    from ..models.loading import load_tokenizer
-    from ..models.resolve import resolve
-    from ..vllm import env as vllm_env
-    from ..vllm.engine import VLLMRun
-
-    record = vllm_env.ready()
-    if record is None:
-        raise UserError(
-            f"{cell.method!r} runs in vLLM's environment, which is not built here ({vllm_env.env_dir(vllm_env.build())}"
-            "); the workflow's vllm_env rule builds it, or: python -m pipeline.vllm.env"
-        )
-    paths = [str(resolve(spec)) for spec in cell.models]
-    eagle = None
-    if parse_method(cell.method).peer_reads_features:  # the first model's feature head, as vLLM's EAGLE model
-        from ..models.resolve import ensure_head
-        from ..vllm.eagle import checkpoint
-
-        eagle = str(checkpoint(ensure_head(cell.models[0])))
-    tokenizer = load_tokenizer(paths[0])
-    threads = torch.get_num_threads()
-    gpu = record["build"] == "gpu"
-    dtype = cell.models[0].dtype or ("bfloat16" if gpu else "float32")  # the target's, as ours loads it (ModelSpec)
-    run = stack.enter_context(
-        VLLMRun(
-            record["python"],
-            paths,
-            tokenizer,
-            {tokenizer.eos_token_id},
-            threads,
-            dtype=dtype,
-            gpu=gpu,
-            eagle=eagle,
-            **cell.sampling(),
-        )
-    )
-
-    def prepared(prompts: dict[str, list[int]]) -> dict[str, Any]:
-        versions = run.versions
-        fixed = " with its expand_kernel shim corrected (vLLM #55005)" if parse_method(cell.method).expand_fixed else ""
-        return {
-            **provenance("cuda" if gpu else "cpu"),  # its threads: the job's, as the workers' (torch's count)
-            "engine": f"vllm {versions.get('vllm')} ({record['build']}){fixed}, torch {versions.get('torch')}",
-        }
-
-    return run, tokenizer, prepared
-
-
 def _generate(cell, out, progress, journal, speed, task, examples, log, done, run, tokenizer, prepared):
-    """``run_cell``'s samples, once the cell's runs are ready (``our_runs``, ``vllm_runs``)."""
+    """``run_cell``'s samples, once the cell's runs are ready (its engine's ``runs``: ``our_runs``, vLLM's)."""
     from tqdm import tqdm
 
     corpus = getattr(run, "corpus", None)  # the job's corpus, read by its proposers (our_runs)

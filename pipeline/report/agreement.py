@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..decoding.spec import STANDARDS
 from ..errors import UserError
 from ..experiment.cell import GRID
 from ..experiment.layout import cell_path
@@ -28,7 +29,8 @@ def greedy_pairs(results: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     cells = read_record(index, GRID, "the grid index")
     greedy = [c for c in cells if c.get("temperature") == 0 and not c.get("control")]
     ours = {(c["models"][0], c["dataset"]): c for c in greedy if c["method"] == "large_model"}
-    return [(c, ours[key]) for c in greedy if c["method"] == "vllm" and (key := (c["models"][0], c["dataset"])) in ours]
+    theirs = [c for c in greedy if c["method"] in STANDARDS]  # an engine's own decoding (vLLM's ``vllm``)
+    return [(c, ours[key]) for c in theirs if (key := (c["models"][0], c["dataset"])) in ours]
 
 
 def agreement(results: Path, theirs: dict[str, Any], ours: dict[str, Any], near_tie_nats: float = 0.1) -> dict:
@@ -44,7 +46,7 @@ def agreement(results: Path, theirs: dict[str, Any], ours: dict[str, Any], near_
     ]
     prompts = {r["id"]: rows_ours[r["id"]]["prompt_ids"] for r in rows}  # the same prompts: ours carry them
     specs = CellFile.read(results / "cells" / f"{ours['id']}.json").cell.models
-    return check(rows, prompts, specs, "large_model", {}, near_tie_nats)
+    return check(rows, prompts, specs, STANDARDS[theirs["method"]].reference, {}, near_tie_nats)
 
 
 def main(argv: list[str] | None = None) -> int:

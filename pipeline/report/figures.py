@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..decoding.engines import ENGINES
 from ..decoding.spec import parse_method
 from ..errors import UserError
 from ..experiment.cell import GRID, Dims
@@ -38,7 +39,8 @@ ROW = ["model_set", "method", "T"]
 NULL_LABEL = "{method} vs itself (null)"  # how the tables name the null cell (grid.null_cell)
 CELL = [*ROW, "gamma", "dataset"]  # one cell of a table
 FIGURE = ["cell", "metric", "category", "value", "low", "high", "unstable"]
-PEER_KINDS = ("peer", "vllm_peer")  # other engines' methods: transformers' (``hf_*``) and vLLM's (``vllm_*``)
+# other engines' methods (transformers' ``hf_*``, vLLM's ``vllm_*``): the kinds their records name
+PEER_KINDS = tuple(engine.peer_kind for engine in ENGINES.values() if engine.peer_kind)
 SPEED = SpeedSummary.shown("figure")  # a speed record's own figures
 LISTS = ("tau_by_model", "position_acceptance")  # one figure per model of the set / per position of a block
 # the exactness record's figures: cells.csv's columns (``SpeedSummary.exactness``) and the keys they show
@@ -253,7 +255,8 @@ def across_engines(cells: pd.DataFrame, samples: dict[str, list], speeds: dict[s
     each vLLM speculation cell of the same model set, dataset and T, and the large model by our decoder (its runs
     beside ``sd``) over vLLM's decoding of it (its runs beside vLLM's speculation). Different jobs, so not side by
     side: whatever else the machine did between them is in these ratios; the interval is over prompts only."""
-    theirs, ours = cells[cells["kind"] == "vllm_peer"], cells[cells["method"] == "sd"]
+    own = [parse_method(m).engine.standard if parse_method(m).peer else None for m in cells["method"]]
+    theirs, ours = cells.assign(standard=own).dropna(subset=["standard"]), cells[cells["method"] == "sd"]
     out, key, baselines = [], ["model_set", "dataset", "temperature"], set()
     for _, t in theirs.iterrows():
         policy = Policy.from_dict(speeds[t["id"]].get("policy"))
@@ -262,7 +265,7 @@ def across_engines(cells: pd.DataFrame, samples: dict[str, list], speeds: dict[s
             pairs = [("method", "method", f"sd (γ={o['gamma']}) / {peer_label(t)}")]
             if o["id"] not in baselines:  # the two engines' decoding of the large model, once per cell of ours
                 baselines.add(o["id"])
-                pairs.append(("baseline", "baseline", "large_model / vllm"))
+                pairs.append(("baseline", "baseline", f"large_model / {t['standard']}"))
             for side_o, side_t, category in pairs:
                 if (ratio := engine_ratio(samples[o["id"]], side_o, samples[t["id"]], side_t, policy)) is not None:
                     out.append((o["id"], "tokens_per_s_vs_vllm", category, *ratio, unstable))

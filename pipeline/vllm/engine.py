@@ -28,10 +28,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..decoding.engines import ENGINES
 from ..decoding.member import Stopper
 from ..decoding.methods import GenerationResult
 from ..decoding.peers import cut_at_stop
-from ..decoding.spec import DRAFT, VLLM, parse_method
+from ..decoding.spec import DRAFT, parse_method
 from ..decoding.stats import GenerationStats, ModelStats
 from ..errors import UserError
 from ..records import read_record, record_problems
@@ -53,7 +54,7 @@ def speculative_config(
     (``vllm_ngram``) or the EAGLE checkpoint ``eagle`` (``vllm_eagle``, ``eagle.checkpoint``) proposing ``gamma``
     tokens a step."""
     spec = parse_method(method)
-    if spec.engine != VLLM:
+    if spec.engine is not ENGINES["vllm"]:
         raise UserError(f"{method!r} is not one of vLLM's methods")
     if not spec.peer:
         return None

@@ -36,20 +36,19 @@ except ConfigError as err:
     sys.stderr.write(f"error: {err}\n")
     sys.exit(2)
 
-# vLLM's cells run in an environment of vLLM's own (pipeline/vllm/env.py, rule vllm_env). Where it cannot be
-# built here, they are left out in one line, before any job, and every other cell runs as before.
-VLLM_CELLS = [c for c, e in CELLS.items() if e.dims.spec.engine == "vllm"]
-if VLLM_CELLS:
-    from pipeline.vllm.env import availability
-
-    _why = availability()
-    if _why:
+# Cells of an engine with an environment of its own (its record, pipeline/decoding/engines.py: vLLM's, built by
+# rule vllm_env from pipeline/vllm/env.py). Where an engine cannot run here, its cells are left out in one line,
+# before any job, and every other cell runs as before.
+ENGINE_CELLS = {c: e.dims.spec.engine for c, e in CELLS.items() if e.dims.spec.engine.environment}
+for _engine in {id(e): e for e in ENGINE_CELLS.values()}.values():
+    if _why := _engine.availability():
+        _out = sorted(c for c, e in ENGINE_CELLS.items() if e is _engine)
         sys.stderr.write(
-            f"left out: {len(VLLM_CELLS)} vLLM cells ({', '.join(sorted({CELLS[c].dims.method for c in VLLM_CELLS}))}"
-            f"): vLLM's environment cannot be built here: {_why}\n"
+            f"left out: {len(_out)} {_engine.title} cells ({', '.join(sorted({CELLS[c].dims.method for c in _out}))}"
+            f"): {_engine.title}'s environment cannot be built here: {_why}\n"
         )
-        CELLS = {c: e for c, e in CELLS.items() if c not in VLLM_CELLS}
-        VLLM_CELLS = []
+        CELLS = {c: e for c, e in CELLS.items() if c not in _out}
+        ENGINE_CELLS = {c: e for c, e in ENGINE_CELLS.items() if c not in _out}
 
 RESULTS = _checked["results"].rstrip("/")
 # How jobs run Python is a matter of deployment, not of what a job computes, so it is set for every

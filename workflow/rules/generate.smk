@@ -11,7 +11,9 @@ rule generate:
         models=lambda w: [f"{RESULTS}/models/{m}.json" for m in cell_dims(w).models],
         cell=CELL_FILE,
         timing=ancient(f"{RESULTS}/timing.json"),
-        vllm=lambda w: [ancient(f"{RESULTS}/envs/vllm.json")] if w.cell in VLLM_CELLS else [],
+        environment=lambda w: (
+            [ancient(f"{RESULTS}/{ENGINE_CELLS[w.cell].environment}")] if w.cell in ENGINE_CELLS else []
+        ),
     output:
         samples=CELL("samples"),
         meta=CELL("meta"),

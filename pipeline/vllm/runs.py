@@ -1,0 +1,62 @@
+"""How a generation job runs a cell in vLLM (vLLM's engine record, ``decoding/engines.py``: ``runs``): workers in
+vLLM's own environment (``env.py``), one per model set (``engine.py``), logging to the job's log."""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from typing import Any
+
+import torch
+
+from ..decoding.spec import parse_method
+from ..errors import UserError
+from ..provenance import provenance
+from . import env as vllm_env
+from .engine import VLLMRun
+
+
+def vllm_runs(cell, stack: ExitStack):
+    """The cell's runs in vLLM (``pipeline/vllm``): workers in vLLM's environment, logging to the job's log."""
+    from ..models.loading import load_tokenizer
+    from ..models.resolve import resolve
+
+    record = vllm_env.ready()
+    if record is None:
+        raise UserError(
+            f"{cell.method!r} runs in vLLM's environment, which is not built here ({vllm_env.env_dir(vllm_env.build())}"
+            "); the workflow's vllm_env rule builds it, or: python -m pipeline.vllm.env"
+        )
+    paths = [str(resolve(spec)) for spec in cell.models]
+    eagle = None
+    if parse_method(cell.method).peer_reads_features:  # the first model's feature head, as vLLM's EAGLE model
+        from ..models.resolve import ensure_head
+        from .eagle import checkpoint
+
+        eagle = str(checkpoint(ensure_head(cell.models[0])))
+    tokenizer = load_tokenizer(paths[0])
+    threads = torch.get_num_threads()
+    gpu = record["build"] == "gpu"
+    dtype = cell.models[0].dtype or ("bfloat16" if gpu else "float32")  # the target's, as ours loads it (ModelSpec)
+    run = stack.enter_context(
+        VLLMRun(
+            record["python"],
+            paths,
+            tokenizer,
+            {tokenizer.eos_token_id},
+            threads,
+            dtype=dtype,
+            gpu=gpu,
+            eagle=eagle,
+            **cell.sampling(),
+        )
+    )
+
+    def prepared(prompts: dict[str, list[int]]) -> dict[str, Any]:
+        versions = run.versions
+        fixed = " with its expand_kernel shim corrected (vLLM #55005)" if parse_method(cell.method).expand_fixed else ""
+        return {
+            **provenance("cuda" if gpu else "cpu"),  # its threads: the job's, as the workers' (torch's count)
+            "engine": f"vllm {versions.get('vllm')} ({record['build']}){fixed}, torch {versions.get('torch')}",
+        }
+
+    return run, tokenizer, prepared
