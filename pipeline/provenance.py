@@ -128,8 +128,9 @@ def slurm_restarts(job: str | None) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def provenance(device: Any = None, engines: Iterable[str] = ("eager",)) -> dict[str, Any]:
-    """Where a sample was timed: host, device, threads, engine. Samples timed differently are never pooled."""
+def provenance(device: Any = None, runners: Iterable[str] = ("eager",)) -> dict[str, Any]:
+    """Where a sample was timed: host, device, threads, engine (transformers and the models' runners). Samples timed
+    differently are never pooled."""
     import torch
     import transformers
 
@@ -141,7 +142,7 @@ def provenance(device: Any = None, engines: Iterable[str] = ("eager",)) -> dict[
         "host": socket.gethostname(),
         "device": f"{dev} ({name})",
         "threads": torch.get_num_threads(),
-        "engine": f"transformers {transformers.__version__} {'+'.join(sorted(engines))}, torch {torch.__version__}",
+        "engine": f"transformers {transformers.__version__} {'+'.join(sorted(runners))}, torch {torch.__version__}",
     }
 
 

@@ -15,8 +15,8 @@ import yaml
 
 from pipeline import cli
 from pipeline.bench import doc as benchmarks_doc
-from pipeline.bench import engines as engine_bench
 from pipeline.bench import methods as bench
+from pipeline.bench import runners as runner_bench
 
 from .conftest import without_null
 
@@ -29,7 +29,7 @@ SHELL = {"bash", "sh", "shell", "console"}
 # Every shell command of README.md and docs/*.md (continuations joined, comments and repeated spaces dropped):
 # the test that runs it (tests/FILE::NAME), or why no test here can ("gpu: ...", "cluster: ...", or "suite: ..." for
 # the command that runs the suite). Commands of
-# `pipeline`, `python -m pipeline.bench` and `python -m pipeline.bench.engines` are also parsed with the program's
+# `pipeline`, `python -m pipeline.bench` and `python -m pipeline.bench.runners` are also parsed with the program's
 # own argument parser below; the benchmarks' runs take minutes, and the test named in PROGRAMS runs each program.
 COMMANDS = {
     "make run": "tests/test_workflow.py::test_the_whole_dag_writes_tables_plots_wandb_runs_and_a_notebook",
@@ -114,9 +114,9 @@ PROGRAMS = {
         bench.main,
         "tests/test_bundled_model.py::test_benchmark_runs_prints_every_method_and_records_the_run",
     ),
-    "pipeline.bench.engines": (
-        engine_bench.main,
-        "tests/test_engine_bench.py::test_engine_bench_reports_costs_and_oracle_pairs",
+    "pipeline.bench.runners": (
+        runner_bench.main,
+        "tests/test_runner_bench.py::test_runner_bench_reports_costs_and_oracle_pairs",
     ),
 }
 
@@ -271,7 +271,7 @@ def test_the_benchmark_commands_parse_as_written(monkeypatch):
             with pytest.raises(Parsed):
                 PROGRAMS[found[0]][0](found[1])
             seen[found[0]] += 1
-    assert seen["pipeline.bench"] >= 5 and seen["pipeline.bench.engines"] >= 2
+    assert seen["pipeline.bench"] >= 5 and seen["pipeline.bench.runners"] >= 2
     with pytest.raises(SystemExit):  # an option the program does not know is refused
         bench.main(["--no-such-option"])
 
@@ -322,7 +322,7 @@ def test_the_benchmarks_page_is_generated_from_the_records():
 
 
 def test_a_record_without_a_note_is_one_line(tmp_path, monkeypatch, capsys):
-    (tmp_path / "engines").mkdir()
+    (tmp_path / "runners").mkdir()
     (tmp_path / "20990101T000000Z-abc.json").write_text("{}")
     (tmp_path / "notes.yaml").write_text("records: {}\n")
     monkeypatch.setattr(benchmarks_doc, "RECORDS", tmp_path)

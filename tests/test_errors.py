@@ -166,3 +166,28 @@ def test_a_model_spec_of_the_wrong_types_is_one_line(tmp_path, capsys, spec, sai
 
     assert main(["prepare", spec, str(tmp_path / "m.json")]) == 2
     assert capsys.readouterr().err.strip() == f"error: {said}"
+
+
+RENAMED = "model 'smollm2-135m-instruct': key 'engine' is now 'runner' (eager, compiled or compiled+autotune)"
+
+
+def test_a_model_that_still_names_its_engine_is_told_the_new_key_in_one_line(tmp_path, capsys):
+    """``engine:`` of a model is ``runner:`` now: a config, a model spec and a cell that still say it get one line."""
+    import yaml
+
+    from pipeline.cli import main
+    from pipeline.experiment.cell import Cell
+    from pipeline.experiment.config import ConfigError, check_config
+    from pipeline.models import ModelError
+    from pipeline.models.spec import DEFAULT_CONFIG
+
+    config = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    config["models"]["smollm2-135m-instruct"]["engine"] = "compiled"
+    with pytest.raises(ConfigError) as err:
+        check_config(config)
+    assert str(err.value) == RENAMED
+    spec = '{"name": "smollm2-135m-instruct", "engine": "eager"}'
+    assert main(["prepare", spec, str(tmp_path / "m.json")]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {RENAMED}"
+    with pytest.raises(ModelError, match=r"^model 'smollm2-135m-instruct': key 'engine' is now 'runner' \(eager"):
+        Cell.from_json({"models": [{"name": "smollm2-135m-instruct", "engine": "compiled"}], "method": "sd"})

@@ -63,13 +63,13 @@ def forecast_of(
     efficiency: float = 1.0,
     beside=False,
     null=False,
-    engines: dict[str, str] | None = None,
+    runners: dict[str, str] | None = None,
     compiled: tuple[float, float, float] | None = None,
 ) -> dict:
-    engines = engines or {}
+    runners = runners or {}
     config = check_config(
         {
-            "models": {m: {"engine": engines[m]} if m in engines else {} for m in ("llama-2-7b", "llama-68m")},
+            "models": {m: {"runner": runners[m]} if m in runners else {} for m in ("llama-2-7b", "llama-68m")},
             "grids": [{"name": "g", "model_sets": {"p": ["llama-2-7b", "llama-68m"]}, "methods": methods}],
             "datasets": {"humaneval": {"size": size}},
             "max_new_tokens": 100,
@@ -86,14 +86,14 @@ def forecast_of(
     )
 
 
-def test_a_model_on_the_compiled_engine_costs_the_compiled_figures_and_its_compiling(llama_pair):
+def test_a_model_on_the_compiled_runner_costs_the_compiled_figures_and_its_compiling(llama_pair):
     figures, large = (0.57, 0.75, 300.0), "humaneval/llama-2-7b/large_model-T0"
     eager = forecast_of(["large_model"], 10, 0.7, 0.2, compiled=figures)["cell_hours"][large]
-    graphs = forecast_of(["large_model"], 10, 0.7, 0.2, engines={"llama-2-7b": "compiled"}, compiled=figures)
+    graphs = forecast_of(["large_model"], 10, 0.7, 0.2, runners={"llama-2-7b": "compiled"}, compiled=figures)
     prefill = 10 * estimate.PROMPT_TOKENS * 2 * PUBLIC_PARAMETERS["meta-llama/Llama-2-7b-hf"] / 312e12 / 3600
     decoding = graphs["cell_hours"][large] - prefill - 300.0 / 3600
     assert decoding / (eager - prefill) == pytest.approx(0.2 / 0.57)  # tokens at 57% of the bound, not 20%
-    unpriced = forecast_of(["large_model"], 10, 0.7, 0.2, engines={"llama-2-7b": "compiled"})  # figures not given
+    unpriced = forecast_of(["large_model"], 10, 0.7, 0.2, runners={"llama-2-7b": "compiled"})  # figures not given
     assert unpriced["cell_hours"][large] == pytest.approx(eager)
 
 
@@ -153,7 +153,7 @@ def test_the_paper_grid_on_an_a100(tmp_path, monkeypatch, capsys):
     total = out.strip().splitlines()[-1]
     assert re.fullmatch(r"total: \d+ jobs, [\d.]+ GPU-hours of generation on a100-80gb", total), total
     assert "acceptance 0.7 (assumed)" in out.splitlines()[0]
-    # the grid's models are on the compiled engine: its figures and its compiling per job, which --compile-s sets
+    # the grid's models are on the compiled runner: its figures and its compiling per job, which --compile-s sets
     assert result["compiled"] == {"efficiency": 0.57, "floor_ms": 0.75, "compile_s": estimate.COMPILE_S}
     assert "on the compiled one at 57%, at least 0.75 ms, and 300 s of compiling per generation job" in out
     assert (
@@ -207,7 +207,7 @@ def test_a_gpu_not_in_the_table_by_its_bandwidth(llama_pair, tmp_path, capsys):
     a100 = json.loads(capsys.readouterr().out)  # the same bandwidth: the same decoding, plus its prefill
     assert mi300x["tflops"] == 0 and a100["tflops"] == 312 and a100["gpu"] == "a100-80gb at 5300 GB/s"
     assert 1 < a100["generate_hours"] / mi300x["generate_hours"] < 1.1
-    assert a100["compiled"] is None  # no model on the compiled engine: its figures are not shown
+    assert a100["compiled"] is None  # no model on the compiled runner: its figures are not shown
     assert main(["estimate", str(config), "--gpu", "a100-80gb"]) == 0
     assert "compiled" not in capsys.readouterr().out
 

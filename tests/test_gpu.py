@@ -1,4 +1,4 @@
-"""On a CUDA device: the real compiled engines (inductor's kernels, CUDA graphs) and the members' own streams
+"""On a CUDA device: the real compiled runners (inductor's kernels, CUDA graphs) and the members' own streams
 (``E_p``) emit the eager runner's tokens, in float64 so that no rounding can flip a token. Skipped without a
 GPU; ``benchmarks/gpu/run.sh`` runs them on one."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pipeline.decoding import generate
-from pipeline.decoding.runner import set_engine
+from pipeline.decoding.runner import set_runner
 from pipeline.decoding.static import StaticRunner
 
 from .conftest import perturbed, tiny_llama
@@ -24,10 +24,10 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def cuda_models():
-    """Eager models on the GPU and copies of them on the ``compiled`` engine, every bucket compiled up front."""
+    """Eager models on the GPU and copies of them on the ``compiled`` runner, every bucket compiled up front."""
     target = tiny_llama(0, layers=2, hidden=32)
     eager = [m.to("cuda") for m in (target, perturbed(target, 0.08, seed=1), tiny_llama(2))]
-    compiled = [set_engine(copy.deepcopy(m), "compiled") for m in eager]
+    compiled = [set_runner(copy.deepcopy(m), "compiled") for m in eager]
     for m in compiled:
         StaticRunner(m, 32, max_len=60)
     return eager, compiled
@@ -35,7 +35,7 @@ def cuda_models():
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("method,which,gamma,args", CASES)
-def test_compiled_engine_on_cuda_emits_the_eager_runners_tokens(cuda_models, method, which, gamma, args, temperature):
+def test_compiled_runner_on_cuda_emits_the_eager_runners_tokens(cuda_models, method, which, gamma, args, temperature):
     from pipeline.decoding.spec import parse_method
 
     eager, compiled = cuda_models
@@ -51,7 +51,7 @@ def test_compiled_engine_on_cuda_emits_the_eager_runners_tokens(cuda_models, met
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("method,which,gamma,tree,schedule,args", TREE_CASES)
-def test_trees_on_the_compiled_engine_on_cuda_emit_the_eager_runners_tokens(
+def test_trees_on_the_compiled_runner_on_cuda_emit_the_eager_runners_tokens(
     cuda_models, method, which, gamma, tree, schedule, args, temperature
 ):
     """Token trees over CUDA graphs of masked forwards (and the compaction inside the static cache)."""
@@ -75,9 +75,9 @@ def test_members_on_their_own_streams_emit_the_standard_ensembles_tokens(cuda_mo
             assert generate(eager[:2], prompt, "we_p", **kw).token_ids == want.token_ids
 
 
-def test_autotuned_engine_on_cuda_emits_the_eager_runners_tokens():
+def test_autotuned_runner_on_cuda_emits_the_eager_runners_tokens():
     model = tiny_llama(5, layers=1, hidden=16).to("cuda")
-    fast = set_engine(copy.deepcopy(model), "compiled+autotune")
+    fast = set_runner(copy.deepcopy(model), "compiled+autotune")
     StaticRunner(fast, 32, max_len=60)
     assert_autotuned_emits_eager_tokens(model, fast)
 
@@ -87,7 +87,7 @@ def test_compiled_members_of_a_parallel_ensemble_emit_the_standard_ensembles_tok
     forwards to overlap on the device, where graphs replayed on two streams at once overwrote each other's
     buffers (NaN logits). The CUDA-graph backend alone (no inductor kernels) keeps the compile short."""
     models = [tiny_llama(11, hidden=1024, layers=8, init=0.05), tiny_llama(12, hidden=512, layers=4, init=0.05)]
-    models = [set_engine(m.to("cuda"), "compiled", backend="cudagraphs") for m in models]
+    models = [set_runner(m.to("cuda"), "compiled", backend="cudagraphs") for m in models]
     for m in models:
         StaticRunner(m, 32, max_len=60)
     for temperature in (0.0, 1.0):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from pipeline.decoding import generate, register_ensemble
-from pipeline.decoding.engine import DynamicGamma
+from pipeline.decoding.loop import DynamicGamma
 from pipeline.decoding.spec import parse_method
 from pipeline.errors import ArgumentError
 from pipeline.experiment.config import check_config
@@ -224,7 +224,7 @@ def test_the_docs_example_is_the_registered_code():
 
 def test_the_largest_models_turn_keeps_its_gamma(pair, monkeypatch):
     """Its drafts cost one of its own forwards a token: a dynamic schedule leaves its gamma alone."""
-    from pipeline.decoding import engine
+    from pipeline.decoding import loop
     from pipeline.decoding.methods import fixed_turns, parameter_counts, plan_method
 
     big, small = pair[0], tiny_llama(33)
@@ -232,13 +232,13 @@ def test_the_largest_models_turn_keeps_its_gamma(pair, monkeypatch):
     plan, _ = plan_method("we_se", sizes, [1, 2], {})
     assert [turn for turn, _ in plan.schedule] == [(1,), (0,)] and fixed_turns(plan.schedule, sizes) == {1}
     drafts = []
-    draft = engine.Decoder._draft
+    draft = loop.Decoder._draft
 
     def recording(self, proposer, gamma, turn):
         drafts.append((turn, gamma))
         draft(self, proposer, gamma, turn)
 
-    monkeypatch.setattr(engine.Decoder, "_draft", recording)
+    monkeypatch.setattr(loop.Decoder, "_draft", recording)
     generate([big, pair[1]], PROMPT, "we_se", gamma=[1, 1], max_new_tokens=60, gamma_schedule="dynamic")
     assert {g for turn, g in drafts if turn == 1} == {1}  # model 0, the larger (earlier on a tie), proposes second
     assert max(g for turn, g in drafts if turn == 0) > 1

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.decoding import engine, generate
+from pipeline.decoding import generate, loop
 from pipeline.decoding.corpus import Corpus, CorpusLeak, SuffixAutomaton
 from pipeline.decoding.proposers import parse_proposer
 from pipeline.decoding.proposers.recycle import TokenRecycling
@@ -274,7 +274,7 @@ def accept_everything(target, proposed):
 def test_greedy_identity_fails_once_proposals_go_unverified(trio, monkeypatch):
     models = trio[:2]
     ref = generate(models, PROMPTS[0], "large_model", max_new_tokens=30).token_ids
-    monkeypatch.setattr(engine, "verify_greedy", accept_everything)
+    monkeypatch.setattr(loop, "verify_greedy", accept_everything)
     for kind in ("suffix", "recycle"):
         corpus = corpus_for(models, PROMPTS[0], "large_model", {})
         out = generate(models, PROMPTS[0], "sd", 3, 30, method_args={"proposer": kind}, corpus=corpus.view("p"))
@@ -348,7 +348,7 @@ def test_the_check_fails_once_one_hot_proposals_go_unverified(small, monkeypatch
     def accept_all(target, proposed, draft, generator):
         return len(proposed), None
 
-    monkeypatch.setattr(engine, "verify_sampled", accept_all)
+    monkeypatch.setattr(loop, "verify_sampled", accept_all)
     expected = exact_joint("single", small[:1], T1, {}, REPEAT)
     for kind in ("suffix", "recycle"):
         counts = joint(small[:1], "sd", REPEAT, seeds=400, gamma=2, method_args={"proposer": kind})

@@ -72,7 +72,7 @@ def test_config_readme_is_generated_from_the_schema():
     for key in schema["properties"]:
         assert f"| `{key}` |" in text
     assert "| `timing.confidence` | number | 0.95 | of the speed-up intervals |" in text
-    assert "| `grids[].model_sets` | object |" in text and "| `models.<name>.engine` |" in text
+    assert "| `grids[].model_sets` | object |" in text and "| `models.<name>.runner` |" in text
     assert config_doc.main(["--check"]) == 0
 
 

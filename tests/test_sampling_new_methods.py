@@ -100,7 +100,7 @@ def test_the_check_sees_the_mixture_weights(models):
 def test_the_check_sees_a_drafter_position_verified_as_another_members(models, monkeypatch):
     """``we_me_sd`` with the drafter's own positions verified against the verifying member's ``p_k`` (so
     drawn from ``p_k`` instead of the drafter's own) must fail the check."""
-    from pipeline.decoding.engine import Decoder
+    from pipeline.decoding.loop import Decoder
     from pipeline.decoding.sampling import probs
 
     def verified_as_the_member(self, k):

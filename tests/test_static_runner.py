@@ -1,4 +1,4 @@
-"""The compiled engine (``static.py``): same tokens as the eager runner for every method, every
+"""The compiled runner (``static.py``): same tokens as the eager runner for every method, every
 bucket compiled once up front, nothing recompiled while decoding, and the distribution audit clean."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 from pipeline.decoding import generate
 from pipeline.decoding.audit import Audit
-from pipeline.decoding.runner import as_rows, engine_of, set_engine
+from pipeline.decoding.runner import as_rows, runner_of, set_runner
 from pipeline.decoding.spec import parse_method
 from pipeline.decoding.static import BUCKETS, StaticRunner, bucket, cache_len
 from pipeline.errors import ArgumentError
@@ -54,19 +54,19 @@ class CountingBackend:
 
 
 @pytest.fixture(scope="module")
-def engines():
+def runners():
     """Eager models and compiled copies of them (counting backend), every graph compiled up front."""
     target = tiny_llama(0, layers=2, hidden=32)
     eager = [target, perturbed(target, 0.08, seed=1), tiny_llama(2)]
     backend = CountingBackend()
-    compiled = [set_engine(copy.deepcopy(m), "compiled", backend=backend) for m in eager]
+    compiled = [set_runner(copy.deepcopy(m), "compiled", backend=backend) for m in eager]
     for m in compiled:
         StaticRunner(m, 32, max_len=60)
     return eager, compiled, backend
 
 
-def test_every_bucket_is_compiled_up_front(engines):
-    _, compiled, backend = engines
+def test_every_bucket_is_compiled_up_front(runners):
+    _, compiled, backend = runners
     # one graph per bucket and architecture (the target and its perturbed copy share theirs): past
     # dynamo's default limit of 8 graphs per function, where it would silently run the rest eagerly
     assert backend.graphs == len(BUCKETS) * 2 > 8
@@ -74,8 +74,8 @@ def test_every_bucket_is_compiled_up_front(engines):
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("method,which,gamma,args", CASES)
-def test_compiled_runner_emits_the_eager_runners_tokens(engines, method, which, gamma, args, temperature):
-    eager, compiled, backend = engines
+def test_compiled_runner_emits_the_eager_runners_tokens(runners, method, which, gamma, args, temperature):
+    eager, compiled, backend = runners
     if temperature == 0 and not parse_method(method).greedy_ok:
         pytest.skip(f"{method} samples only")
     before, calls = backend.graphs, backend.calls
@@ -90,8 +90,8 @@ def test_compiled_runner_emits_the_eager_runners_tokens(engines, method, which, 
     assert backend.calls > calls + len(PROMPTS), "the compiled graphs did not run"
 
 
-def test_audit_passes_over_long_outputs(engines):
-    eager, compiled, _ = engines
+def test_audit_passes_over_long_outputs(runners):
+    eager, compiled, _ = runners
     models = [compiled[0], compiled[1]]
     for method, gamma in [("sd", 3), ("we_se", [1, 3])]:
         result = generate(
@@ -105,7 +105,7 @@ def test_inductor_on_the_cpu_matches_eager():
     """The real compiler (inductor's C++ kernels) in float64: token for token the eager runner's output, a
     token tree's masked forwards included (prompt lookup's continuations as its branches)."""
     model = tiny_llama(5, layers=1, hidden=16)
-    fast = set_engine(copy.deepcopy(model), "compiled", backend="inductor")
+    fast = set_runner(copy.deepcopy(model), "compiled", backend="inductor")
     for method, models, gamma, args, tree in [
         ("large_model", [0], 1, {}, None),
         ("sd", [0], 3, {"proposer": "lookup"}, None),
@@ -136,7 +136,7 @@ def test_autotuned_cpu_kernels_emit_the_eager_runners_tokens():
     from torch._dynamo.utils import counters
 
     model = tiny_llama(5, layers=1, hidden=16).float()
-    fast = set_engine(copy.deepcopy(model), "compiled+autotune")
+    fast = set_runner(copy.deepcopy(model), "compiled+autotune")
     before = counters["inductor"]["cpp_templated_kernel_counter"]
     StaticRunner(fast, 32, max_len=60)  # compiles every bucket, for the cache size the generations use
     assert counters["inductor"]["cpp_templated_kernel_counter"] >= len(BUCKETS) > before
@@ -148,13 +148,13 @@ def test_buckets_and_cache_sizes():
     assert cache_len(10) == 256 and cache_len(257) == 512 and cache_len(512) == 512
 
 
-def test_an_unknown_engine_is_one_line():
-    with pytest.raises(ArgumentError, match="engine='fast': expected one of eager, compiled"):
-        set_engine(tiny_llama(0), "fast")
+def test_an_unknown_runner_is_one_line():
+    with pytest.raises(ArgumentError, match="runner='fast': expected one of eager, compiled"):
+        set_runner(tiny_llama(0), "fast")
 
 
-def test_the_cache_refuses_to_overflow(engines):
-    _, compiled, _ = engines
+def test_the_cache_refuses_to_overflow(runners):
+    _, compiled, _ = runners
     runner = StaticRunner(compiled[0], 32, max_len=60)
     with torch.inference_mode(), pytest.raises(ArgumentError, match="holds 60 positions"):
         runner.extend(list(range(30)), 1)
@@ -163,7 +163,7 @@ def test_the_cache_refuses_to_overflow(engines):
         runner.extend([1], 1)
 
 
-def test_device_and_engine_are_checked_in_one_line():
+def test_device_and_runner_are_checked_in_one_line():
     with pytest.raises(ModelError, match="device='gpu' for model 'm': expected cpu, cuda, cuda:N or auto"):
         ModelSpec("m", device="gpu").resolved_device()
     if not torch.cuda.is_available():
@@ -172,18 +172,18 @@ def test_device_and_engine_are_checked_in_one_line():
     assert ModelSpec("m", device="auto").resolved_device() == "auto"
 
 
-def test_a_model_loads_on_the_compiled_engine_and_spread_by_accelerate(tiny_dir, monkeypatch):
+def test_a_model_loads_on_the_compiled_runner_and_spread_by_accelerate(tiny_dir, monkeypatch):
     from transformers import AutoModelForCausalLM
 
     calls = []
     real = AutoModelForCausalLM.from_pretrained
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
-    model, _ = load_spec(ModelSpec("tiny", str(tiny_dir), engine="compiled", device="auto"))
-    assert engine_of(model) == ("compiled", None)
+    model, _ = load_spec(ModelSpec("tiny", str(tiny_dir), runner="compiled", device="auto"))
+    assert runner_of(model) == ("compiled", None)
     assert calls[-1]["device_map"] == "auto"  # accelerate places the layers (all on the CPU here)
     assert not any(isinstance(m, PackedLinear) for m in model.modules())  # inductor packs its own weights
     eager, _ = load_spec(ModelSpec("tiny", str(tiny_dir)))
-    assert engine_of(eager) == ("eager", None)
+    assert runner_of(eager) == ("eager", None)
     assert any(isinstance(m, PackedLinear) for m in eager.modules()) == cpu_kernels.available()
 
 
@@ -205,7 +205,7 @@ def test_models_on_different_devices_form_one_target():
     assert got.token_ids == want.token_ids
 
 
-# ---- token trees on the compiled engine ---------------------------------------------------------
+# ---- token trees on the compiled runner ---------------------------------------------------------
 
 TREE_CASES = [  # method, model indices, gamma, tree, gamma_schedule, method_args
     ("sd", [0, 1], 3, [3, 2, 1], "fixed", {}),
@@ -216,20 +216,20 @@ TREE_CASES = [  # method, model indices, gamma, tree, gamma_schedule, method_arg
 
 
 @pytest.fixture(scope="module")
-def tree_engines():
-    """As ``engines``, with a backend of their own: the masked graphs a tree compiles are counted apart."""
+def tree_runners():
+    """As ``runners``, with a backend of their own: the masked graphs a tree compiles are counted apart."""
     target = tiny_llama(0, layers=2, hidden=32)
     eager = [target, perturbed(target, 0.08, seed=1), tiny_llama(2)]
     backend = CountingBackend()
-    return eager, [set_engine(copy.deepcopy(m), "compiled", backend=backend) for m in eager], backend
+    return eager, [set_runner(copy.deepcopy(m), "compiled", backend=backend) for m in eager], backend
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("method,which,gamma,tree,schedule,args", TREE_CASES)
 def test_compiled_runner_decodes_trees_as_the_eager_one(
-    tree_engines, method, which, gamma, tree, schedule, args, temperature
+    tree_runners, method, which, gamma, tree, schedule, args, temperature
 ):
-    eager, compiled, backend = tree_engines
+    eager, compiled, backend = tree_runners
     if temperature == 0 and not parse_method(method).greedy_ok:
         pytest.skip(f"{method} samples only")
     kw = dict(gamma=gamma, method_args=args, temperature=temperature, seed=7, tree=tree, gamma_schedule=schedule)
@@ -252,7 +252,7 @@ def test_a_tree_compiles_its_masked_buckets_once_and_room_for_its_nodes():
 
     assert [bucket(k, TREE_BUCKETS) for k in (1, 3, 17, 33, 64, 65)] == [1, 4, 32, 64, 64, None]
     backend = CountingBackend()
-    model = set_engine(tiny_llama(3), "compiled", backend=backend)
+    model = set_runner(tiny_llama(3), "compiled", backend=backend)
     compile_ahead([model], [230], tree_tokens=16)  # the chain's cache (256) and the tree's (512)
     graphs = model.__dict__["_specens_static_graphs"]
     assert sorted(g.length for g in graphs) == [256, 512]
@@ -286,11 +286,11 @@ def tiny_of(family: str, seed: int) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize("family", ["opt", "qwen2"])
-def test_the_paper_grids_other_families_on_the_compiled_engine_emit_the_eager_runners_tokens(family):
-    """config/paper.yaml runs OPT and Qwen2 models on the compiled engine too: their static caches (learned
+def test_the_paper_grids_other_families_on_the_compiled_runner_emit_the_eager_runners_tokens(family):
+    """config/paper.yaml runs OPT and Qwen2 models on the compiled runner too: their static caches (learned
     positions for OPT) under the runner's cropping, graphs traced by dynamo (run eagerly here)."""
     eager = [tiny_of(family, 0), tiny_of(family, 1)]
-    compiled = [set_engine(copy.deepcopy(m), "compiled", backend="eager") for m in eager]
+    compiled = [set_runner(copy.deepcopy(m), "compiled", backend="eager") for m in eager]
     for method, which, gamma, args in [
         ("large_model", [0], 1, {}),
         ("sd", [0, 1], 3, {}),

@@ -101,12 +101,12 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_no_import_cycles_counting_annotation_only_imports():
     """A module imported for annotations only is still one a reader must read first: the decoder's modules (a loop,
     what it holds of each model, its proposers, its concurrent forwards, the token tree's loop that a method hands
-    the engine) form no circle that way either, with no exception listed."""
+    the Decoder) form no circle that way either, with no exception listed."""
     known = modules()
     graph = {name: imports(name, file, known, annotations=True) for name, file in known.items()}
     assert "pipeline.decoding.member" in graph["pipeline.decoding.proposers.base"]  # a type-only import is seen
     assert "pipeline.decoding.member" in graph["pipeline.decoding.parallel"]
-    assert "pipeline.decoding.engine" in graph["pipeline.decoding.tree.loop"]  # the loop annotates the Decoder it runs
+    assert "pipeline.decoding.loop" in graph["pipeline.decoding.tree.loop"]  # the loop annotates the Decoder it runs
     assert cycles(graph) == []
 
 
@@ -212,9 +212,9 @@ def test_the_floor_count_follows_the_longest_chain():
 
 
 def test_the_floor_rule_finds_an_arrow_up():
-    graph = {"pipeline.experiment.estimate": {"pipeline.bench.engines", "pipeline.measure.cost"}}
+    graph = {"pipeline.experiment.estimate": {"pipeline.bench.runners", "pipeline.measure.cost"}}
     assert arrows_up(graph) == [
-        "pipeline.experiment.estimate (experiment) imports pipeline.bench.engines (bench), a floor above"
+        "pipeline.experiment.estimate (experiment) imports pipeline.bench.runners (bench), a floor above"
     ]
 
 

@@ -482,14 +482,14 @@ def test_union_bench_rows_and_a_sentencepiece_twin(toks, hetero):
     assert rows[0]["speedup"] == 1.0 and "we_se" in render_table(rows)
 
 
-def test_compiled_engine_members_give_the_eager_tokens(toks, hetero):
-    """Union members on the static-cache engine (runs of several own tokens per union token, crops at union
-    boundaries) emit the eager engine's tokens, greedy and sampled."""
+def test_compiled_runner_members_give_the_eager_tokens(toks, hetero):
+    """Union members on the static-cache runner (runs of several own tokens per union token, crops at union
+    boundaries) emit the eager runner's tokens, greedy and sampled."""
     import copy
 
-    from pipeline.decoding.runner import set_engine
+    from pipeline.decoding.runner import set_runner
 
-    compiled = [set_engine(copy.deepcopy(m), "compiled", backend="eager") for m in hetero[:2]]
+    compiled = [set_runner(copy.deepcopy(m), "compiled", backend="eager") for m in hetero[:2]]
     prompt, tokenizers = toks[0].encode(PROMPT_TEXT), list(toks[:2])
     for kw in ({}, {"temperature": 1.0, "seed": 3}):
         for method, gamma in (("we", 1), ("we_se", [1, 3])):

@@ -1,10 +1,10 @@
-"""The product path on a GPU: ``pipeline generate`` on grid cells of random-weight models, per engine.
+"""The product path on a GPU: ``pipeline generate`` on grid cells of random-weight models, per runner.
 
 Random-weight Llama models of two shapes (a target and a draft, the bundled
 model's tokenizer and vocabulary) are saved as local model directories; grid
 cells (Spec-Bench prompts from a local data directory, T = 0, side by side with
 the standard method) run through ``run_cell``, the generation job itself, once
-per engine. Printed per cell: the side-by-side speed-up with its interval, τ,
+per runner. Printed per cell: the side-by-side speed-up with its interval, τ,
 flags, and exactness (the method's tokens against its baseline's, which must be
 identical at T = 0). Random weights make acceptance low: these are cost and
 correctness figures, not speed-ups a trained pair would reach.
@@ -27,7 +27,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from pipeline.bench.engines import build  # noqa: E402
+from pipeline.bench.runners import build  # noqa: E402
 
 # (method, baseline, method arguments, gamma); we_p runs the members' forwards on their own CUDA streams
 METHODS = [
@@ -36,7 +36,7 @@ METHODS = [
     ("we_se", "we", {"lambda": 0.5}, [1, 3]),
     ("we_p", "we", {"lambda": 0.5}, 1),
 ]
-# an engine row on accelerate's device_map="auto" (one GPU: all of it on cuda:0)
+# a runner row on accelerate's device_map="auto" (one GPU: all of it on cuda:0)
 DEVICES = {"eager+auto": ("eager", "auto")}
 
 
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--target", default="llama-1b")
     ap.add_argument("--draft", default="llama-68m")
-    ap.add_argument("--engines", nargs="+", default=["eager", "compiled", "eager+auto"])
+    ap.add_argument("--runners", nargs="+", default=["eager", "compiled", "eager+auto"])
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     args = ap.parse_args(argv)
@@ -94,10 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         for role, s in (("target", args.target), ("draft", args.draft))
     }
     results = []
-    for engine in args.engines:
-        runner, device = DEVICES.get(engine, (engine, args.device))
+    for row in args.runners:
+        runner, device = DEVICES.get(row, (row, args.device))
         specs = [
-            {"name": s, "source": str(d), "dtype": args.dtype, "device": device, "engine": runner}
+            {"name": s, "source": str(d), "dtype": args.dtype, "device": device, "runner": runner}
             for s, d in dirs.items()
         ]
         for method, baseline, margs, gamma in METHODS:
@@ -114,14 +114,14 @@ def main(argv: list[str] | None = None) -> int:
                 "baseline": baseline,
                 "baseline_args": margs,
             }
-            out = args.out / engine / f"{method}.jsonl"
+            out = args.out / row / f"{method}.jsonl"
             start = time.perf_counter()
             summary = run_cell(Cell.from_json(cell), out, progress=False)
             rows = [json.loads(line) for line in out.read_text().splitlines()]
             exact = sum(r["token_ids"] == r["baseline"]["token_ids"] for r in rows)
             results.append(
                 {
-                    "engine": engine,
+                    "runner": row,
                     "method": method,
                     "summary": summary,
                     "exact": [exact, len(rows)],
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             s = summary or {}
             ci = f"[{s.get('speedup_ci_low') or float('nan'):.2f}, {s.get('speedup_ci_high') or float('nan'):.2f}]"
             print(
-                f"{engine:9} {method:6} vs {baseline:11} {s.get('speedup_side_by_side') or float('nan'):.2f}x {ci} "
+                f"{row:9} {method:6} vs {baseline:11} {s.get('speedup_side_by_side') or float('nan'):.2f}x {ci} "
                 f"tok/s {s.get('tokens_per_s') or float('nan'):.1f} "
                 f"(baseline {s.get('baseline_tokens_per_s') or float('nan'):.1f}) "
                 f"tau {s.get('tau')} flags {s.get('flags')} "

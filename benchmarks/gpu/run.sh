@@ -4,11 +4,11 @@
 # trees and trees-compiled run the bundled model: it travels in two calls (benchmarks/gpu/bundled.sh says how)
 # Then on the GPU machine, from the repository root, with .gpu-carry carried:
 #   bash benchmarks/gpu/run.sh tests     # the GPU tests (~3 min on an H100)
-#   bash benchmarks/gpu/run.sh product   # generation jobs per engine, side by side, with exactness (~8 min)
-#     ENGINES="compiled eager" picks the engines and their order (default: eager compiled eager+auto)
-#   bash benchmarks/gpu/run.sh speed     # what a forward costs per engine and size, oracle drafts (~8 min)
+#   bash benchmarks/gpu/run.sh product   # generation jobs per runner, side by side, with exactness (~8 min)
+#     RUNNERS="compiled eager" picks the runners and their order (default: eager compiled eager+auto)
+#   bash benchmarks/gpu/run.sh speed     # what a forward costs per runner and size, oracle drafts (~8 min)
 #   bash benchmarks/gpu/run.sh trees     # token trees against chains of the same node budget (~4 min at 6 prompts)
-#   bash benchmarks/gpu/run.sh trees-compiled  # the same on the compiled engine (CUDA graphs; ~7 min)
+#   bash benchmarks/gpu/run.sh trees-compiled  # the same on the compiled runner (CUDA graphs; ~7 min)
 #   bash benchmarks/gpu/run.sh vllm      # vLLM beside ours (benchmarks/gpu/vllm.yaml): only where vLLM's GPU build can
 #                                        # be installed (a registry in reach; not this project's GPU sessions)
 #   bash benchmarks/gpu/run.sh           # all but vllm (~35 min: too long for one call)
@@ -24,25 +24,25 @@ part() { [ "$PART" = all ] && [ "$1" != vllm ] || [ "$PART" = "$1" ]; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv | tee -a "$OUT/gpu.txt"
 $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 if part tests; then
-  # 1. the tests that need a GPU: the real compiled engines and the members' streams against the eager runner
+  # 1. the tests that need a GPU: the real compiled runners and the members' streams against the eager runner
   timeout 220 $PY -m pytest tests/test_gpu.py tests/test_static_runner.py -m gpu -q -p no:cacheprovider 2>&1 \
     | tail -25 | tee "$OUT/tests.txt"
 fi
 if part product; then
-  # 2. the product path: generation jobs on grid cells per engine (eager, compiled, eager on device_map=auto), in float32,
+  # 2. the product path: generation jobs on grid cells per runner (eager, compiled, eager on device_map=auto), in float32,
   #    side by side with the standard method, with exactness (models written outside $OUT)
   timeout ${PRODUCT_TIMEOUT:-560} $PY benchmarks/gpu/product_path.py --carry .gpu-carry --out /tmp/product --device cuda \
-    --dtype float32 --engines ${ENGINES:-eager compiled eager+auto} 2>&1 | grep -v "^ *[0-9]*%|" | tee "$OUT/product.txt"
+    --dtype float32 --runners ${RUNNERS:-eager compiled eager+auto} 2>&1 | grep -v "^ *[0-9]*%|" | tee "$OUT/product.txt"
   cp /tmp/product/product_path.json "$OUT/" 2>/dev/null
 fi
 if part speed; then
-  # 3. tokens/s, the bandwidth bound and the cost of k new tokens, per size and engine, in bfloat16
-  timeout 400 $PY -m pipeline.bench.engines --device cuda --shapes llama-68m llama-1b llama-7b --dtype bfloat16 \
-    --engines eager compiled --repeats 5 --new-tokens 64 \
-    --json "$OUT/engines.json" 2>&1 | grep -v "it/s\]" | tee "$OUT/engines.txt"
+  # 3. tokens/s, the bandwidth bound and the cost of k new tokens, per size and runner, in bfloat16
+  timeout 400 $PY -m pipeline.bench.runners --device cuda --shapes llama-68m llama-1b llama-7b --dtype bfloat16 \
+    --runners eager compiled --repeats 5 --new-tokens 64 \
+    --json "$OUT/runners.json" 2>&1 | grep -v "it/s\]" | tee "$OUT/runners.txt"
   # 4. oracle drafts against the cost model, in float32 (in bfloat16 sd's greedy tokens drift from the target's)
-  timeout 170 $PY -m pipeline.bench.engines --device cuda --shapes llama-68m llama-1b --dtype float32 \
-    --engines eager --repeats 3 --new-tokens 64 --ks 1 4 --pairs llama-1b:llama-68m --accept 0.5 0.8 0.95 --gamma 3 \
+  timeout 170 $PY -m pipeline.bench.runners --device cuda --shapes llama-68m llama-1b --dtype float32 \
+    --runners eager --repeats 3 --new-tokens 64 --ks 1 4 --pairs llama-1b:llama-68m --accept 0.5 0.8 0.95 --gamma 3 \
     --json "$OUT/pairs.json" 2>&1 | grep -v "it/s\]" | tee "$OUT/pairs.txt"
 fi
 if part trees; then
@@ -61,10 +61,10 @@ print('draft', ensure_draft(BUNDLED, Recipe(layers=2)), f'ready in {time.perf_co
     --json "$OUT/trees.json" 2>&1 | grep -v "it/s\]" | tee "$OUT/trees.txt"
 fi
 if part trees-compiled; then
-  # 6. the same pair on the compiled engine: chains and trees as CUDA graphs (a tree's masked forwards in buckets
+  # 6. the same pair on the compiled runner: chains and trees as CUDA graphs (a tree's masked forwards in buckets
   #    up to its node count), compiled before the timed runs
   #    (2026-11-27, H200: with 4 prompts it had not printed its table after 430 s; give it a call of its own)
-  timeout ${TREES_TIMEOUT:-560} $PY -m pipeline.bench --device cuda --engine compiled --groups sd we --methods sd \
+  timeout ${TREES_TIMEOUT:-560} $PY -m pipeline.bench --device cuda --runner compiled --groups sd we --methods sd \
     we_se --gamma 3 --dynamic --tree 3x2x1 d16 --prompts ${TREES_PROMPTS:-6} --max-new-tokens 128 \
     --record /tmp/trees-record \
     --json "$OUT/trees-compiled.json" 2>&1 | grep -v "it/s\]" | tee "$OUT/trees-compiled.txt"

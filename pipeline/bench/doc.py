@@ -1,4 +1,4 @@
-"""docs/benchmarks.md from the benchmark records (benchmarks/*.json, benchmarks/engines/*.json) and what each one
+"""docs/benchmarks.md from the benchmark records (benchmarks/*.json, benchmarks/runners/*.json) and what each one
 is (benchmarks/notes.yaml), so a figure on that page cannot drift from the run that produced it (a test
 regenerates the page and compares).
 
@@ -31,7 +31,7 @@ Generated from the records under `benchmarks/` and their descriptions in `benchm
 
 Each run of `python -m pipeline.bench` (`make bench`) is recorded as `benchmarks/<UTC time>-<commit>.json`: the
 machine, the settings, every row it printed and every per-prompt time, and whether the tree was dirty; each run
-of `python -m pipeline.bench.engines` that is kept lies under `benchmarks/engines/`. How the figures are measured
+of `python -m pipeline.bench.runners` that is kept lies under `benchmarks/runners/`. How the figures are measured
 is in [speed.md](speed.md); the GPU figures are in [cluster.md](cluster.md#the-h100-figures).
 
 Columns of a benchmark table: tok/s is total new tokens over total wall time of the prompts; speed-up is over
@@ -90,18 +90,19 @@ def bench_table(record: dict[str, Any]) -> list[str]:
     return lines
 
 
-def engines_table(record: dict[str, Any]) -> list[str]:
-    engines = record["engines"]
-    ks = sorted({int(k) for e in engines for k in e["ms_per_forward"]} - {1})
-    first = engines[0]["engine"]
-    head = ["shape", "engine", "tok/s (bound)", "ms, 1 token", f"k = {' / '.join(map(str, ks))} over 1"]
+def runners_table(record: dict[str, Any]) -> list[str]:
+    rows = record["runners"] if "runners" in record else record["engines"]  # the records of before the rename
+    runner = "runner" if "runners" in record else "engine"
+    ks = sorted({int(k) for e in rows for k in e["ms_per_forward"]} - {1})
+    first = rows[0][runner]
+    head = ["shape", "runner", "tok/s (bound)", "ms, 1 token", f"k = {' / '.join(map(str, ks))} over 1"]
     head += [f"tok/s over {first}", f"1-token forward over {first}"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for e in engines:
+    for e in rows:
         ms = e["ms_per_forward"]
         ratios = " / ".join(f"{ms[str(k)] / ms['1']:.2f}" for k in ks)
         speed, forward = (fmt(*(e.get(key) or [None])) for key in ("speedup", "forward_speedup"))
-        cells = [e["shape"], f"`{e['engine']}`", f"{e['tokens_per_s']:.1f} ({e['bound_tokens_per_s']:.1f})"]
+        cells = [e["shape"], f"`{e[runner]}`", f"{e['tokens_per_s']:.1f} ({e['bound_tokens_per_s']:.1f})"]
         cells += [f"{ms['1']:.2f}", ratios, "" if speed == "-" else speed, "" if forward == "-" else forward]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -134,7 +135,7 @@ def settings_line(record: dict[str, Any]) -> str:
 
 
 def records() -> list[Path]:
-    return sorted(RECORDS.glob("*.json")) + sorted((RECORDS / "engines").glob("*.json"))
+    return sorted(RECORDS.glob("*.json")) + sorted((RECORDS / "runners").glob("*.json"))
 
 
 def load_notes() -> dict[str, dict[str, str]]:
@@ -162,7 +163,7 @@ def render_page() -> str:
         if settings:
             lines[-1] += " " + settings
         lines += ["", "```bash", note["command"].strip(), "```", ""]
-        lines += bench_table(record) if "rows" in record else engines_table(record)
+        lines += bench_table(record) if "rows" in record else runners_table(record)
         lines += ["", note["note"].strip()]
     return "\n".join(lines) + "\n"
 

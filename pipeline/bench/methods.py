@@ -33,7 +33,7 @@ from pipeline.bench.variants import Variant, select, variants
 from pipeline.decoding import generate
 from pipeline.decoding.corpus import Corpus
 from pipeline.decoding.proposers import parse_proposer
-from pipeline.decoding.runner import ENGINES, set_engine
+from pipeline.decoding.runner import RUNNERS, set_runner
 from pipeline.decoding.spec import PEERS, proposer_kinds
 from pipeline.errors import ArgumentError
 from pipeline.files import ResultsError, write_atomic
@@ -129,14 +129,14 @@ def proposer_arg(text: str) -> str:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def compiled_engine(engine: str, models: list, tokenizer, prompts: list[str], args) -> None:
-    """Put ``models`` on a compiled engine and compile, before anything is timed, the graphs the runs use
+def compiled_runner(runner: str, models: list, tokenizer, prompts: list[str], args) -> None:
+    """Put ``models`` on a compiled runner and compile, before anything is timed, the graphs the runs use
     (the largest tree's masked forwards included)."""
     from pipeline.decoding.static import compile_ahead
     from pipeline.decoding.tree.loop import parse_tree
 
     for model in models:
-        set_engine(model, engine)
+        set_runner(model, runner)
     lengths = [len(tokenizer(p).input_ids) + n + 1 for p in prompts for n in (8, args.max_new_tokens)]
     compile_ahead(models, lengths, tree_tokens=max((parse_tree(t).nodes + 1 for t in args.tree), default=0))
 
@@ -202,10 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--no-pack", action="store_true", help="keep nn.Linear (MKL) instead of prepacked oneDNN layers")
     ap.add_argument(
-        "--engine",
+        "--runner",
         default="eager",
-        choices=ENGINES,
-        help="the engine of the target and the draft (default eager; compiled: static cache, graphs compiled first)",
+        choices=RUNNERS,
+        help="the runner of the target and the draft (default eager; compiled: static cache, graphs compiled first)",
     )
     ap.add_argument("--device", default="cpu", help="where the models run (default cpu; cuda on a GPU machine)")
     ap.add_argument("--json", type=Path, help="also write the table as JSON here")
@@ -245,8 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     kernels = "MKL (nn.Linear)"
-    if args.engine != "eager":  # inductor packs its own weights
-        kernels = f"engine {args.engine}"
+    if args.runner != "eager":  # inductor packs its own weights
+        kernels = f"runner {args.runner}"
     elif not args.no_pack and args.device == "cpu" and cpu_kernels.available():
         cpu_kernels.pack_linears(target)
         cpu_kernels.pack_linears(draft)
@@ -264,8 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         trees=args.tree,
     )
     vs = select(every, args.groups, args.methods)
-    if args.engine != "eager":
-        compiled_engine(args.engine, [target, draft, getattr(draft, "base", draft)], tokenizer, prompts, args)
+    if args.runner != "eager":
+        compiled_runner(args.runner, [target, draft, getattr(draft, "base", draft)], tokenizer, prompts, args)
     print(
         f"target: bundled SmolLM2-135M-Instruct (float32, {args.device}, {torch.get_num_threads()} threads); "
         f"draft: {draft_desc}; proposer: {' / '.join(args.proposer)}; linear kernels: {kernels}"

@@ -27,7 +27,7 @@ from .commands import THREADS, arg, command, inline_json, name_text, named_optio
     ),
 )
 def cmd_models(args: argparse.Namespace) -> int:
-    from ..decoding.runner import engine_of
+    from ..decoding.runner import runner_of
     from ..measure.forward_timing import forward_costs
     from ..models import default_models, load_spec, parse_model
 
@@ -38,7 +38,7 @@ def cmd_models(args: argparse.Namespace) -> int:
         model, tok = load_spec(spec)
         params = sum(p.numel() for p in model.parameters())
         head = f"{len(model.kept)} ids" if getattr(model, "restricted_vocab", False) else "full"
-        one, four = forward_costs(model, engine_of(model)[0], [1, 4], context=128, repeats=5).values()
+        one, four = forward_costs(model, runner_of(model)[0], [1, 4], context=128, repeats=5).values()
         dtype = next(model.parameters()).dtype
         print(
             f"| {spec.name} | {params / 1e6:.1f}M | {len(tok)} | {head} | {str(dtype).removeprefix('torch.')} "
@@ -109,8 +109,11 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     from ..models import ModelError, ModelSpec, load_spec, read_meta, resolve
     from ..models.cache import META
     from ..models.resolve import ensure_head
+    from ..models.spec import check_renamed
 
     data = inline_json(args.spec, "model spec")
+    if isinstance(data, dict):
+        check_renamed(data)
     try:
         spec = ModelSpec(**data)
     except TypeError as err:
@@ -201,17 +204,17 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     arg(
         "--efficiency",
         type=number(0, 1, low_open=True),
-        help="fraction of the bandwidth bound every model's forwards reach, whatever its engine (default: printed)",
+        help="fraction of the bandwidth bound every model's forwards reach, whatever its runner (default: printed)",
     ),
     arg(
         "--floor-ms",
         type=number(0),
-        help="least time of a forward (default: 2.4 ms on a GPU, 0.75 on its compiled engine, 0 on the cpu)",
+        help="least time of a forward (default: 2.4 ms on a GPU, 0.75 on its compiled runner, 0 on the cpu)",
     ),
     arg(
         "--compile-s",
         type=number(0),
-        help="seconds a generation job on the compiled engine spends compiling (default: printed)",
+        help="seconds a generation job on the compiled runner spends compiling (default: printed)",
     ),
     arg("--json", action="store_true", help="machine-readable output"),
 )
@@ -242,7 +245,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     unknown = [p for i in infos.values() if i.config is None for p in i.problems or [f"{i.name}: {i.where}"]]
     if unknown:  # shapes are all it needs (a missing tokenizer is the preflight's to report)
         raise UserError(f"{unknown[0]} ({len(unknown)} without shapes; 'pipeline preflight {args.config}' lists all)")
-    # models on a compiled engine, on a GPU: that engine's figures (--efficiency, --floor-ms: every model's) and
+    # models on a compiled runner, on a GPU: that runner's figures (--efficiency, --floor-ms: every model's) and
     # its compiling per job (--compile-s)
     compiled = None
     if not name.startswith("cpu"):
@@ -252,7 +255,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             COMPILE_S if args.compile_s is None else args.compile_s,
         )
     result = forecast(config, cells, infos, gpu, efficiency, floor, acceptance, compiled)
-    shown = compiled if any(m.engine != "eager" for c in cells.values() for m in c.cell.models) else None
+    shown = compiled if any(m.runner != "eager" for c in cells.values() for m in c.cell.models) else None
     if args.json:
         print(json.dumps(as_json(result, name, gpu, efficiency, floor, acceptance, shown), indent=2))
         return 0

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 
 from ..errors import ArgumentError
-from .engine import DynamicGamma
 from .ensemble import finite
+from .loop import DynamicGamma
 from .sampling import Sampling
 from .spec import MethodSpec, is_int
 

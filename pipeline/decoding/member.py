@@ -1,4 +1,4 @@
-"""What the decoding loops (``engine.py``) hold of each model and how they stop.
+"""What the decoding loops (``loop.py``) hold of each model and how they stop.
 
 A ``Member`` is one model's runner plus the logits rows it computed for
 positions not yet committed, so that a row is never computed twice; a

@@ -28,9 +28,9 @@ from .checks import (
     prompt_list,
 )
 from .corpus import CorpusView
-from .engine import Decoder
 from .ensemble import single_model
 from .joined import Joined, join
+from .loop import Decoder
 from .member import Member, Stopper
 from .parallel import ConcurrentForwards
 from .peers import run_peer
@@ -142,7 +142,7 @@ def plan_method(
 
 
 def _schedule(kind: ProposerKind, targets: list[int], drafters: list[int], gammas: list[int]) -> list[Turn]:
-    """The turns of a speculative method (see ``engine.py``): ``drafters`` propose in turn, ``gammas``
+    """The turns of a speculative method (see ``loop.py``): ``drafters`` propose in turn, ``gammas``
     tokens each; the other target models only verify. Without ``draft`` in the proposer kind no model
     drafts: one turn proposes the first drafter's gamma, then every target model verifies."""
     named = kind.named
@@ -249,7 +249,7 @@ def generate(
     ``models`` are loaded causal LMs in the order the method names them (``[target, draft]`` for ``sd``,
     ``[expert, amateur]`` for ``cd*``, the weight order for ``we*``; ``large_model`` runs ``models[0]``,
     ``small_model`` ``models[-1]``). ``gamma`` is an int, or for ``*_se`` one per model; ``gamma_schedule="dynamic"``
-    lets each proposer's gamma move between rounds (``engine.DynamicGamma``; speculative methods only, the largest
+    lets each proposer's gamma move between rounds (``loop.DynamicGamma``; speculative methods only, the largest
     model's excepted: ``fixed_turns``). ``method_args``: the ensemble's parameters, ``first_proposer`` and
     ``proposer`` (``draft``, ``lookup``, ``suffix``, ``lookup+draft``, ...: ``proposers.parse_proposer``). ``tree``
     drafts a token tree per round instead of a chain (``tree/loop.py``). ``corpus``: what ``suffix`` and ``recycle``

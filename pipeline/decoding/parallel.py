@@ -12,12 +12,12 @@ all of them are done.
   the device (or on several devices) while the host launches the next one.
   Threads are not used for GPU members: a forward launched from a second
   thread gains nothing over an asynchronous launch, contends for the GIL with
-  the first, and CUDA graphs recorded on one thread (the compiled engines')
+  the first, and CUDA graphs recorded on one thread (the compiled runners')
   are not to be replayed or re-recorded from another. Once every member is
   launched, the calling thread waits for each member's stream; a member's
   ``forward_time_s`` is its launch time plus that common wait, so overlapping
   forwards are counted in each.
-  Members on the compiled engine are the exception: inductor's CUDA graphs
+  Members on the compiled runner are the exception: inductor's CUDA graphs
   of one device share one memory pool, each graph's buffers placed on the
   assumption that the graphs run one after another, so two replayed at the
   same time on two streams overwrite each other's intermediates (NaN logits
@@ -52,7 +52,7 @@ def _model_runner(member: Member):
 
 
 def _graphed(member: Member) -> bool:
-    """Whether the member's forwards replay CUDA graphs from the device's shared pool (the compiled engine)."""
+    """Whether the member's forwards replay CUDA graphs from the device's shared pool (the compiled runner)."""
     from .static import StaticRunner
 
     return isinstance(_model_runner(member), StaticRunner)

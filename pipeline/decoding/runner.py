@@ -3,7 +3,7 @@
 ``extend(tokens, keep)`` feeds ``k`` new tokens and returns the logits rows that
 predict the token after each of the last ``keep`` of them; ``crop(length)``
 forgets everything after the first ``length`` tokens. Methods never touch
-model internals, so another engine is another runner. A token tree
+model internals, so another way of running a model is another runner. A token tree
 (``tree/loop.py``) also needs ``extend_masked``: tokens at given positions under
 a given attention mask, and the K/V of ``cache.layers`` to compact.
 """
@@ -20,7 +20,7 @@ from torch import Tensor
 from ..errors import ArgumentError
 from .stats import ModelStats
 
-ENGINES = ("eager", "compiled", "compiled+autotune")  # every engine but eager runs a StaticRunner
+RUNNERS = ("eager", "compiled", "compiled+autotune")  # every runner but eager is a StaticRunner
 
 
 class Runner(Protocol):
@@ -102,16 +102,16 @@ def as_rows(logits: Tensor, device: torch.device, copy: bool = False) -> Tensor:
     return logits.to(device=device, dtype=dtype, copy=copy)
 
 
-def set_engine(model: torch.nn.Module, engine: str, backend: str | None = None) -> torch.nn.Module:
+def set_runner(model: torch.nn.Module, runner: str, backend: str | None = None) -> torch.nn.Module:
     """Choose the runner a model decodes with: ``eager`` (``HFRunner``), ``compiled`` (``StaticRunner``;
     ``backend``: a ``torch.compile`` backend, default inductor) or ``compiled+autotune`` (the same, its
     matrix products chosen by inductor's autotuning; see ``static.py``)."""
-    if engine not in ENGINES:
-        raise ArgumentError(f"engine={engine!r}: expected one of {', '.join(ENGINES)}")
-    model.__dict__["_specens_engine"] = (engine, backend)
+    if runner not in RUNNERS:
+        raise ArgumentError(f"runner={runner!r}: expected one of {', '.join(RUNNERS)}")
+    model.__dict__["_specens_runner"] = (runner, backend)
     return model
 
 
-def engine_of(model: torch.nn.Module) -> tuple[str, str | None]:
-    """The engine and compile backend chosen for ``model`` (``set_engine``; default eager)."""
-    return model.__dict__.get("_specens_engine", ("eager", None))
+def runner_of(model: torch.nn.Module) -> tuple[str, str | None]:
+    """The runner and compile backend chosen for ``model`` (``set_runner``; default eager)."""
+    return model.__dict__.get("_specens_runner", ("eager", None))

@@ -1,4 +1,4 @@
-"""The compiled engine: a static KV cache and ``torch.compile``d forwards, one graph per bucket of new tokens.
+"""The compiled runner: a static KV cache and ``torch.compile``d forwards, one graph per bucket of new tokens.
 
 An eager forward at batch size 1 is bound by kernel launches and Python on a
 GPU; a forward over a preallocated cache with fixed shapes can be captured
@@ -31,14 +31,14 @@ What that takes, and how this runner does it:
 matrix products (``max-autotune``). On a CPU it freezes the weights into the
 graph and packs them for inductor's own C++ matrix kernels, which on a
 matrix-vector product read the weights about as fast as a plain sum does
-(the bundled model, 2 cores: 1.64x the tokens/s of the eager engine with
+(the bundled model, 2 cores: 1.64x the tokens/s of the eager runner with
 oneDNN-prepacked layers, 1.94x per one-token forward; docs/benchmarks.md,
-benchmarks/engines/). The price: compiling takes minutes per model (about 18 for
+benchmarks/runners/). The price: compiling takes minutes per model (about 18 for
 SmolLM2-135M on 2 cores, 3 for its 2-layer draft) and each bucket's graph
 holds its own packed copy of the weights.
 
 Sliding-window layers roll their buffer and cannot be rolled back, so
-models with them are refused; run them with ``engine: eager``.
+models with them are refused; run them with ``runner: eager``.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ArgumentError
-from .runner import HFRunner, Runner, additive_mask, as_rows, engine_of
+from .runner import HFRunner, Runner, additive_mask, as_rows, runner_of
 from .stats import ModelStats
 
 BUCKETS = (1, 2, 4, 8, 16)
@@ -79,8 +79,8 @@ class _Graphs:
 
         if any(t != "full_attention" for t in getattr(model.config, "layer_types", None) or ["full_attention"]):
             raise ArgumentError(
-                f"engine 'compiled' needs full-attention layers; {type(model).__name__} has sliding-window "
-                "layers (use engine: eager)"
+                f"runner 'compiled' needs full-attention layers; {type(model).__name__} has sliding-window "
+                "layers (use runner: eager)"
             )
         self.model, self.length, self.backend, self.autotune = model, length, backend, autotune
         self.busy = False
@@ -168,13 +168,13 @@ def _make_room(count: int) -> None:
 
 
 def lease(model: torch.nn.Module, needed: int) -> _Graphs:
-    """A free static cache of ``model`` for ``needed`` positions, with its graphs for the model's engine
+    """A free static cache of ``model`` for ``needed`` positions, with its graphs for the model's runner
     (made on first use and kept on the model; a model used twice in one generation, as its own draft,
     gets two)."""
     pool: list[_Graphs] = model.__dict__.setdefault("_specens_static_graphs", [])
     length = cache_len(needed)
-    engine, backend = engine_of(model)
-    autotune = engine == "compiled+autotune"
+    runner, backend = runner_of(model)
+    autotune = runner == "compiled+autotune"
     same = (length, backend, autotune)
     graphs = next((g for g in pool if (g.length, g.backend, g.autotune) == same and not g.busy), None)
     if graphs is None:
@@ -186,9 +186,9 @@ def lease(model: torch.nn.Module, needed: int) -> _Graphs:
 
 def compile_ahead(models, lengths, tree_tokens: int = 0) -> None:
     """Compile, before anything is timed, the graphs every generation of up to ``lengths`` positions
-    will use (one cache size each) for the models on the compiled engine; ``tree_tokens``: also the masked
+    will use (one cache size each) for the models on the compiled runner; ``tree_tokens``: also the masked
     forwards of a token tree of that many nodes and its root."""
-    for model in {id(m): m for m in models if engine_of(m)[0] != "eager"}.values():
+    for model in {id(m): m for m in models if runner_of(m)[0] != "eager"}.values():
         chains = {cache_len(n + BUCKETS[-1]) for n in lengths}
         trees = {cache_len(n + tree_tokens + BUCKETS[-1]) for n in lengths} if tree_tokens else set()
         for size in sorted(chains | trees):
@@ -293,8 +293,8 @@ class StaticRunner:
 def make_runner(
     model: torch.nn.Module, vocab_size: int, stats: ModelStats, max_len: int, out_device: torch.device
 ) -> Runner:
-    """The runner of the engine chosen for ``model`` (eager unless ``set_engine`` said otherwise);
+    """The runner chosen for ``model`` (eager unless ``set_runner`` said otherwise);
     ``max_len``: the most positions one generation feeds it."""
-    if engine_of(model)[0] != "eager":
+    if runner_of(model)[0] != "eager":
         return StaticRunner(model, vocab_size, max_len, stats, out_device=out_device)
     return HFRunner(model, vocab_size, stats, out_device=out_device)

@@ -211,6 +211,13 @@ def schema_errors(config: dict[str, Any], schema: dict[str, Any]) -> list[str]:
             allowed = sorted(error.schema.get("properties", {}))
             extra = sorted(set(error.instance) - set(allowed))
             place = "" if where == "(top level)" else f" in {where}"
+            path = list(error.absolute_path)
+            if len(path) == 2 and path[0] == "models":  # a key renamed since: what it is called now
+                from ..models.spec import renamed_key
+
+                if renamed := renamed_key(path[1], extra):
+                    lines.append(renamed)
+                    continue
             lines.append(f"unknown config key {extra[0]!r}{place}; accepted: {', '.join(allowed)}")
         elif error.validator == "required":
             lines.append(f"config key {where}: {error.message}; it needs {_accepted(error, schema)}")

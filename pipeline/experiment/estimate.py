@@ -29,7 +29,7 @@ class Gpu:
 # From the public datasheets: NVIDIA A100 (SXM, 40/80 GB), H100 (SXM5), H200 (SXM), L40S, A10 (the A10G is
 # its cloud variant: same 24 GB and 600 GB/s), V100 (SXM2 32 GB), and the Ada Lovelace whitepaper (GeForce
 # RTX 4090, bfloat16 with float32 accumulation). 'cpu': this project's 2-core machine, as measured with
-# pipeline.bench.engines.bandwidth (16 GB/s for one thread, one generation job of the default config) and a
+# pipeline.bench.runners.bandwidth (16 GB/s for one thread, one generation job of the default config) and a
 # float32 matrix product (0.16 TFLOP/s for one thread).
 GPUS = {
     "a100-40gb": Gpu(40, 1555, 312),
@@ -43,16 +43,16 @@ GPUS = {
     "cpu": Gpu(23, 16, 0.16),
 }
 ACCEPTANCE = 0.7  # assumed per-token acceptance of a proposal when nothing better is known
-# The fraction of the bandwidth bound the default (eager) engine reaches, and the least a forward costs (kernel
+# The fraction of the bandwidth bound the default (eager) runner reaches, and the least a forward costs (kernel
 # launches): on an H100, 0.20 for the 7B shape and 2.4 ms for the 68M one (docs/cluster.md: The H100 figures); on the
 # 'cpu' above, one thread, eager+pack, the bundled model: 57.4 ms a token against 33.7 at the bound.
 EFFICIENCY, FLOOR_MS = {"cpu": 0.59}, {"cpu": 0.0}
 GPU_EFFICIENCY, GPU_FLOOR_MS = 0.2, 2.4
-# The compiled engine on a GPU (CUDA graphs): 0.57 of the bound for 7B and 0.75 ms for the 68M shape on an H100, and
+# The compiled runner on a GPU (CUDA graphs): 0.57 of the bound for 7B and 0.75 ms for the 68M shape on an H100, and
 # what each generation job spends compiling before it times anything: 300 s for a 1B target with a 68M draft
 # (float32, 16 CPU cores; docs/cluster.md: The H100 figures), a lower bound for larger models and longer prompts
-# (more layers, more cache sizes). Models on the compiled engine are forecast with these on a GPU; on the 'cpu'
-# every engine has its figures above (its compile, minutes per model, is not counted).
+# (more layers, more cache sizes). Models on the compiled runner are forecast with these on a GPU; on the 'cpu'
+# every runner has its figures above (its compile, minutes per model, is not counted).
 COMPILED_EFFICIENCY, COMPILED_FLOOR_MS, COMPILE_S = 0.57, 0.75, 300.0
 PROMPT_TOKENS = 512  # prompt tokens per example, for the prefill (compute bound)
 KV_PROMPT_TOKENS = 2048  # the prompt length a KV cache is sized for in the memory check (beside max_new_tokens)
@@ -199,7 +199,7 @@ def forecast(
     compiled: tuple[float, float, float] | None = None,
 ) -> dict:
     """Jobs per rule, and the hours of each cell's generation job and of all of them; ``compiled``: the
-    efficiency, least forward time in ms and compile seconds per job of members on a compiled engine (None:
+    efficiency, least forward time in ms and compile seconds per job of members on a compiled runner (None:
     the same figures as every other member, no compile time)."""
     hours: dict[str, float] = {}
     for cell_id, c in cells.items():
@@ -208,7 +208,7 @@ def forecast(
         cell, members = c.cell, [infos[n] for n in c.dims.models]
         if any(m.read_bytes() is None for m in members):
             raise UserError(f"cell {cell_id}: the shapes of {', '.join(m.name for m in members)} are not known here")
-        graphed = [compiled is not None and spec.engine != "eager" for spec in cell.models]
+        graphed = [compiled is not None and spec.runner != "eager" for spec in cell.models]
         t = [
             max(
                 m.read_bytes() / (gpu.bandwidth_gb_s * 1e9 * (compiled[0] if g else efficiency)),
@@ -264,9 +264,9 @@ def settings_line(
 ) -> str:
     compute = f"{gpu.tflops:g} TFLOP/s" if gpu.tflops else "no TFLOP/s known (prefill not counted)"
     forwards = f"forwards at {efficiency:.0%} of the bandwidth bound, at least {floor_ms:g} ms"
-    if compiled is not None:  # some model of the config is on the compiled engine
+    if compiled is not None:  # some model of the config is on the compiled runner
         forwards = (
-            f"{forwards} on the eager engine; on the compiled one at {compiled[0]:.0%}, at least {compiled[1]:g} ms, "
+            f"{forwards} on the eager runner; on the compiled one at {compiled[0]:.0%}, at least {compiled[1]:g} ms, "
             f"and {compiled[2]:g} s of compiling per generation job"
         )
     return (

@@ -21,7 +21,7 @@ from tasks import get_task, render
 from ..decoding import generate
 from ..decoding.corpus import Corpus
 from ..decoding.proposers import capabilities, parse_proposer
-from ..decoding.runner import engine_of
+from ..decoding.runner import runner_of
 from ..decoding.spec import parse_method
 from ..decoding.static import compile_ahead
 from ..decoding.tree.loop import parse_tree
@@ -132,7 +132,7 @@ def our_runs(cell: Cell, stack: ExitStack):
     def prepared(prompts: dict[str, list[int]]) -> dict[str, Any]:
         nodes = parse_tree(cell.tree).nodes + 1 if cell.tree is not None else 0  # a tree's masked forwards too
         compile_ahead(models, [len(p) + cell.max_new_tokens + 1 for p in prompts.values()], tree_tokens=nodes)
-        return provenance(next(models[0].parameters()).device, {engine_of(m)[0] for m in models})
+        return provenance(next(models[0].parameters()).device, {runner_of(m)[0] for m in models})
 
     run.corpus = job_corpus(cell, "tokenizers" in vocabulary, len(tokenizer)) if reads_corpus(cell) else None
     return run, tokenizer, prepared

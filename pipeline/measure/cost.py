@@ -10,7 +10,7 @@ What differs is how ``τ`` and the round's cost are known:
 * ``predicted_speedup``: counted forwards of a measured run, each priced at the model's measured cost of one
   forward (the cell's ``predicted_speedup``, docs/speed.md);
 * ``chain_speedup``: a chain of ``γ`` drafts accepted independently with probability ``a`` (the expected
-  ``τ = (1 - a^(γ+1)) / (1 - a)``), at forward costs timed per ``k`` new tokens (``bench/engines.py``, and the
+  ``τ = (1 - a^(γ+1)) / (1 - a)``), at forward costs timed per ``k`` new tokens (``bench/runners.py``, and the
   forecast ``experiment/estimate.py``);
 * ``round_speedup``: a token tree with ``N`` nodes, ``D`` drafter forwards of ``w`` tokens, at costs that are a
   line ``a + b k`` in the ``k`` new tokens of a forward (``fit``, through forwards timed over a context,

@@ -20,7 +20,7 @@ def load(
     device: str | torch.device = "cpu",
     full_head: bool = False,
     pack: bool | None = None,
-    engine: str = "eager",
+    runner: str = "eager",
 ):
     """Load a local model directory and its tokenizer for inference.
 
@@ -28,13 +28,13 @@ def load(
     accelerate's ``device_map="auto"``, for a model larger than one GPU);
     ``full_head`` ignores a distilled draft's restricted head; ``pack`` swaps
     the linear layers for oneDNN-prepacked ones (``cpu_kernels.py``; default:
-    on for float32 on the CPU with the eager engine, where it makes a forward
-    of 1-4 tokens cost about the same); ``engine`` picks the decoder's runner
+    on for float32 on the CPU with the eager runner, where it makes a forward
+    of 1-4 tokens cost about the same); ``runner`` picks the decoder's runner
     (``eager`` or ``compiled``, ``pipeline/decoding/static.py``).
     """
     from transformers import AutoModelForCausalLM
 
-    from ..decoding.runner import set_engine
+    from ..decoding.runner import set_runner
 
     path = Path(path)
     tokenizer = load_tokenizer(path)  # first: it costs less than the weights
@@ -72,12 +72,12 @@ def load(
 
         model = RestrictedHeadLM(model, head_tokens(head_file, model)).eval()
     if pack is None:
-        pack = dtype == torch.float32 and device != "auto" and torch.device(device).type == "cpu" and engine == "eager"
+        pack = dtype == torch.float32 and device != "auto" and torch.device(device).type == "cpu" and runner == "eager"
     if pack:
         from .cpu_kernels import pack_linears
 
         pack_linears(model)
-    return set_engine(model, engine), tokenizer
+    return set_runner(model, runner), tokenizer
 
 
 def load_tokenizer(path: str | Path):

@@ -52,7 +52,7 @@ def recipe_of(cls: type, settings: dict, what: str):
 def load_spec(spec: ModelSpec):
     """The model and its tokenizer, with its feature head attached when the spec names one (``eagle``)."""
     model, tokenizer = load(
-        resolve(spec), spec.resolved_dtype(), spec.resolved_device(), spec.full_head, spec.pack, spec.engine
+        resolve(spec), spec.resolved_dtype(), spec.resolved_device(), spec.full_head, spec.pack, spec.runner
     )
     if spec.eagle is not None:
         from .feature_head import load_head

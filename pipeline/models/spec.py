@@ -29,8 +29,8 @@ class ModelSpec:
     device: str | None = None  # cpu, cuda, cuda:N or auto (spread over the GPUs); default: cuda when present, else cpu
     distill: dict[str, Any] | None = None  # {teacher: <model name>, layers, head_tokens, steps, seed}
     full_head: bool = False  # a distilled draft with its teacher's full output head (e.g. a CD amateur)
-    pack: bool | None = None  # oneDNN-prepacked linear layers (default: on for float32 on the CPU, eager engine)
-    engine: str = "eager"  # eager (a dynamic cache), compiled (a static cache, compiled forwards), compiled+autotune
+    pack: bool | None = None  # oneDNN-prepacked linear layers (default: on for float32 on the CPU, eager runner)
+    runner: str = "eager"  # eager (a dynamic cache), compiled (a static cache, compiled forwards), compiled+autotune
     eagle: str | dict[str, Any] | None = None  # a feature head: a directory, or a recipe trained here ({} = defaults)
 
     def __post_init__(self):
@@ -72,7 +72,7 @@ SPEC_TYPES = {  # what each field of a spec may hold
     "distill": (dict, type(None)),
     "full_head": (bool,),
     "pack": (bool, type(None)),
-    "engine": (str,),
+    "runner": (str,),
     "eagle": (str, dict, type(None)),
 }
 
@@ -86,6 +86,25 @@ def teacher_spec(spec: ModelSpec) -> ModelSpec:
         except TypeError as err:
             raise ModelError(f"teacher of {spec.name!r}: {err}") from None
     return ModelSpec(teacher)
+
+
+RENAMED = {"engine": ("runner", "eager, compiled or compiled+autotune")}  # model keys renamed: old -> new, values
+
+
+def renamed_key(name: Any, keys) -> str | None:
+    """The one line for a model entry (``keys``) that still uses a key since renamed, or None."""
+    old = next((k for k in RENAMED if k in keys), None)
+    if old is None:
+        return None
+    new, values = RENAMED[old]
+    return f"model {str(name)[:60]!r}: key {old!r} is now {new!r} ({values})"
+
+
+def check_renamed(entry: dict[str, Any]) -> dict[str, Any]:
+    """``entry``, a model spec dict; refused in one line where it still uses a renamed key."""
+    if line := renamed_key(entry.get("name"), entry):
+        raise ModelError(line)
+    return entry
 
 
 MODEL_KEYS = tuple(f.name for f in fields(ModelSpec) if f.name != "name")  # what a config's model entry may set

@@ -78,8 +78,8 @@ class FeatureProposer(NamedProposer):
                 continue
             if type(member.runner) is not HFRunner:
                 raise ArgumentError(
-                    "proposer 'eagle' reads its model's features from the eager engine's forwards: load the model "
-                    "with engine eager (one tokenizer for the set)"
+                    "proposer 'eagle' reads its model's features from the eager runner's forwards: load the model "
+                    "with runner eager (one tokenizer for the set)"
                 )
             return cls(member.runner, head, sampling, generator)
         raise ArgumentError(

@@ -1,4 +1,4 @@
-"""Forwards over a token tree (``extend_masked``: the eager runner's dynamic cache, or the compiled engine's static
+"""Forwards over a token tree (``extend_masked``: the eager runner's dynamic cache, or the compiled runner's static
 cache with its masked graphs, one per bucket of new tokens), and the compaction of a runner's cache after a round."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ class TreeCache:
 
     def __init__(self, runner: Any, nodes: int):
         if not isinstance(runner, (HFRunner, StaticRunner)):
-            raise ArgumentError(f"a tree needs the eager or the compiled engine; {type(runner).__name__} cannot")
+            raise ArgumentError(f"a tree needs the eager or the compiled runner; {type(runner).__name__} cannot")
         if isinstance(runner, StaticRunner):
             runner.prepare_masked(nodes + 1)  # room for the tree and its root, its graphs compiled now
         self.runner = runner

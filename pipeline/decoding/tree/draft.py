@@ -19,7 +19,7 @@ from .nodes import Tree
 from .shape import DYNAMIC_BRANCH, DYNAMIC_EXPAND, TreeShape
 
 if TYPE_CHECKING:
-    from ..engine import Decoder
+    from ..loop import Decoder
     from .cache import TreeCache
 
 

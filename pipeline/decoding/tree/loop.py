@@ -3,7 +3,7 @@
 This module is the round loop, which a method with a tree hands the decoder (``tree_loop``); its parts:
 ``tree/shape.py`` (static and dynamic shapes, what is refused), ``tree/nodes.py`` (the tree), ``tree/draft.py`` (its
 drafter: one depth per forward under a tree mask), ``tree/cache.py``
-(forwards over a tree on either engine; after the round each model keeps only the accepted path in its cache)
+(forwards over a tree on either runner; after the round each model keeps only the accepted path in its cache)
 and ``tree/verify.py`` (the acceptance rule, walking down from the root). See ``docs/trees.md`` and
 ``docs/algorithms.md`` ("Token trees").
 """
@@ -25,7 +25,7 @@ from .shape import TreeShape, check_tree_models, parse_tree
 from .verify import accept_tree
 
 if TYPE_CHECKING:
-    from ..engine import Decoder
+    from ..loop import Decoder
 
 __all__ = ["Tree", "TreeShape", "check_tree_models", "parse_tree", "tree_loop"]  # what other modules use
 

@@ -1,8 +1,8 @@
-"""What a forward costs on this machine, per engine: the numbers a speed-up is made of.
+"""What a forward costs on this machine, per runner: the numbers a speed-up is made of.
 
 For each model shape (the bundled model, ``draft``: its distilled 2-layer
 draft, or random-weight Llama shapes of about 68M, 1B and 7B parameters:
-cost does not depend on the weights) and each engine, it measures:
+cost does not depend on the weights) and each runner, it measures:
 
 * the memory bandwidth (a large device-to-device copy) and the bound it sets:
   tokens/s <= bandwidth / bytes of weights, since every token reads them all;
@@ -19,19 +19,19 @@ cost does not depend on the weights) and each engine, it measures:
   γ·c_draft(1) + c_target(γ+1)), and the decoder's own time per round (wall
   time outside model forwards).
 
-The engines of one shape are all built and compiled first, then measured in
-interleaved rounds (``forward_timing.interleaved``); each engine after the
+The runners of one shape are all built and compiled first, then measured in
+interleaved rounds (``forward_timing.interleaved``); each runner after the
 first gets its speed-up over the first (tokens/s and a one-token forward) with
 a 95% paired-bootstrap interval over rounds.
 
-Engines: the decoder's (``eager``, ``compiled``, ``compiled+autotune``:
-``runner.set_engine``), ``eager+pack`` (oneDNN prepacked linears, CPU) and
+Runners: the decoder's (``eager``, ``compiled``, ``compiled+autotune``:
+``runner.set_runner``), ``eager+pack`` (oneDNN prepacked linears, CPU) and
 ``compiled+freeze`` (inductor with weight freezing, which also prepacks on a CPU).
 
-    python -m pipeline.bench.engines --shapes bundled --dtype float32 bfloat16 \\
-        --engines eager eager+pack compiled compiled+freeze
-    python -m pipeline.bench.engines --device cuda --shapes llama-68m llama-1b llama-7b \\
-        --dtype bfloat16 --engines eager compiled --pairs llama-7b:llama-68m
+    python -m pipeline.bench.runners --shapes bundled --dtype float32 bfloat16 \\
+        --runners eager eager+pack compiled compiled+freeze
+    python -m pipeline.bench.runners --device cuda --shapes llama-68m llama-1b llama-7b \\
+        --dtype bfloat16 --runners eager compiled --pairs llama-7b:llama-68m
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ import torch
 from torch import nn
 
 from ..decoding import generate
-from ..decoding.runner import ENGINES, set_engine
+from ..decoding.runner import RUNNERS, set_runner
 from ..files import write_atomic
 from ..measure.cost import chain_speedup
 from ..measure.forward_timing import Contender, compiling, interleaved
@@ -63,7 +63,7 @@ SHAPES = {  # Llama-shaped: hidden, layers, heads, kv heads, intermediate, vocab
     "llama-1b": (2048, 22, 32, 4, 5632, 32000),
     "llama-7b": (4096, 32, 32, 32, 11008, 32000),
 }
-BENCH_ENGINES = ("eager", "eager+pack", "compiled", "compiled+freeze", "compiled+autotune")
+BENCH_RUNNERS = ("eager", "eager+pack", "compiled", "compiled+freeze", "compiled+autotune")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -161,10 +161,10 @@ def oracle_pair(target: nn.Module, draft: nn.Module, a: float, gamma: int, promp
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.bench.engines", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m pipeline.bench.runners", description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", nargs="+", default=["bundled"], choices=["bundled", "draft", *SHAPES])
     ap.add_argument("--dtype", nargs="+", default=["float32"], choices=list(DTYPES))
-    ap.add_argument("--engines", nargs="+", default=["eager", "compiled"], choices=BENCH_ENGINES)
+    ap.add_argument("--runners", nargs="+", default=["eager", "compiled"], choices=BENCH_RUNNERS)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6, 7, 8])
     ap.add_argument("--context", type=int, default=256, help="tokens already in the cache (default 256)")
@@ -196,30 +196,30 @@ def main(argv: list[str] | None = None) -> int:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(args.json, json.dumps(report, indent=2, default=str))
 
-    def model(shape: str, dtype: str, engine: str) -> nn.Module:
+    def model(shape: str, dtype: str, runner: str) -> nn.Module:
         from ..models import cpu_kernels
 
         built = build(shape, DTYPES[dtype], args.device)
-        if engine == "eager+pack" and not cpu_kernels.pack_linears(built):
+        if runner == "eager+pack" and not cpu_kernels.pack_linears(built):
             raise SystemExit("error: eager+pack needs float32 or bfloat16 weights on a CPU with oneDNN")
-        return set_engine(built, engine if engine in ENGINES else engine.split("+")[0])
+        return set_runner(built, runner if runner in RUNNERS else runner.split("+")[0])
 
-    report["engines"], report["pairs"], costs = [], [], {}
+    report["runners"], report["pairs"], costs = [], [], {}
     for dtype, shape in product(args.dtype, args.shapes):
         start = time.perf_counter()
         contenders = [
-            Contender(model(shape, dtype, e), e, args.ks, args.context, args.new_tokens) for e in args.engines
+            Contender(model(shape, dtype, e), e, args.ks, args.context, args.new_tokens) for e in args.runners
         ]
         gb = weight_bytes(contenders[0].model) / 1e9
         forwards, runs = interleaved(contenders, args.repeats, args.new_tokens)
-        first = args.engines[0]
-        for engine in args.engines:
-            cost = costs[shape, dtype, engine] = {k: statistics.median(v) * 1000 for k, v in forwards[engine].items()}
-            tps = sum(t for t, _ in runs[engine]) / sum(w for _, w in runs[engine])
+        first = args.runners[0]
+        for runner in args.runners:
+            cost = costs[shape, dtype, runner] = {k: statistics.median(v) * 1000 for k, v in forwards[runner].items()}
+            tps = sum(t for t, _ in runs[runner]) / sum(w for _, w in runs[runner])
             row = {
                 "shape": shape,
                 "dtype": dtype,
-                "engine": engine,
+                "runner": runner,
                 "weights_gb": gb,
                 "tokens_per_s": tps,
                 "bound_tokens_per_s": bw / gb,
@@ -227,33 +227,33 @@ def main(argv: list[str] | None = None) -> int:
                 "seconds": time.perf_counter() - start,
             }
             line = (
-                f"{shape:10} {dtype:9} {engine:16} {tps:7.1f} tok/s (bound {bw / gb:7.1f}, {tps * gb / bw:4.0%})  "
+                f"{shape:10} {dtype:9} {runner:16} {tps:7.1f} tok/s (bound {bw / gb:7.1f}, {tps * gb / bw:4.0%})  "
                 f"1 token {cost[1]:7.2f} ms  k={args.ks[0]}..{args.ks[-1]}: "
                 + " ".join(f"{cost[k] / cost[1]:.2f}" for k in args.ks)
             )
-            if engine != first:  # paired by round: the same rounds of the machine
-                row["speedup"] = list(series_speedup(runs[engine], runs[first]))
-                one_token = [list(zip([1] * len(forwards[e][1]), forwards[e][1])) for e in (engine, first)]
+            if runner != first:  # paired by round: the same rounds of the machine
+                row["speedup"] = list(series_speedup(runs[runner], runs[first]))
+                one_token = [list(zip([1] * len(forwards[e][1]), forwards[e][1])) for e in (runner, first)]
                 row["forward_speedup"] = list(series_speedup(*one_token))
                 line += f"  over {first}: tokens/s {speed_fmt(*row['speedup'])}, "
                 line += f"1 token {speed_fmt(*row['forward_speedup'])}"
-            report["engines"].append(row)
+            report["runners"].append(row)
             print(line, flush=True)
         del contenders
         save()
-    for pair, dtype, engine in product(args.pairs, args.dtype, args.engines):
+    for pair, dtype, runner in product(args.pairs, args.dtype, args.runners):
         t_shape, d_shape = pair.split(":")
-        target, draft = model(t_shape, dtype, engine), model(d_shape, dtype, engine)
-        t_cost, d_cost = costs.get((t_shape, dtype, engine)), costs.get((d_shape, dtype, engine))
+        target, draft = model(t_shape, dtype, runner), model(d_shape, dtype, runner)
+        t_cost, d_cost = costs.get((t_shape, dtype, runner)), costs.get((d_shape, dtype, runner))
         for a, gamma in product(args.accept, args.gamma):
-            with compiling(engine):
+            with compiling(runner):
                 med, low, high, over, acc = oracle_pair(target, draft, a, gamma, 64, args.new_tokens, 5)
             pred = chain_speedup(a, gamma, t_cost, d_cost) if t_cost and d_cost else None
             report["pairs"].append(
                 {
                     "pair": pair,
                     "dtype": dtype,
-                    "engine": engine,
+                    "runner": runner,
                     "a": a,
                     "gamma": gamma,
                     "speedup": med,
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             ptxt = f"{pred:.2f}x" if pred else "n/a"
             print(
-                f"{pair} {dtype} {engine} a={a} γ={gamma}: sd {med:.2f}x [{low:.2f}, {high:.2f}] "
+                f"{pair} {dtype} {runner} a={a} γ={gamma}: sd {med:.2f}x [{low:.2f}, {high:.2f}] "
                 f"(predicted {ptxt}; acceptance {acc:.2f}; decoder {over:.2f} ms per round)",
                 flush=True,
             )
