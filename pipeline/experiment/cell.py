@@ -18,7 +18,7 @@ from ..errors import UserError
 from ..files import read_user_json, write_atomic
 from ..measure.speed import Policy
 from ..models import ModelSpec
-from ..models.spec import check_renamed
+from ..models.spec import stored_spec
 from ..records import ID, register, schema_of
 
 CONFIG = {"config": True}  # a setting that is the config's key of the same name (a grid's, where it sets one)
@@ -72,7 +72,7 @@ class Cell:
     def from_json(cls, data: dict[str, Any]) -> Cell:
         """A cell from its JSON form; ``models`` holds names or ``{name, source, dtype, device, ...}`` objects."""
         data = dict(data)
-        models = [ModelSpec(m) if isinstance(m, str) else ModelSpec(**check_renamed(m)) for m in data.pop("models", [])]
+        models = [ModelSpec(m) if isinstance(m, str) else ModelSpec(**stored_spec(m)) for m in data.pop("models", [])]
         if not models:
             raise UserError("a cell needs at least one model")
         if unknown := sorted(set(data) - set(cls.__dataclass_fields__)):

@@ -100,6 +100,13 @@ def renamed_key(name: Any, keys) -> str | None:
     return f"model {str(name)[:60]!r}: key {old!r} is now {new!r} ({values})"
 
 
+def stored_spec(entry: dict[str, Any]) -> dict[str, Any]:
+    """A model spec dict as a record written before a key was renamed holds it, under the key's new name (a cell
+    file of an earlier run stays readable; a config, a user's words, is told the new name instead)."""
+    old = {k: new for k, (new, _) in RENAMED.items() if k in entry and new not in entry}
+    return {old.get(k, k): v for k, v in entry.items()}
+
+
 def check_renamed(entry: dict[str, Any]) -> dict[str, Any]:
     """``entry``, a model spec dict; refused in one line where it still uses a renamed key."""
     if line := renamed_key(entry.get("name"), entry):
