@@ -346,3 +346,18 @@ def test_any_results_directory_is_a_report_or_one_line_and_rerun_loses_nothing(f
         after = {k: v for k, v in _everything(root).items() if v != "dir"}
         assert after == before  # every file kept, in place or set aside
         assert not set(moved) & set(status(root).unstable)  # what was set aside is flagged no more
+
+
+def test_a_rule_takes_the_results_root_from_its_own_file_through_the_layout(tmp_path):
+    """``Results.root_of``: the root a job sees, from its own path of a file the layout names (a storage plugin
+    may hand it another prefix than the config's); a path that is not that file is refused, never guessed."""
+    from pipeline.experiment.layout import Results
+
+    layout = Results("results")
+    assert layout.root_of("results/grid.json", layout.grid) == "results"
+    staged = ".snakemake/storage/fs/results/tables/cells.csv"
+    assert layout.root_of(staged, layout.cells_table) == ".snakemake/storage/fs/results"
+    cell = "humaneval/smol+l2/sd-T1-g3"
+    assert layout.root_of(f"/scratch/r/generations/{cell}.wandb.json", layout.cell(cell, "wandb")) == "/scratch/r"
+    with pytest.raises(ValueError, match="is not the file results/grid.json"):
+        layout.root_of("results/tables/cells.csv", layout.grid)

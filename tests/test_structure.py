@@ -527,3 +527,64 @@ def test_the_engine_rule_finds_a_name_compared():
     ]
     rules = "CELLS = [c for c in X if e.dims.spec.engine == 'vllm']\ninput: f'{RESULTS}/envs/vllm.json'  # == 'vllm'"
     assert rule_lines(rules, engine_words()) == [1]
+
+
+# ---- the results directory: its layout written once ------------------------------------------------------------
+# Every file of a results directory is named by pipeline/experiment/layout.py (``Results``, a cell's CELL_FILES):
+# a module that joins a results path by hand (``results / "tables"``, ``"grid.json"``) or a rule that writes one
+# (``f"{RESULTS}/..."``) or counts its way back to the results root (``Path(input[0]).parents[1]``) fails here: a
+# rule takes the root from one of its files with ``LAYOUT.root_of`` (the layout's own inverse, as Snakemake's
+# linter asks of a path prefix: storage without a shared filesystem hands a job paths of its own).
+RESULTS_DIRS = {"cells", "models", "tables", "plots", "logs", "likelihood", "journal", "rerun", "envs", "generations"}
+RESULTS_FILES = {"grid.json", "timing.json", "results.json", "wandb.json", "analysis.ipynb", "summary.md", "cells.csv"}
+RESULTS_ALLOWED = {  # (file, what): why it is no results path
+    ("pipeline/experiment/cell.py", "'grid.json'"): "the grid index's record type, as messages name it",
+    ("pipeline/vllm/env.py", '/ "envs"'): "workflow/envs (vLLM's locks) and the model cache's envs/, no results",
+}
+
+
+def results_paths(tree: ast.AST) -> list[tuple[str, int]]:
+    """(what, line) for each results path joined by hand: ``x / "tables"`` or a results file's name."""
+    out = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.BinOp)
+            and isinstance(node.op, ast.Div)
+            and isinstance(node.right, ast.Constant)
+            and node.right.value in RESULTS_DIRS
+        ):
+            out.append((f'/ "{node.right.value}"', node.lineno))
+        elif isinstance(node, ast.Constant) and node.value in RESULTS_FILES:
+            out.append((repr(node.value), node.lineno))
+    return out
+
+
+def rule_results_lines(text: str) -> list[int]:
+    """Lines of a rule file that write a results path by hand or work the root back out of a path."""
+    by_hand = re.compile(r"\{RESULTS\}/|\.parents?\b.*results|results\s*=.*\.parents?\b")
+    return [i for i, line in enumerate(text.splitlines(), 1) if by_hand.search(line.split("#")[0])]
+
+
+def test_the_results_layout_is_written_once():
+    found = []
+    for file in sorted((ROOT / "pipeline").rglob("*.py")):
+        rel = file.relative_to(ROOT).as_posix()
+        if rel == "pipeline/experiment/layout.py":
+            continue
+        for what, line in results_paths(ast.parse(file.read_text())):
+            if (rel, what) not in RESULTS_ALLOWED:
+                found.append(f"{rel}:{line}: {what}")
+    for file in sorted([ROOT / "Snakefile", *(ROOT / "workflow").rglob("*.smk")]):
+        found += [f"{file.relative_to(ROOT).as_posix()}:{i}" for i in rule_results_lines(file.read_text())]
+    assert not found, "a results path outside pipeline/experiment/layout.py (use Results):\n" + "\n".join(found)
+
+
+def test_the_layout_rule_finds_a_path_by_hand():
+    code = "def f(results):\n    a = results / 'tables'\n    b = results / 'grid.json'\n    c = x / name\n"
+    code += "    d = {'models': 0}"
+    assert results_paths(ast.parse(code)) == [('/ "tables"', 2), ("'grid.json'", 3)]
+    rules = (
+        'output:\n    f"{RESULTS}/grid.json",\nparams:\n    results=lambda w, input: str(Path(input.grid).parent),\n'
+        "    results=RESULTS,\n    journal=lambda w: str(LAYOUT.journal(str(Path(w.cell).parent))),"
+    )
+    assert rule_results_lines(rules) == [2, 4]

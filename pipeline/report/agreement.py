@@ -16,14 +16,14 @@ from typing import Any
 from ..decoding.spec import STANDARDS
 from ..errors import UserError
 from ..experiment.cell import GRID
-from ..experiment.layout import cell_path
+from ..experiment.layout import Results, cell_path
 from ..files import read_jsonl
 from ..records import read_record
 
 
 def greedy_pairs(results: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """(vLLM's cell, our large_model cell) of the same first model, dataset and seed, both at T = 0."""
-    index = results / "grid.json"
+    index = Results(results).grid
     if not index.is_file():
         raise UserError(f"{results}: no grid.json (not a results directory, or no cells written yet)")
     cells = read_record(index, GRID, "the grid index")
@@ -45,7 +45,7 @@ def agreement(results: Path, theirs: dict[str, Any], ours: dict[str, Any], near_
         if r["id"] in rows_ours
     ]
     prompts = {r["id"]: rows_ours[r["id"]]["prompt_ids"] for r in rows}  # the same prompts: ours carry them
-    specs = CellFile.read(results / "cells" / f"{ours['id']}.json").cell.models
+    specs = CellFile.read(Results(results).cell_file(ours["id"])).cell.models
     return check(rows, prompts, specs, STANDARDS[theirs["method"]].reference, {}, near_tie_nats)
 
 

@@ -20,7 +20,7 @@ from ..decoding.engines import ENGINES
 from ..decoding.spec import parse_method
 from ..errors import UserError
 from ..experiment.cell import GRID, Dims
-from ..experiment.layout import beside, cell_path
+from ..experiment.layout import Results, beside, cell_path
 from ..files import ResultsError, read_jsonl
 from ..measure.intervals import bootstrap_interval
 from ..measure.speed import (
@@ -77,7 +77,7 @@ def speed_record(path: Path) -> dict[str, Any]:
 def grid_dims(results: Path) -> list[dict[str, Any]]:
     """The dims of each cell of the grid (``grid.json``, written by the workflow), in the grid's order, read
     through the one type of a cell's dimensions (``cell.Dims``), in grid.json's key order (cells.csv's columns)."""
-    return [{**d, **Dims.from_json(d).to_json()} for d in _record(results / "grid.json", GRID, "the grid index")]
+    return [{**d, **Dims.from_json(d).to_json()} for d in _record(Results(results).grid, GRID, "the grid index")]
 
 
 def cell_figures(cell: str, speed: dict[str, Any], summary: dict[str, Any]) -> list[tuple]:
@@ -172,7 +172,7 @@ def drafts(results: Path) -> pd.DataFrame:
     """One row per distilled model or feature head prepared for the grid (``models/*.json``: ``distilled``,
     ``feature_head``)."""
     rows = []
-    for path in sorted((results / "models").glob("*.json")):
+    for path in sorted(Results(results).models.glob("*.json")):
         try:
             record = read_record(path, "model record")
             made = [(path.stem, record.get("distilled")), (f"{path.stem} (eagle)", record.get("feature_head"))]
@@ -298,7 +298,7 @@ def scored(cells: pd.DataFrame, results: Path) -> pd.DataFrame:
     for i, use in enumerate(f"{m} ({s})" for m, s in zip(cells.get("method", []), cells.get("model_set", []))):
         order.setdefault(use, i)
     rows = []
-    for path in sorted((results / "likelihood").glob("*.json")):
+    for path in sorted(Results(results).likelihoods.glob("*.json")):
         found = _record(path, "likelihood record", "the likelihood record")
         for key, score in found["scores"].items():
             uses = sorted((u for u in score.get("uses", []) if u in order), key=order.get)

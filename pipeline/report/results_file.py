@@ -17,6 +17,7 @@ import pandas as pd
 import yaml
 
 from .. import ROOT
+from ..experiment.layout import Results
 from ..measure.speed import SpeedSummary
 from ..provenance import git_state, machine, versions
 
@@ -53,7 +54,7 @@ def cell_record(results: Path, row: pd.Series, read: dict[str, Any]) -> dict[str
         for suffix in ("", "_low", "_high", "_unstable"):
             record[name + suffix] = row.get(name + suffix)
     quality = {k: v for k, v in (read.get("quality") or {}).items() if k != "samples"}
-    cell_file = _read(results / "cells" / f"{row['id']}.json") or {}
+    cell_file = _read(Results(results).cell_file(row["id"])) or {}
     dims = cell_file.get("dims") or {k: row.get(k) for k in ("dataset", "model_set", "method", "temperature", "gamma")}
     return {"id": row["id"], "dims": dims, "speed": record, "quality": quality, "config": cell_file.get("cell")}
 
@@ -78,7 +79,7 @@ def results_document(results: Path, df: pd.DataFrame, records: dict[str, dict[st
 def write_results_file(results: Path, df: pd.DataFrame, records: dict[str, dict[str, Any]]) -> Path:
     from ..files import write_atomic
 
-    path = results / "results.json"
+    path = Results(results).results_file
     write_atomic(path, json.dumps(results_document(results, df, records), indent=1, allow_nan=False) + "\n")
     return path
 

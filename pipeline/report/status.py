@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..experiment.cell import GRID
-from ..experiment.layout import CELL_FILES, cell_path
+from ..experiment.layout import CELL_FILES, Results, cell_path
 from ..files import read_tail, read_user_json
 from ..measure.speed import SPEED_RECORD
 from ..records import read_record
@@ -30,8 +30,6 @@ SPEED_LIMIT = 1 << 24  # bytes: a speed record is a few kilobytes
 
 # a cell's steps in order: the rule's log directory and the file its success leaves
 STEPS = (("generate", "samples"), ("derive", "samples"), ("speed", "speed"), ("score", "summary"), ("wandb", "wandb"))
-# the aggregate tables the default target asks for (an unchanged table would not make the workflow rerun a cell)
-TABLES = ("tables/cells.csv", "tables/summary.md")
 ERROR_LINE = re.compile(r"^(error\b|[\w.]*(Error|Exception)\b|Killed|Traceback)|\bout of memory\b", re.I)
 
 
@@ -55,7 +53,7 @@ def cause(log: Path) -> str | None:
 
 def cell_ids(results: Path) -> list[str]:
     """The cells of a results directory, from its index (grid.json, written by the workflow)."""
-    index = Path(results) / "grid.json"
+    index = Results(results).grid
     try:
         ids = [dims["id"] for dims in read_record(index, GRID, "the index")]  # a pipe: one line, no wait
     except UserError as err:
@@ -89,27 +87,28 @@ def flags(speed: Path) -> list[str]:
 def model_failures(results: Path) -> dict[str, str]:
     """``model <name>`` -> cause, for each model whose fetch or preparation failed."""
     failed = {}
-    for log in sorted((results / "logs" / "prepare").glob("*.log")):
+    files = Results(results)
+    for log in sorted((files.logs / "prepare").glob("*.log")):
         name = log.name.removesuffix(".log").removesuffix(".fetch")
-        if not (results / "models" / f"{name}.json").exists() and (why := cause(log)):
+        if not files.model(name).exists() and (why := cause(log)):
             failed.setdefault(f"model {name}", why)
     return failed
 
 
 def status(results: Path) -> Status:
     results = Path(results)
-    logs = results / "logs"
+    files = Results(results)
     out = Status(failed=model_failures(results))
     for cell in cell_ids(results):
         if found := flags(cell_path(results, cell, "speed")):
             out.unstable[cell] = "; ".join(found)
-        journal = (results / "journal" / cell).parent.glob(f"{Path(cell).name}-*.jsonl")
+        journal = files.journal(str(Path(cell).parent)).glob(f"{Path(cell).name}-*.jsonl")
         state = "running" if any(journal) else "pending"
         for step, made in STEPS:  # the first step without its output and with a log tells where the cell is
-            log = logs / step / f"{cell}.log"
+            log = files.log(step, cell)
             if cell_path(results, cell, made).exists() or not log.exists():
                 continue
-            rivals = [logs / other / f"{cell}.log" for other, out in STEPS if out == made and other != step]
+            rivals = [files.log(other, cell) for other, out in STEPS if out == made and other != step]
             if any(r.exists() and r.stat().st_mtime > log.stat().st_mtime for r in rivals):
                 continue  # an earlier job's log for the same file (a cell generated once, derived since)
             if why := cause(log):
@@ -155,7 +154,7 @@ def report(results: Path) -> str:
 def _samples_from(results: Path, cell: str, cells: set[str]) -> str | None:
     """The cell whose side-by-side runs are ``cell``'s samples (its cell file's ``samples_from``), if any: one of
     ``cells`` (the results directory's own), else a one-line UserError; a cell file not yet written names none."""
-    path = results / "cells" / f"{cell}.json"
+    path = Results(results).cell_file(cell)
     if not path.exists():
         return None
     data = read_user_json(path, "cell file")
@@ -188,12 +187,14 @@ def rerun_unstable(results: Path) -> list[str]:
         if sources.get(cell) and sources[cell] not in flagged:
             flagged.append(sources[cell])
     flagged += [c for c, source in sources.items() if source in flagged and c not in flagged]  # and made again
-    aside = results / "rerun" / time.strftime("%Y%m%d-%H%M%S")
+    files = Results(results)
+    aside = files.rerun(time.strftime("%Y%m%d-%H%M%S"))
     sources: dict[Path, None] = {}
     for cell in flagged:
         sources.update(dict.fromkeys(cell_path(results, cell, kind) for kind in CELL_FILES))
-        sources.update(dict.fromkeys(results / "logs" / step / f"{cell}.log" for step, _ in STEPS))
-        sources.update(dict.fromkeys(results / table for table in TABLES))  # the default target: the workflow reruns
+        sources.update(dict.fromkeys(files.log(step, cell) for step, _ in STEPS))
+        # the default target's tables: an unchanged table would not make the workflow rerun a cell
+        sources.update(dict.fromkeys(files.default_tables))
     outside = [p for p in sources if not Path(os.path.normpath(p)).is_relative_to(os.path.normpath(results))]
     if outside:  # a cell id that climbs out of the results directory: nothing of another directory is moved
         raise UserError(f"rerun: {outside[0]} is outside {results}; nothing was moved")

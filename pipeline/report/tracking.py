@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import one_line
-from ..experiment.layout import FAILED, beside
+from ..experiment.layout import FAILED, Results, beside
 from ..files import read_jsonl, read_user_json, write_atomic
 from ..measure.speed import SPEED_RECORD
 from ..records import read_record
@@ -96,7 +96,7 @@ def log_experiment(
     (``job_type`` "aggregate", in the experiment's group beside its cells' runs); failures as for log_cell."""
     results = Path(results)
     run = RunSpec("experiment", experiment, "aggregate", experiment, **settings)
-    return _logged(status, run, partial(_log_tables, results / "tables"), wandb_dir or results)
+    return _logged(status, run, partial(_log_tables, Results(results)), wandb_dir or results)
 
 
 @dataclass(frozen=True)
@@ -241,13 +241,13 @@ def _log_cell(samples: Path, config: dict[str, Any], run) -> None:
     run.summary.update(cell_metrics(samples))
 
 
-def _log_tables(tables: Path, run) -> None:
+def _log_tables(files: Results, run) -> None:
     """The experiment's run: each aggregate table (CSV) as a W&B table, the summary as text."""
     import pandas as pd
     import wandb
 
-    for path in sorted(tables.glob("*.csv")):
+    for path in sorted(files.tables.glob("*.csv")):
         run.log({f"tables/{path.stem}": wandb.Table(dataframe=pd.read_csv(path))})
-    summary = tables / "summary.md"
+    summary = files.summary
     if summary.exists():
         run.summary["summary_md"] = summary.read_text()

@@ -9,7 +9,7 @@ rule cell:
     output:
         CELL_FILE,
     log:
-        f"{RESULTS}/logs/cells/{{cell}}.log",
+        str(LAYOUT.log("cells", "{cell}")),
     localrule: True
     params:
         entry=lambda w: json.dumps(CELLS[w.cell].to_json(), sort_keys=True),
@@ -21,9 +21,9 @@ rule grid:
     input:
         [CELL_FILE.format(cell=c) for c in CELLS],
     output:
-        f"{RESULTS}/grid.json",
+        str(LAYOUT.grid),
     log:
-        f"{RESULTS}/logs/grid.log",
+        str(LAYOUT.log("grid")),
     localrule: True
     run:
         write_json(output[0], [json.loads(Path(f).read_text())["dims"] for f in input], log[0])

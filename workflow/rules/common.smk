@@ -14,9 +14,10 @@ min_version("8.0")
 ROOT = Path(workflow.basedir)
 sys.path.insert(0, str(ROOT))  # the pipeline package, also when it is not installed
 
+from pipeline.decoding.engines import ENGINES
 from pipeline.experiment.config import ConfigError, check_config, load_config_file, load_schema, model_entry
 from pipeline.experiment.grid import expand_cells
-from pipeline.experiment.layout import cell_path
+from pipeline.experiment.layout import Results
 from pipeline.experiment.preflight import models_to_prepare
 from pipeline.experiment.checks import check_local
 from pipeline.job.likelihood import job_specs
@@ -50,7 +51,8 @@ for _engine in {id(e): e for e in ENGINE_CELLS.values()}.values():
         CELLS = {c: e for c, e in CELLS.items() if c not in _out}
         ENGINE_CELLS = {c: e for c, e in ENGINE_CELLS.items() if c not in _out}
 
-RESULTS = _checked["results"].rstrip("/")
+RESULTS = _checked["results"].rstrip("/")  # the config's; a rule takes the root from its own files (LAYOUT.root_of)
+LAYOUT = Results(RESULTS)  # every file of it (pipeline/experiment/layout.py)
 # How jobs run Python is a matter of deployment, not of what a job computes, so it is set for every
 # shell command here and kept out of the rules' params (moving the checkout or switching to conda
 # environments reruns nothing): with --software-deployment-method conda, the rule's environment
@@ -63,7 +65,7 @@ shell.prefix(  # formatted like a rule's shell command: literal braces are doubl
     "UNTIMED='nice -n 19'; "  # every job but generation: a timed run beside it loses ~nothing (docs/speed.md)
 )
 ENVS = ROOT / "workflow" / "envs"
-CELL_FILE = f"{RESULTS}/cells/{{cell}}.json"  # one cell's settings and dimensions, the jobs' only source of them
+CELL_FILE = str(LAYOUT.cell_file("{cell}"))  # one cell's settings and dimensions, the jobs' only source of them
 WANDB = _checked["wandb"]
 TIMING = json.dumps(_checked["timing"], sort_keys=True)  # how samples are timed and judged
 MODELS = models_to_prepare(_checked, CELLS)
@@ -73,7 +75,7 @@ DERIVED = {c: e.dims.samples_from for c, e in CELLS.items() if e.dims.samples_fr
 
 def CELL(kind, cell="{cell}"):
     """A cell's file of kind ``kind`` (pipeline/experiment/layout.py), for a cell or the ``{cell}`` wildcard."""
-    return str(cell_path(RESULTS, cell, kind))
+    return str(LAYOUT.cell(cell, kind))
 
 
 def cells_regex(cells):
@@ -114,11 +116,11 @@ def env(name):
 
 def final_outputs():
     """The default target's inputs: the aggregate outputs only (each of them depends on every cell)."""
-    out = [f"{RESULTS}/tables/summary.md", f"{RESULTS}/tables/cells.csv"]
+    out = [str(LAYOUT.summary), str(LAYOUT.cells_table)]
     if _checked["notebook"]:
-        out.append(f"{RESULTS}/analysis.ipynb")
+        out.append(str(LAYOUT.notebook))
     if WANDB["mode"] != "disabled":
-        out.append(f"{RESULTS}/wandb.json")  # the experiment's run, after every cell's run
+        out.append(str(LAYOUT.wandb))  # the experiment's run, after every cell's run
     return out
 
 

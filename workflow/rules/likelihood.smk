@@ -6,11 +6,11 @@
 
 rule likelihood:
     input:
-        models=lambda w: [f"{RESULTS}/models/{m}.json" for m in LIKELIHOOD[w.task]["models"]],
+        models=lambda w: [str(LAYOUT.model(m)) for m in LIKELIHOOD[w.task]["models"]],
     output:
-        f"{RESULTS}/likelihood/{{task}}.json",
+        str(LAYOUT.likelihood("{task}")),
     log:
-        f"{RESULTS}/logs/likelihood/{{task}}.log",
+        str(LAYOUT.log("likelihood", "{task}")),
     conda:
         env("decode")
     threads: 2

@@ -11,7 +11,7 @@ rule score:
         scores=CELL("scores"),
         summary=CELL("summary"),
     log:
-        f"{RESULTS}/logs/score/{{cell}}.log",
+        str(LAYOUT.log("score", "{cell}")),
     group:
         "cell"
     conda:

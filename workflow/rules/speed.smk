@@ -7,9 +7,9 @@
 
 rule timing:
     output:
-        f"{RESULTS}/timing.json",
+        str(LAYOUT.timing),
     log:
-        f"{RESULTS}/logs/timing.log",
+        str(LAYOUT.log("timing")),
     localrule: True
     params:
         timing=TIMING,
@@ -21,12 +21,12 @@ rule speed:
     input:
         samples=CELL("samples"),
         cell=CELL_FILE,
-        timing=f"{RESULTS}/timing.json",
-        models=lambda w: [f"{RESULTS}/models/{m}.json" for m in cell_dims(w).models],
+        timing=str(LAYOUT.timing),
+        models=lambda w: [str(LAYOUT.model(m)) for m in cell_dims(w).models],
     output:
         CELL("speed"),
     log:
-        f"{RESULTS}/logs/speed/{{cell}}.log",
+        str(LAYOUT.log("speed", "{cell}")),
     group:
         "cell"
     conda:

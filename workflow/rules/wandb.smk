@@ -23,13 +23,13 @@ rule wandb_log:
     output:
         CELL("wandb"),
     log:
-        f"{RESULTS}/logs/wandb/{{cell}}.log",
+        str(LAYOUT.log("wandb", "{cell}")),
     localrule: True
     conda:
         env("wandb")
     params:
         settings=WANDB_ARGS,
-        results=lambda w, output: str(Path(output[0]).parents[len(Path(w.cell).parts)]),  # results/
+        results=lambda w, output: LAYOUT.root_of(output[0], LAYOUT.cell(w.cell, "wandb")),
     shell:
         '$UNTIMED "$PY" -m pipeline.cli wandb-log {input.samples:q} {output:q} --cell-file {input.cell:q} {params.settings}'
         " --dir {params.results:q} > {log:q} 2>&1"
@@ -38,18 +38,18 @@ rule wandb_log:
 rule wandb_experiment:
     input:
         cells=[CELL("wandb", c) for c in CELLS],
-        table=f"{RESULTS}/tables/cells.csv",
-        summary=f"{RESULTS}/tables/summary.md",
+        table=str(LAYOUT.cells_table),
+        summary=str(LAYOUT.summary),
     output:
-        f"{RESULTS}/wandb.json",
+        str(LAYOUT.wandb),
     log:
-        f"{RESULTS}/logs/wandb/experiment.log",
+        str(LAYOUT.log("wandb", "experiment")),
     localrule: True
     conda:
         env("wandb")
     params:
         settings=WANDB_ARGS,
-        results=lambda w, input: str(Path(input.table).parents[1]),
+        results=lambda w, input: LAYOUT.root_of(input.table, LAYOUT.cells_table),
     shell:
         '$UNTIMED "$PY" -m pipeline.cli wandb-log-experiment {params.results:q} {output:q} {params.settings}'
         " > {log:q} 2>&1"
