@@ -17,7 +17,8 @@ distribution (the teacher's whole distribution over the kept ids), with uniform 
 plus ``pytorch_model.bin`` or ``model.safetensors`` with ``fc.*`` and ``layers.0.*``; the embedding and head
 taken from the target) loads as a head of EAGLE's layout (``load_head``): features after the final norm
 (``FeatureHead``). A head trained here in that layout (``layout: eagle``) is saved as such a checkpoint too, which
-vLLM runs (``vllm_eagle``, docs/vllm.md). docs/proposers.md.
+vLLM runs (``vllm_eagle``, docs/vllm.md). An EAGLE-3 checkpoint loads as an ``eagle3.Eagle3Head`` (three of the
+target's layers fused, its own decoder layer, norm and draft vocabulary). docs/proposers.md.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from ..decoding.proposers.feature import LAYOUTS, attach, read_features
 from ..provenance import weights_versions
 from .cache import META, write_dir
 from .cpu_kernels import pack_linears
+from .eagle3 import is_eagle3, load_eagle3
 from .recipe import Recipe
 from .spec import ModelError
 from .teacher import Example, TeacherData, teacher_data
@@ -46,10 +48,13 @@ HEAD_CONFIG = "feature_head.json"
 EAGLE_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # a published EAGLE checkpoint's weight files
 
 
+HEAD_LAYOUTS = tuple(k for k in LAYOUTS if k != "eagle3")  # what FeatureHead builds (EAGLE-3's heads: eagle3.py)
+
+
 def check_layout(layout: str) -> None:
-    """One line (``ModelError``) naming a layout that is none of ``LAYOUTS``."""
-    if layout not in LAYOUTS:
-        raise ModelError(f"feature head layout={layout!r}: accepted: {', '.join(LAYOUTS)}")
+    """One line (``ModelError``) naming a layout that is none of ``HEAD_LAYOUTS``."""
+    if layout not in HEAD_LAYOUTS:
+        raise ModelError(f"feature head layout={layout!r}: accepted: {', '.join(HEAD_LAYOUTS)}")
 
 
 @dataclass
@@ -292,7 +297,8 @@ TARGET_KEYS = (
 def load_head(path: str | Path, target: nn.Module) -> FeatureHead:
     """A feature head for ``target`` from ``path``: one this project trained (``feature_head.json`` and
     ``feature_head.safetensors``), or a published EAGLE checkpoint (``config.json`` and ``model.safetensors``
-    or ``pytorch_model.bin`` holding ``fc.*`` and ``layers.N.*``). Attached to ``target`` (``attach``).
+    or ``pytorch_model.bin`` holding ``fc.*`` and ``layers.N.*``), or a published EAGLE-3 one (``fc.*``,
+    ``midlayer.*``, ``norm.*``, ``lm_head.*``, ``d2t``: ``eagle3.py``). Attached to ``target`` (``attach``).
 
     Checked as it loads, each problem one ``ModelError`` line naming the file: the head's config (a JSON object,
     a layer count its tensors hold, layers 0 to N, a known layout, kept ids inside the target's
@@ -318,6 +324,10 @@ def load_head(path: str | Path, target: nn.Module) -> FeatureHead:
                 f"(config.json and {' or '.join(EAGLE_WEIGHTS)})"
             )
         raw = _read(weights)
+        if is_eagle3(raw):  # EAGLE-3's layout: three layers' features fused, a midlayer, a draft vocabulary
+            head = load_eagle3(path, raw, _json_object(path / "config.json"), target)
+            attach(target, head)
+            return head
         if "fc.weight" not in raw or not any(k.startswith("layers.0.") for k in raw):
             raise ModelError(f"EAGLE checkpoint {weights}: no fc.weight or layers.0.* (first keys: {sorted(raw)[:4]})")
         config = {"kept": None, "layers": _layer_count(raw, weights), "bias": "fc.bias" in raw}
@@ -384,8 +394,8 @@ def head_config(file: Path, target: nn.Module | None) -> dict:
     if not isinstance(config.get("bias", True), bool):
         raise ModelError(f"feature head {file}: bias={json.dumps(config['bias'])[:40]}; expected true or false")
     layout = config.get("layout", "ours")  # heads saved before layouts were named are this project's
-    if layout not in LAYOUTS:
-        raise ModelError(f"feature head {file}: layout={json.dumps(layout)[:40]}; accepted: {', '.join(LAYOUTS)}")
+    if layout not in HEAD_LAYOUTS:
+        raise ModelError(f"feature head {file}: layout={json.dumps(layout)[:40]}; accepted: {', '.join(HEAD_LAYOUTS)}")
     ids_ok = isinstance(kept, list) and kept and all(isinstance(i, int) and not isinstance(i, bool) for i in kept)
     if kept is not None and not (ids_ok and min(kept) >= 0 and max(kept) < rows and len(set(kept)) == len(kept)):
         below = f"below the target's {rows} rows" if target is not None else "of 0 or more"

@@ -58,7 +58,13 @@ def checkpoint(head: Path) -> Path:
     weights = next((head / f for f in EAGLE_WEIGHTS if (head / f).exists()), None)
     if weights is None or not (head / "config.json").exists():
         raise UserError(f"vllm_eagle: {head} is no EAGLE checkpoint (config.json and {' or '.join(EAGLE_WEIGHTS)})")
-    if "fc.bias" in _names(weights):
+    names = _names(weights)
+    if any(name.startswith("midlayer.") for name in names):  # EAGLE-3's: vLLM runs it as "eagle3", not "eagle"
+        raise UserError(
+            f"vllm_eagle: {head} is an EAGLE-3 checkpoint; vLLM's EAGLE (EAGLE-1's layout) cannot run it, and "
+            "vLLM's EAGLE-3 beside ours is not a method here yet (our sd with proposer eagle runs it)"
+        )
+    if "fc.bias" in names:
         raise UserError(f"vllm_eagle: the EAGLE checkpoint {head} has an fc bias, which vLLM's EAGLE for Llama has not")
     return head
 

@@ -2,8 +2,9 @@
 of the set, from that model's own last hidden states, which its verification forwards compute anyway.
 
 The head (``pipeline/models/feature_head.py``, attached by ``attach``) maps (f_t, x_{t+1}) to f_{t+1}: the target's
-feature at position t (before its final norm for this project's heads, after it for EAGLE's layout: ``LAYOUTS``)
-and the next token, to the next feature, whose logits give the token after. Where the target has computed f_t
+feature at position t (before its final norm for this project's heads, after it for EAGLE's layout, three of its
+layers' inputs fused by the head's ``fc`` for EAGLE-3's: ``LAYOUTS``) and the next token, to the next feature, whose
+logits give the token after. Where the target has computed f_t
 (positions it has run, read by a hook on its final norm) the head
 takes the true feature; beyond, its own prediction. Its inputs are kept between rounds in its own KV cache and
 recomputed from the first that changed, or that used a prediction where the true feature has since come. It is
@@ -38,17 +39,47 @@ def attached(model: torch.nn.Module | None) -> torch.nn.Module | None:
 
 
 # where a head reads the target's features (``FeatureHead.layout``): this project's heads before its final norm,
-# EAGLE's published checkpoints (as vLLM runs them) after it
-LAYOUTS = {"ours": "before the final norm", "eagle": "after the final norm"}
+# EAGLE's published checkpoints (as vLLM runs them) after it, EAGLE-3's the inputs of three of its layers
+# (``models/eagle3.py``), which the head fuses into one feature
+LAYOUTS = {
+    "ours": "before the final norm",
+    "eagle": "after the final norm",
+    "eagle3": "the inputs of three decoder layers (low, middle, high), fused by the head",
+}
 
 
-def read_features(model: torch.nn.Module, layout: str, found) -> torch.utils.hooks.RemovableHandle:
-    """Call ``found(hidden)`` (``[batch, n, d]``) with the features a head of ``layout`` reads, on each forward
-    of ``model``'s decoder; returns the hook's handle (``.remove()`` stops it)."""
+class Hooks:
+    """The handles of the hooks that read a forward's features: ``.remove()`` stops them all."""
+
+    def __init__(self, handles):
+        self.handles = list(handles)
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def read_features(model: torch.nn.Module, head, found) -> Hooks:
+    """Call ``found(hidden)`` (``[batch, n, d]``, EAGLE-3's ``[batch, n, 3d]``: its layers' inputs side by side in
+    layer order) with the features ``head`` reads (its ``layout``, or a layout's name), on each forward of
+    ``model``'s decoder; returns the hooks (``.remove()`` stops them)."""
+    layout = head if isinstance(head, str) else head.layout
     norm = model.model.norm
     if layout == "eagle":
-        return norm.register_forward_hook(lambda _m, _args, out: found(out))
-    return norm.register_forward_pre_hook(lambda _m, args: found(args[0]))
+        return Hooks([norm.register_forward_hook(lambda _m, _args, out: found(out))])
+    if layout != "eagle3":
+        return Hooks([norm.register_forward_pre_hook(lambda _m, args: found(args[0]))])
+    layers, inputs = head.aux_layers, {}
+
+    def read(index: int):
+        def hook(_module, args, kwargs):
+            inputs[index] = args[0] if args else kwargs["hidden_states"]
+            if index == layers[-1]:  # the last of the three: one forward's features, side by side
+                found(torch.cat([inputs.pop(i) for i in layers], dim=-1))
+
+        return hook
+
+    return Hooks(model.model.layers[i].register_forward_pre_hook(read(i), with_kwargs=True) for i in layers)
 
 
 @register_proposer("eagle")
@@ -65,7 +96,7 @@ class FeatureProposer(NamedProposer):
         self.outputs: list[Tensor] = []  # per head input t: its predicted f_{t+1}
         self.true_at: dict[int, int] = {}  # per drafted position: how many true features it was drafted from
         self._reading = True
-        self._hook = read_features(runner.model, head.layout, self._capture)
+        self._hook = read_features(runner.model, head, self._capture)
         runner.followers.append(self)  # a token tree's compaction moves the features with the cache (tree/cache.py)
 
     @classmethod
@@ -102,7 +133,7 @@ class FeatureProposer(NamedProposer):
     def _capture(self, hidden: Tensor) -> None:
         if not self._reading:
             return
-        hidden = hidden[0]
+        hidden = self.fuse(hidden[0])
         start, k = self.runner.length, hidden.shape[0]  # the runner counts these tokens once its forward returns
         if self.features is None or self.features.shape[0] < start + k:
             grown = hidden.new_zeros((max(2 * (start + k), 256), hidden.shape[1]))
@@ -173,7 +204,7 @@ class FeatureProposer(NamedProposer):
         self._reading = False
         try:
             found: list[Tensor] = []
-            hook = read_features(self.runner.model, self.head.layout, lambda hidden: found.append(hidden[0]))
+            hook = read_features(self.runner.model, self.head, lambda hidden: found.append(self.fuse(hidden[0])))
             try:
                 self.runner.model(input_ids=torch.tensor([tokens[:true]], device=self.runner.device), use_cache=False)
             finally:
@@ -185,6 +216,11 @@ class FeatureProposer(NamedProposer):
             features.append(self.head.step(torch.stack(features[:t]), torch.tensor(tokens[1 : t + 1]), None, 0)[-1])
         out = self.head.step(torch.stack(features[: pos - 1]), torch.tensor(tokens[1:pos]), None, 0)[-1]
         return self.head.logits(out)[: self.runner.vocab_size]
+
+    def fuse(self, hidden: Tensor) -> Tensor:
+        """The target's features as the head drafts from them (EAGLE-3's: its three layers' inputs through ``fc``)."""
+        fuse = getattr(self.head, "fuse", None)
+        return hidden if fuse is None else fuse(hidden)
 
     def _step(self, features: Tensor, tokens: list[int], start: int) -> Tensor:
         ids = torch.tensor(tokens, dtype=torch.long)
