@@ -348,3 +348,26 @@ def test_vllms_eagle_refuses_an_eagle3_checkpoint_in_one_line(deep, head_dir):
 
     with pytest.raises(UserError, match=r"^vllm_eagle: .* is an EAGLE-3 checkpoint; vLLM's EAGLE \(EAGLE-1's layout\)"):
         checkpoint(head_dir[0])
+
+
+def test_a_config_giving_vllms_eagle_an_eagle3_head_is_refused_when_read(head_dir):
+    from pipeline.vllm.eagle import entry_problem
+
+    assert entry_problem("smol", str(head_dir[0])) == (
+        f"model 'smol''s head {head_dir[0]} is an EAGLE-3 checkpoint; vLLM's EAGLE (EAGLE-1's layout) cannot run it"
+    )
+
+
+def test_on_a_bfloat16_target_the_heads_rotary_frequencies_stay_float32(deep, head_dir):
+    target = copy.deepcopy(deep).to(torch.bfloat16)
+    head = load_head(head_dir[0], target)
+    assert head.fc.weight.dtype == torch.bfloat16 and head.rotary.inv_freq.dtype == torch.float32
+    exact = 1.0 / 10000.0 ** (torch.arange(0, 16, 2, dtype=torch.float32) / 16)
+    assert torch.allclose(head.rotary.inv_freq, exact.to(head.rotary.inv_freq.dtype), rtol=1e-6)
+
+
+def test_the_checkpoints_own_rope_wins_over_the_targets(deep, tmp_path):
+    path, _ = eagle3_checkpoint(tmp_path / "h", deep, config={"rope_theta": 500000.0})
+    head = load_head(path, copy.deepcopy(deep))
+    theta = head.config.rope_parameters["rope_theta"] if head.config.rope_parameters else head.config.rope_theta
+    assert theta == 500000.0

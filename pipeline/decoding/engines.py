@@ -73,6 +73,9 @@ class Engine:
     environment: str | None = None  # its environment's record under the results root (its own rule builds it)
     head_problem: str | None = None  # ``module:function`` (model name, eagle entry) -> why it cannot run that head
 
+    def __reduce__(self):  # a copy or an unpickled one is the table's record (compared by identity)
+        return engine_named, (self.name,)
+
     def runner(self) -> Callable:
         """How a generation job runs a cell with this engine (``runs``, imported now)."""
         return hook(self.runs)
@@ -88,6 +91,11 @@ class Engine:
     def feature_head_problem(self, name: str, entry: Any) -> str | None:
         """Why this engine cannot run model ``name``'s feature head (its config ``eagle`` entry), or None."""
         return hook(self.head_problem)(name, entry) if self.head_problem else None
+
+
+def engine_named(name: str) -> Engine:
+    """The table's record of the engine ``name``."""
+    return ENGINES[name]
 
 
 def hook(path: str) -> Callable:

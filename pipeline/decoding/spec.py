@@ -12,7 +12,7 @@ disagree; each method's contract is in ``docs/algorithms.md``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ArgumentError
@@ -50,7 +50,7 @@ class MethodSpec:
     base: str  # the method it is or speeds up: large_model, small_model or an ensemble's name
     form: Form  # what it does (forms.py): its kind and the properties below
     ensemble: Ensemble | None = None
-    engine: Engine = OURS  # what decodes it (engines.py): our decoder, transformers' generate or vLLM
+    engine: Engine = field(default=OURS, repr=False)  # what decodes it (engines.py): ours, transformers' or vLLM
 
     @property
     def kind(self) -> str:

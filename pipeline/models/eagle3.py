@@ -70,7 +70,11 @@ def head_config(config: dict, target: nn.Module):
         "mlp_bias",
     )
     ours = target.config.to_dict()
-    found = {k: config.get(k, ours.get(k)) for k in keys if config.get(k, ours.get(k)) is not None}
+    rope = ("rope_theta", "rope_scaling", "rope_parameters")
+    if any(config.get(k) is not None for k in rope):  # the checkpoint's rope, whole (vLLM reads the draft's own)
+        ours = {k: v for k, v in ours.items() if k not in rope}
+    found = {k: config[k] if config.get(k) is not None else ours.get(k) for k in keys}
+    found = {k: v for k, v in found.items() if v is not None}
     head = LlamaConfig(**found, num_hidden_layers=1, vocab_size=1)
     head._attn_implementation = "eager"
     return head
@@ -143,14 +147,15 @@ class Eagle3Head(nn.Module):
 
     def fuse(self, hidden: torch.Tensor) -> torch.Tensor:
         """The target's three layers' inputs ``[..., 3d]`` (``read_features``) as the head's feature ``[..., d]``."""
-        return self.fc(hidden.to(self.fc.weight.dtype))
+        return self.fc(hidden.to(device=self.fc.weight.device, dtype=self.fc.weight.dtype))
 
     def step(self, features: torch.Tensor, tokens: torch.Tensor, cache, start: int) -> torch.Tensor:
         """Inputs ``start, start + 1, ...``: (feature g_t ``[k, d]``, next token x_{t+1} ``[k]``) -> the features
         after them ``[k, d]`` (before the final norm: what it drafts on from), appended to ``cache`` (None: the
         whole sequence, no cache)."""
-        embeds = self.borrowed[0](tokens.to(self.fc.weight.device)).to(self.fc.weight.dtype)[None]
-        features = features.to(embeds.dtype)[None]
+        embedding, weight = self.borrowed[0], self.fc.weight
+        embeds = embedding(tokens.to(embedding.weight.device)).to(device=weight.device, dtype=weight.dtype)[None]
+        features = features.to(device=weight.device, dtype=weight.dtype)[None]
         k = embeds.shape[1]
         positions = torch.arange(start, start + k, device=embeds.device)[None]
         past = start if cache is not None else 0
@@ -223,5 +228,17 @@ def load_eagle3(path: Path, raw: dict[str, torch.Tensor], config: dict, target: 
     if len(set(ids.tolist())) != draft_vocab:
         raise ModelError(f"{where}: d2t maps two draft ids to one target id")
     head.load_state_dict({**state, "d2t": state["d2t"].long()}, strict=False)
-    dtype = target.dtype
-    return head.to(device=target.get_output_embeddings().weight.device, dtype=dtype)
+    return to_target(head, target)
+
+
+def to_target(head: nn.Module, target: nn.Module) -> nn.Module:
+    """``head`` on ``target``'s output device and in its dtype, its rotary frequencies kept in float32 or finer
+    (as the target's own: cast to bfloat16 they would turn the angles of far positions by tenths of a radian)."""
+    frequencies = {name: buf.clone() for name, buf in head.named_buffers() if name.endswith("inv_freq")}
+    head.to(device=target.get_output_embeddings().weight.device, dtype=target.dtype)
+    for name, buf in frequencies.items():
+        owner, _, attr = name.rpartition(".")
+        module = head.get_submodule(owner) if owner else head
+        finer = buf.dtype if target.dtype not in (torch.float32, torch.float64) else target.dtype
+        setattr(module, attr, buf.to(device=getattr(module, attr).device, dtype=finer))
+    return head

@@ -37,7 +37,7 @@ from ..decoding.proposers.feature import LAYOUTS, attach, read_features
 from ..provenance import weights_versions
 from .cache import META, write_dir
 from .cpu_kernels import pack_linears
-from .eagle3 import is_eagle3, load_eagle3
+from .eagle3 import is_eagle3, load_eagle3, to_target
 from .recipe import Recipe
 from .spec import ModelError
 from .teacher import Example, TeacherData, teacher_data
@@ -355,7 +355,7 @@ def load_head(path: str | Path, target: nn.Module) -> FeatureHead:
             f"feature head {path}: {len(missing)} weights missing, {len(unexpected)} not its own "
             f"(first: {(missing + unexpected)[0]})"
         )
-    head.to(device=target.get_output_embeddings().weight.device, dtype=target.dtype)
+    to_target(head, target)
     attach(target, head)
     return head
 

@@ -31,7 +31,18 @@ def entry_problem(model: str, eagle: str | dict[str, Any] | None) -> str | None:
             f"vLLM runs EAGLE's layout over the whole vocabulary, and model {model!r}'s head recipe "
             f"{json.dumps(eagle)} is not; give it {TRAIN_FOR_VLLM}"
         )
+    if isinstance(eagle, str) and _is_eagle3(Path(eagle).expanduser()):
+        return f"model {model!r}'s head {eagle} is an EAGLE-3 checkpoint; vLLM's EAGLE (EAGLE-1's layout) cannot run it"
     return None
+
+
+def _is_eagle3(head: Path) -> bool:
+    """Whether the directory ``head`` holds an EAGLE-3 checkpoint (its decoder layer named ``midlayer``)."""
+    weights = next((head / f for f in EAGLE_WEIGHTS if (head / f).is_file()), None)
+    try:
+        return weights is not None and any(name.startswith("midlayer.") for name in _names(weights))
+    except Exception:  # noqa: BLE001 (unreadable: the loader says why, in one line, when the job starts)
+        return False
 
 
 def _runs_in_vllm(recipe: HeadRecipe) -> bool:

@@ -74,8 +74,9 @@ def read_features(model: torch.nn.Module, head, found) -> Hooks:
     def read(index: int):
         def hook(_module, args, kwargs):
             inputs[index] = args[0] if args else kwargs["hidden_states"]
-            if index == layers[-1]:  # the last of the three: one forward's features, side by side
-                found(torch.cat([inputs.pop(i) for i in layers], dim=-1))
+            if index == layers[-1]:  # the last of the three: one forward's features, side by side (on one device)
+                last = inputs[index]
+                found(torch.cat([inputs.pop(i).to(last.device) for i in layers], dim=-1))
 
         return hook
 
@@ -133,7 +134,7 @@ class FeatureProposer(NamedProposer):
     def _capture(self, hidden: Tensor) -> None:
         if not self._reading:
             return
-        hidden = self.fuse(hidden[0])
+        hidden = hidden[0]  # as read: EAGLE-3's three layers are fused when drafted from (its time, not the target's)
         start, k = self.runner.length, hidden.shape[0]  # the runner counts these tokens once its forward returns
         if self.features is None or self.features.shape[0] < start + k:
             grown = hidden.new_zeros((max(2 * (start + k), 256), hidden.shape[1]))
@@ -184,7 +185,7 @@ class FeatureProposer(NamedProposer):
         t = keep
         if t < min(last + 1, true):  # inputs with true features: one forward
             stop = min(last + 1, true)
-            out = self._step(self.features[t:stop], tokens[t + 1 : stop + 1], t)
+            out = self._step(self.fuse(self.features[t:stop]), tokens[t + 1 : stop + 1], t)
             self.inputs += [(x, True) for x in tokens[t + 1 : stop + 1]]
             self.outputs += list(out)
             t = stop
