@@ -33,7 +33,7 @@ def test_every_hook_a_record_names_exists_with_its_signature(name):
             assert len(required) == arity, path
     if engine.environment:  # its environment's record is a rule's output
         rules = "\n".join(p.read_text() for p in (ROOT / "workflow" / "rules").glob("*.smk"))
-        assert f'f"{{RESULTS}}/{engine.environment}"' in rules
+        assert f'LAYOUT.environment(ENGINES["{name}"].environment)' in rules  # its rule's output
     assert (engine.elsewhere is None) == (engine.environment is None)  # run apart from generate: in its own env
 
 
