@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run dry-run bench bench-quick test test-integration test-all lint clean
+.PHONY: install run dry-run bench bench-quick test test-integration test-exhaustive test-all lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	sh scripts/install-bubblewrap.sh
@@ -34,12 +34,17 @@ bench: $(STAMP)
 PYTEST := $(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q --durations=15
 
 # make test: every test but the integration tier (tests/conftest.py: vLLM's environment, a SLURM cluster, the whole
-# DAG, inductor); make test-integration: that tier alone; make test-all: both in one run, what CI runs (.ci/run).
+# DAG, inductor) and the exhaustive tier (tests/tiers.py: a conformance test's cases beyond its quick set);
+# make test-integration and make test-exhaustive: each tier alone; make test-all: everything in one run, what CI
+# runs (.ci/run).
 test: $(STAMP)
-	$(PYTEST) -m "not integration"
+	$(PYTEST) -m "not integration and not exhaustive"
 
 test-integration: $(STAMP)
 	$(PYTEST) -m integration
+
+test-exhaustive: $(STAMP)
+	$(PYTEST) -m exhaustive
 
 test-all: $(STAMP)
 	$(PYTEST)

@@ -9,6 +9,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from .tiers import mark_exhaustive
+
 # tiny models: threads cost more than they give
 torch.set_num_threads(1)
 
@@ -24,12 +26,19 @@ LONGEST_FIRST = ("test_sampling_new_methods.py", "test_sampling_lossless.py", "t
 # CPU kernels). `make test` leaves them out; `make test-all`, what CI runs, takes them too (README, "Tests").
 INTEGRATION_FIXTURES = frozenset({"vllm_ready", "vllm_run", "slurm_cluster", "tiny_run"})
 
+# The exhaustive tier (marker ``exhaustive``): the cases of a conformance test beyond its representative set. A test
+# marked ``@pytest.mark.spread("setting", ...)`` keeps in `make test` each combination of its other parameters once,
+# at the spread parameters' values run least so far, and every spread value (``tiers.quick``); the rest are marked
+# ``exhaustive``, which `make test` leaves out and `make test-all` (CI) runs. tests/test_tiers.py checks that the
+# quick tier keeps a greedy and a chi-square case of every registered ensemble's speculative forms and proposer kind.
+
 
 @pytest.hookimpl(tryfirst=True)  # marked before ``-m`` selects by marker
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+    mark_exhaustive(items, pytest.mark.exhaustive)
     if missing := [name for name in LONGEST_FIRST if name not in {p.name for p in config.rootpath.glob("tests/*.py")}]:
         raise pytest.UsageError(f"tests/conftest.py LONGEST_FIRST names files that do not exist: {missing}")
     counts = Counter(item.path.name for item in items)

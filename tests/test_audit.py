@@ -66,6 +66,7 @@ def audited(trio, method, proposer=None, setting="greedy", n=N, seed=0, start=No
     return out, audit
 
 
+@pytest.mark.spread("proposer")  # make test: each method and setting with one proposer, the proposers in turn
 @pytest.mark.parametrize("method,proposer,setting", CASES, ids=["-".join(map(str, c)) for c in CASES])
 def test_every_distribution_matches_a_recompute_from_scratch(trio, method, proposer, setting):
     out, audit = audited(trio, method, proposer, setting)
@@ -82,6 +83,7 @@ def test_every_built_in_method_is_audited():
     assert {"we", "cd", "gac"} <= set(conformance_ensembles())
 
 
+@pytest.mark.spread("setting")  # make test: each method greedy or sampling, in turn
 @pytest.mark.parametrize("method", ["sd", "we_sd", "we_se", "cd_se", "gac_se"])
 @pytest.mark.parametrize("setting", SETTINGS)
 def test_dynamic_gamma_every_distribution_matches_a_recompute(trio, method, setting):

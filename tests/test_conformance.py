@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SUITES = [
     "tests/test_greedy_lossless.py",
     "tests/test_sampling_lossless.py",
+    "tests/test_sampling_new_methods.py",
     "tests/test_audit.py",
     "tests/test_trees.py",
 ]

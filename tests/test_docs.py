@@ -33,9 +33,10 @@ SHELL = {"bash", "sh", "shell", "console"}
 # own argument parser below; the benchmarks' runs take minutes, and the test named in PROGRAMS runs each program.
 COMMANDS = {
     "make run": "tests/test_workflow.py::test_the_whole_dag_writes_tables_plots_wandb_runs_and_a_notebook",
-    "make test": "suite: it runs every test here but the integration tier (tests/conftest.py)",
+    "make test": "suite: it runs every test here but the integration and exhaustive tiers (tests/conftest.py)",
     "make test-integration": "suite: it runs the integration tier (tests/conftest.py)",
-    "make test-all": "suite: it runs every test here, the integration tier included (what CI runs)",
+    "make test-exhaustive": "suite: it runs the exhaustive tier (tests/tiers.py)",
+    "make test-all": "suite: it runs every test here, both tiers included (what CI runs)",
     "bash benchmarks/gpu/run.sh trees": "gpu: benchmarks/gpu/run.sh runs on a GPU machine only",
     "bash benchmarks/gpu/run.sh trees-compiled": "gpu: benchmarks/gpu/run.sh runs on a GPU machine only",
     "make bench": "tests/test_bundled_model.py::test_benchmark_runs_prints_every_method_and_records_the_run",

@@ -54,6 +54,7 @@ SPECULATIVE = [
 ]
 
 
+@pytest.mark.spread("proposer")  # make test: each method with the head alone or chained, in turn (tests/tiers.py)
 @pytest.mark.parametrize("proposer", ["eagle", "eagle+draft"])
 @pytest.mark.parametrize("method,args,gamma", SPECULATIVE, ids=[m for m, _, _ in SPECULATIVE])
 def test_greedy_outputs_equal_the_standard_method(pair, method, args, gamma, proposer):
@@ -156,6 +157,7 @@ def test_the_head_cache_gives_what_a_recompute_from_scratch_gives(pair):
 TREES = [("sd", {}, "2x2x1"), ("sd", {}, "d8"), ("we_sd", {"lambda": 0.5}, "3x1"), ("cd_se", {"alpha": 0.3}, "d6")]
 
 
+@pytest.mark.spread("proposer")  # make test: each method and shape with the head alone or chained, in turn
 @pytest.mark.parametrize("proposer", ["eagle", "eagle+draft"])
 @pytest.mark.parametrize("method,args,tree", TREES, ids=[f"{m}-{t}" for m, _, t in TREES])
 def test_greedy_trees_drafted_by_the_head_equal_the_standard_method(pair, method, args, tree, proposer):

@@ -18,6 +18,7 @@ def run(models, prompt, method, n, **kw):
     return generate(models, prompt, method, max_new_tokens=n, **kw)
 
 
+@pytest.mark.spread("gamma", "n")  # make test: every gamma and every length, not every pair (tests/tiers.py)
 @pytest.mark.parametrize("gamma", [1, 2, 3, 5, 8])
 @pytest.mark.parametrize("n", LENGTHS)
 def test_sd_equals_large_model(trio, gamma, n):
@@ -39,6 +40,7 @@ PAIRABLE = sorted(e for e in ENSEMBLE_ARGS if ENSEMBLES[e].min_models <= 2)  # t
 GAMMAS = {"_sd": [1, 2, 4, 7], "_se": [1, 3, [1, 4], [3, 1], [2, 2]]}
 
 
+@pytest.mark.spread("proposer")  # make test: each ensemble's form with one first proposer, in turn
 @pytest.mark.parametrize("ensemble", PAIRABLE)
 @pytest.mark.parametrize("variant", ["_sd", "_se"])
 @pytest.mark.parametrize("proposer", [0, 1])
@@ -59,6 +61,7 @@ def test_two_model_ensembles_equal_standard_ensemble(trio, ensemble, variant, pr
     assert accepted > 0
 
 
+@pytest.mark.spread("proposer", "gamma")  # make test: every first proposer and every gamma, not every pair
 @pytest.mark.parametrize("proposer", [0, 1, 2])
 @pytest.mark.parametrize("gamma", [1, 2, [1, 2, 3], [3, 1, 1], [2, 4, 1]])
 def test_three_model_weighted_ensemble(trio, proposer, gamma):
@@ -120,6 +123,7 @@ def test_parallel_ensemble_equals_standard_ensemble(trio, method):
                 ), (prompt, n)
 
 
+@pytest.mark.spread("gamma")  # make test: each method at one starting gamma, in turn
 @pytest.mark.parametrize("method", ["sd", *(e + v for e in PAIRABLE for v in ("_sd", "_se"))])
 @pytest.mark.parametrize("gamma", [1, 3])
 def test_dynamic_gamma_equals_baseline(trio, method, gamma):

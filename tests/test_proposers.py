@@ -240,6 +240,7 @@ def corpus_for(trio_models, prompt: list[int], base: str, args: dict) -> Corpus:
     return corpus
 
 
+@pytest.mark.spread("tree")  # make test: each method and kind with one shape (a chain or a tree), in turn
 @pytest.mark.parametrize("tree", [None, "3x2", "d6"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("method,n,args", METHODS, ids=[m for m, _, _ in METHODS])

@@ -190,6 +190,7 @@ REGISTERED = [
 ]
 
 
+@pytest.mark.spread("setting")  # make test: each case at one setting, the settings in turn (tests/tiers.py)
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: "T{temperature}-k{top_k}-p{top_p}".format(**s))
 @pytest.mark.parametrize("case", CASES, ids=lambda c: case_id(c))
 def test_first_two_tokens_follow_the_target(models, case, setting):

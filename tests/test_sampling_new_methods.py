@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.decoding.ensemble import ENSEMBLES, conformance_ensembles
+
 from .test_sampling_lossless import (
     ALPHA,
     SETTINGS,
@@ -16,6 +18,7 @@ from .test_sampling_lossless import (
     empirical_joint,
     exact_joint,
     make_models,
+    reference,
 )
 
 
@@ -80,8 +83,16 @@ CASES = [
         {"method_args": {"lambda": 0.6, "first_proposer": 1}, "gamma": 2},  # a restricted head drafts
     ),
 ]
+# dynamic gamma in every other registered ensemble (``register_ensemble``), with the arguments it declared for these
+# tests: each proposer's gamma moves
+CASES += [
+    (name + "_se", [0, 1], *reference(name, args), {"method_args": args, "gamma": [2, 1], **DYNAMIC})
+    for name, args in conformance_ensembles().items()
+    if name != "we" and ENSEMBLES[name].min_models <= 2
+]
 
 
+@pytest.mark.spread("setting")  # make test: each case at one setting, the settings in turn (tests/tiers.py)
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: "T{temperature}-k{top_k}-p{top_p}".format(**s))
 @pytest.mark.parametrize("case", CASES, ids=lambda c: case_id(c))
 def test_first_two_tokens_follow_the_target(models, case, setting):

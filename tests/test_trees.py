@@ -18,7 +18,7 @@ import torch
 
 from pipeline.decoding import generate
 from pipeline.decoding.audit import Audit, AuditError
-from pipeline.decoding.ensemble import conformance_ensembles
+from pipeline.decoding.ensemble import ENSEMBLES, conformance_ensembles
 from pipeline.decoding.spec import method_names, parse_method
 from pipeline.decoding.tree import cache as tree_cache
 from pipeline.decoding.tree import verify as tree_verify
@@ -27,7 +27,7 @@ from pipeline.errors import ArgumentError
 
 from .conftest import perturbed, tiny_llama, without_null
 from .test_cell import Repeat
-from .test_sampling_lossless import ALPHA, VOCAB, chi_square_pvalue, exact_joint, make_models
+from .test_sampling_lossless import ALPHA, VOCAB, chi_square_pvalue, exact_joint, make_models, reference
 
 ARGS = conformance_ensembles()  # every registered ensemble, with the arguments it declared for these tests
 SPECULATIVE = [
@@ -59,6 +59,7 @@ def test_trees_are_refused_where_they_cannot_run(trio):
         generate([windowed, draft], [1, 2], "sd", max_new_tokens=2, tree=[2])
 
 
+@pytest.mark.spread("proposer")  # make test: each method with one proposer, the proposers in turn (tests/tiers.py)
 @pytest.mark.parametrize("method", SPECULATIVE)
 @pytest.mark.parametrize("proposer", ["draft", "lookup", "lookup+draft"])
 def test_greedy_trees_equal_the_baseline(trio, method, proposer):
@@ -151,11 +152,20 @@ def tree_joint(models, method, tree, seeds=N, **kw) -> np.ndarray:
 
 # children drawn with replacement (3x2) and without (w), static and dynamic (d4w)
 TREE_CASES = [(0, "3x2"), (0, "3x2w"), (1, "3x2w"), (2, "3x2"), (2, "d4w"), (3, "3x2w")]
+# a tree in every other registered ensemble (``register_ensemble``), with the arguments it declared for these tests
+SAMPLED += [
+    (name + "_sd", [0, 1], *reference(name, args), {"method_args": args})
+    for name, args in ARGS.items()
+    if name not in ("we", "cd") and ENSEMBLES[name].min_models <= 2
+]
+TREE_CASES += [(i, "3x2w") for i in range(4, len(SAMPLED))]
 
 
-@pytest.mark.parametrize("case,tree", TREE_CASES, ids=[f"{SAMPLED[i][0]}-{t}" for i, t in TREE_CASES])
+@pytest.mark.parametrize(
+    "case,tree", [(SAMPLED[i], t) for i, t in TREE_CASES], ids=[f"{SAMPLED[i][0]}-{t}" for i, t in TREE_CASES]
+)
 def test_first_two_tokens_follow_the_target_with_trees(small, case, tree):
-    method, idx, kind, ref_args, kw = SAMPLED[case]
+    method, idx, kind, ref_args, kw = case
     chosen = [small[i] for i in idx]
     expected = exact_joint(kind, chosen, SETTING, ref_args)
     p = chi_square_pvalue(tree_joint(chosen, method, tree, **kw), expected)
@@ -387,6 +397,7 @@ def registered():
         NAMED_PROPOSERS.pop(name)
 
 
+@pytest.mark.spread("tree")  # make test: each proposer with one shape, in turn
 @pytest.mark.parametrize("proposer", ["echo", "echo+draft", "unigram", "unigram+draft"])
 @pytest.mark.parametrize("tree", ["3x2", "d6"])
 def test_a_registered_proposer_drafts_trees_through_the_protocol(small, registered, proposer, tree):

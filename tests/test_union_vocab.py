@@ -238,6 +238,7 @@ def _stats():
     return GenerationStats(method="we")
 
 
+@pytest.mark.spread("proposer")  # make test: each ensemble with one proposer, every proposer once (tests/tiers.py)
 @pytest.mark.parametrize("base", ["we", "gac"])
 @pytest.mark.parametrize("proposer", ["draft", "lookup", "lookup+draft"])
 def test_greedy_speculative_forms_equal_the_union_ensemble(toks, hetero, base, proposer):

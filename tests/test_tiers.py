@@ -1,0 +1,119 @@
+"""The quick tier (`make test`) keeps a representative set of each conformance test (``tiers.py``): every registered
+ensemble's speculative forms (E_sd, E_se, E_me_sd, dynamic gamma, trees), ``sd`` itself and every proposer kind keep a
+greedy-identity case and a chi-square case there, read from the registries; the rest run in `make test-all` (CI)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from pipeline.decoding.ensemble import conformance_ensembles
+from pipeline.decoding.proposers import NAMED_PROPOSERS
+from pipeline.decoding.spec import DRAFT, method_names, parse_method, proposer_kinds
+
+from .tiers import quick
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = "not integration and not exhaustive"  # the Makefile's `make test`
+# the exactness suites with greedy-identity tests (names with "greedy" or "equal") and chi-square tests ("follow")
+SUITES = [
+    "tests/test_greedy_lossless.py",
+    "tests/test_sampling_lossless.py",
+    "tests/test_sampling_new_methods.py",
+    "tests/test_trees.py",
+    "tests/test_proposers.py",
+    "tests/test_feature_head.py",
+    "tests/test_lookup.py",
+]
+
+PLUGIN = """
+import json
+import os
+
+
+def pytest_collection_finish(session):
+    with open(os.environ["QUICK_CASES"], "w") as out:
+        for item in session.items:
+            params = getattr(getattr(item, "callspec", None), "params", {})
+            out.write(json.dumps({"test": item.originalname, "params": params}, default=repr) + "\\n")
+"""
+
+
+def test_the_rule_runs_each_combination_once_and_every_spread_value():
+    cases = [{"case": c, "setting": s} for s in "xyz" for c in range(7)]
+    kept = sorted((p for p, keep in zip(cases, quick(cases, ["setting"])) if keep), key=lambda p: p["case"])
+    assert [p["case"] for p in kept] == list(range(7))  # each combination of the other parameters once
+    assert [p["setting"] for p in kept] == list("xyzxyzx")  # the settings in turn, the least run first
+    two = [{"case": c, "gamma": g, "n": n} for g in (1, 2, 3, 5) for n in (1, 6, 40) for c in ("a", "b")]
+    kept = [p for p, keep in zip(two, quick(two, ["gamma", "n"])) if keep]
+    assert {p["gamma"] for p in kept} == {1, 2, 3, 5} and {p["n"] for p in kept} == {1, 6, 40}
+    assert {p["case"] for p in kept} == {"a", "b"} and len(kept) == 4  # two combinations, two more for 3 and 5
+    sparse = [{"case": 0, "t": 1}, {"case": 1, "t": 1}, {"case": 1, "t": 2}]  # not a cross product
+    assert quick(sparse, ["t"]) == [True, False, True]
+    assert quick([{"case": [1, {"a": 2}], "t": {"k": 0}}], ["t"]) == [True]  # values need not be hashable
+
+
+def walk(name, value):
+    """Every (name, value) in a case's parameters: the parameters and, inside tuples, lists and dicts, their items."""
+    yield name, value
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from walk(key, item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from walk(None, item)
+
+
+SPECULATIVE = {m for m in method_names() if parse_method(m).kind in ("sd", "se", "me_sd")}
+
+
+def exercised(test: str, params: dict) -> tuple[str, str | None, str, set[str]]:
+    """A collected case: its check (greedy or chi-square), its speculative method, its proposer, dynamic or tree."""
+    found = [pair for name, value in params.items() for pair in walk(name, value)]
+    strings = [value for _, value in found if isinstance(value, str)]
+    method = next((s for s in strings if s in SPECULATIVE), None)
+    if {"ensemble", "variant"} <= set(params):  # test_greedy_lossless: an ensemble and a form apart
+        method = params["ensemble"] + params["variant"]
+    proposer = next((v for k, v in found if k in ("proposer", "kind") and isinstance(v, str)), DRAFT)
+    forms = {"dynamic"} if "dynamic" in test or ("gamma_schedule", "dynamic") in found else set()
+    if "tree" in test or any(k == "tree" and v is not None for k, v in found):
+        forms.add("tree")
+    check = "chi-square" if "follow" in test else "greedy" if "greedy" in test or "equal" in test else "other"
+    return check, method, proposer, forms
+
+
+def chained(kind: str, proposer: str) -> bool:
+    """Whether a case's proposer stands for a kind: itself, or for ``N+draft`` any chain of N's ending in draft."""
+    parts = proposer.split("+")
+    return proposer == kind or ("+" in kind and kind.split("+")[0] in parts[:-1] and parts[-1] == DRAFT)
+
+
+def test_the_quick_tier_has_a_greedy_and_a_chi_square_case_of_every_form_and_proposer(tmp_path):
+    (tmp_path / "quick_cases_plugin.py").write_text(PLUGIN)
+    out = tmp_path / "quick.jsonl"
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "QUICK_CASES": str(out)}
+    command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "quick_cases_plugin"]
+    command += ["-p", "no:cacheprovider", "-p", "no:randomly", "-m", QUICK, *SUITES]
+    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and out.exists(), run.stdout[-2000:] + run.stderr[-2000:]
+    cases = [exercised(c["test"], c["params"]) for c in map(json.loads, out.read_text().splitlines())]
+    have = {"greedy": [c for c in cases if c[0] == "greedy"], "chi-square": [c for c in cases if c[0] == "chi-square"]}
+    missing = []
+    ensembles = conformance_ensembles()
+    for method in sorted(m for m in SPECULATIVE if parse_method(m).base in ("large_model", *ensembles)):
+        spec = parse_method(method)
+        for check in ("greedy", "chi-square") if spec.greedy_ok else ("chi-square",):
+            if not any(m == method for _, m, _, _ in have[check]):
+                missing.append(f"{check}: {method}")
+            for form in ("dynamic", "tree") if spec.own_loop else ():  # in some speculative method of its base
+                if not any(m and parse_method(m).base == spec.base and form in f for _, m, _, f in have[check]):
+                    missing.append(f"{check}: {spec.base} with {form}")
+    assert set(NAMED_PROPOSERS) and set(proposer_kinds()) > {DRAFT, *NAMED_PROPOSERS}  # alone and chained
+    for kind in proposer_kinds():
+        for check in have:
+            if not any(chained(kind, p) for _, m, p, _ in have[check] if m):
+                missing.append(f"{check}: proposer {kind}")
+    assert not missing, f"the quick tier ({QUICK!r}) has no case of:\n" + "\n".join(sorted(set(missing)))
