@@ -222,6 +222,7 @@ SPECULATIVE = [
 ]
 
 
+@pytest.mark.spread("proposer")  # each method and tree once in make test, the proposers in turn (tests/tiers.py)
 @pytest.mark.parametrize("proposer", ["eagle", "eagle+draft"])
 @pytest.mark.parametrize(
     "method,args,gamma,tree", SPECULATIVE, ids=[f"{m}-{t or 'chain'}" for m, _, _, t in SPECULATIVE]
@@ -296,9 +297,15 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    "case", CASES, ids=["-".join([c[0], c[4]["method_args"]["proposer"], c[4].get("tree", "chain")]) for c in CASES]
-)
+def case_id(case) -> str:
+    return "-".join([case[0], case[4]["method_args"]["proposer"], case[4].get("tree", "chain")])
+
+
+# make test: the head alone in a chain and in a tree; the chained ensembles' cases (20 s each) in make test-all
+QUICK = [pytest.param(c, id=case_id(c), marks=() if c[0] == "sd" else pytest.mark.exhaustive) for c in CASES]
+
+
+@pytest.mark.parametrize("case", QUICK)
 def test_first_two_tokens_follow_the_target(sampling_models, case):
     check_case(sampling_models, case, SETTINGS[0])
 
