@@ -35,19 +35,26 @@ PYTEST := $(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q --durat
 
 # make test: every test but the integration tier (tests/conftest.py: vLLM's environment, a SLURM cluster, the whole
 # DAG, inductor) and the exhaustive tier (tests/tiers.py: a conformance test's cases beyond its quick set);
-# make test-integration and make test-exhaustive: each tier alone; make test-all: everything in one run, what CI
-# runs (.ci/run).
+# make test-integration and make test-exhaustive: each tier alone; make test-all: every test, what CI runs
+# (.ci/run): the three tiers in turn (they split the suite: each test in one), each timed, so that every CI log
+# says how long make test took; it goes on past a failing tier and fails if any did.
+QUICK := not integration and not exhaustive
+TIERS := "$(QUICK)" "exhaustive and not integration" "integration"
+
 test: $(STAMP)
-	$(PYTEST) -m "not integration and not exhaustive"
+	$(PYTEST) -m "$(QUICK)"
 
 test-integration: $(STAMP)
 	$(PYTEST) -m integration
 
 test-exhaustive: $(STAMP)
-	$(PYTEST) -m exhaustive
+	$(PYTEST) -m "exhaustive and not integration"
 
 test-all: $(STAMP)
-	$(PYTEST)
+	@failed=0; for tier in $(TIERS); do \
+		start=$$(date +%s); $(PYTEST) -m "$$tier" || failed=1; \
+		echo "tier '$$tier': $$(( $$(date +%s) - start )) s"; \
+	done; exit $$failed
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pipeline tasks tests
