@@ -255,8 +255,9 @@ def across_engines(cells: pd.DataFrame, samples: dict[str, list], speeds: dict[s
     each vLLM speculation cell of the same model set, dataset and T, and the large model by our decoder (its runs
     beside ``sd``) over vLLM's decoding of it (its runs beside vLLM's speculation). Different jobs, so not side by
     side: whatever else the machine did between them is in these ratios; the interval is over prompts only."""
-    own = [parse_method(m).engine.standard if parse_method(m).peer else None for m in cells["method"]]
-    theirs, ours = cells.assign(standard=own).dropna(subset=["standard"]), cells[cells["method"] == "sd"]
+    peers = cells[cells["kind"].isin(PEER_KINDS)]  # another engine's speculation (a null cell's method is a label)
+    own = [parse_method(m).engine.standard for m in peers["method"]]  # None: it decodes our standard methods
+    theirs, ours = peers.assign(standard=own).dropna(subset=["standard"]), cells[cells["method"] == "sd"]
     out, key, baselines = [], ["model_set", "dataset", "temperature"], set()
     for _, t in theirs.iterrows():
         policy = Policy.from_dict(speeds[t["id"]].get("policy"))
