@@ -108,8 +108,8 @@ def aggregate(results: Path, reported: dict | None = None) -> list[Path]:
     this experiment."""
     results = Path(results)
     found = collect(results, reported)
-    files = Results(results)
-    cells, out, plots = found.cells, files.tables, files.plots
+    where = Results(results)
+    cells, out, plots = found.cells, where.tables, where.plots
     plots.mkdir(parents=True, exist_ok=True)  # an output of the workflow, also when no plot applies
     if cells.empty:
         raise ResultsError(f"no finished cells under {results / GENERATIONS}")
@@ -135,7 +135,7 @@ def aggregate(results: Path, reported: dict | None = None) -> list[Path]:
     q = plot_predicted(found, plots / "predicted_vs_measured.png")
     written += [x for x in (p, q) if x]
     sections += [f"![speed-up vs gamma](../plots/{p.name})\n" if p else ""]
-    write_atomic(files.summary, "\n".join(s for s in sections if s))
+    write_atomic(where.summary, "\n".join(s for s in sections if s))
     ratios = per_cell(found, RATIOS)  # what results.json adds to each cell's own records
     ratios.attrs["confidence"] = found.confidence
-    return [*written, files.summary, write_results_file(results, ratios, found.records)]
+    return [*written, where.summary, write_results_file(results, ratios, found.records)]
