@@ -22,7 +22,8 @@ from pipeline.models.eagle3 import Eagle3Head
 from pipeline.models.feature_head import head_dir_problem, load_head
 
 from .conftest import perturbed, tiny_llama
-from .test_sampling_lossless import SETTINGS, TWO, VOCAB, check_case, chi_square_pvalue, empirical_joint, exact_joint
+from .test_feature_head import EAGLE_CASES
+from .test_sampling_lossless import SETTINGS, VOCAB, check_case, chi_square_pvalue, empirical_joint, exact_joint
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 3, 1, 4, 1]
 
@@ -277,24 +278,7 @@ def sampling_models(tmp_path_factory):
     return [with_head, draft]
 
 
-CASES = [
-    ("sd", [0], "single", {}, {"gamma": 2, "method_args": {"proposer": "eagle"}}),
-    (
-        "we_se",
-        [0, 1],
-        "we",
-        {"weights": [0.5, 0.5]},
-        {"method_args": {**TWO["we"], "proposer": "eagle+draft"}, "gamma": [1, 2]},
-    ),
-    ("sd", [0], "single", {}, {"gamma": 2, "method_args": {"proposer": "eagle"}, "tree": "3x2w"}),
-    (
-        "we_sd",
-        [0, 1],
-        "we",
-        {"weights": [0.5, 0.5]},
-        {"method_args": {**TWO["we"], "proposer": "eagle+draft"}, "gamma": 2, "tree": "d4"},
-    ),
-]
+CASES = [EAGLE_CASES[i] for i in (0, 2, 4, 5)]  # test_feature_head's: sd chain and tree, we_se, we_sd d4
 
 
 def case_id(case) -> str:
