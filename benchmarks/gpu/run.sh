@@ -8,7 +8,7 @@
 #     RUNNERS="compiled eager" picks the runners and their order (default: eager compiled eager+auto)
 #   bash benchmarks/gpu/run.sh speed     # what a forward costs per runner and size, oracle drafts (~8 min)
 #   bash benchmarks/gpu/run.sh trees     # token trees against chains of the same node budget (~4 min at 6 prompts)
-#   bash benchmarks/gpu/run.sh trees-compiled  # the same on the compiled runner (CUDA graphs; ~7 min)
+#   bash benchmarks/gpu/run.sh trees-compiled  # sd's chain and tree on the compiled runner (CUDA graphs)
 #   bash benchmarks/gpu/run.sh vllm      # vLLM beside ours (benchmarks/gpu/vllm.yaml): only where vLLM's GPU build can
 #                                        # be installed (a registry in reach; not this project's GPU sessions)
 #   bash benchmarks/gpu/run.sh           # all but vllm (~35 min: too long for one call)
@@ -61,11 +61,12 @@ print('draft', ensure_draft(BUNDLED, Recipe(layers=2)), f'ready in {time.perf_co
     --json "$OUT/trees.json" 2>&1 | grep -v "it/s\]" | tee "$OUT/trees.txt"
 fi
 if part trees-compiled; then
-  # 6. the same pair on the compiled runner: chains and trees as CUDA graphs (a tree's masked forwards in buckets
-  #    up to its node count), compiled before the timed runs
-  #    (2026-11-27, H200: with 4 prompts it had not printed its table after 430 s; give it a call of its own)
-  timeout ${TREES_TIMEOUT:-560} $PY -m pipeline.bench --device cuda --runner compiled --groups sd we --methods sd \
-    we_se --gamma 3 --dynamic --tree 3x2x1 d16 --prompts ${TREES_PROMPTS:-6} --max-new-tokens 128 \
+  # 6. sd's chain and tree on the compiled runner (CUDA graphs; a tree's masked forwards in buckets up to its node
+  #    count), compiled before the timed runs. Sized to one call: 3 prompts x 64 tokens need one cache size (every
+  #    cache size compiles its own graphs), sd alone (the we group doubles the models); 2026-11-27, H200: the
+  #    we group too, 4 prompts x 128 tokens, two cache sizes had printed nothing after 430 s (compiling)
+  timeout ${TREES_TIMEOUT:-560} $PY -m pipeline.bench --device cuda --runner compiled --groups ${TREES_GROUPS:-sd} \
+    --methods sd we_se --gamma 3 --dynamic --tree 3x2x1 --prompts ${TREES_PROMPTS:-3} --max-new-tokens 64 \
     --record /tmp/trees-record \
     --json "$OUT/trees-compiled.json" 2>&1 | grep -v "it/s\]" | tee "$OUT/trees-compiled.txt"
 fi

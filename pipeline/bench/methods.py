@@ -78,7 +78,7 @@ def bench_corpus(draft_layers: int, vocab: int):
 
 
 def run_variant(v: Variant, target, draft, ids, max_new, eos, seed, corpus=None):
-    if (v.group.startswith("cd") or v.method in PEERS) and getattr(draft, "restricted_vocab", False):
+    if uses_full_draft(v) and getattr(draft, "restricted_vocab", False):
         draft = draft.base  # CD needs the amateur's full-vocabulary logits; transformers cannot take a restricted head
     extra = {"tree": v.tree} if v.tree else {}
     if corpus is not None and "proposer" in v.method_args:  # the prompt's view: its own output is never in it
@@ -131,14 +131,21 @@ def proposer_arg(text: str) -> str:
 
 def compiled_runner(runner: str, models: list, tokenizer, prompts: list[str], args) -> None:
     """Put ``models`` on a compiled runner and compile, before anything is timed, the graphs the runs use
-    (the largest tree's masked forwards included)."""
+    (the largest tree's masked forwards included), printing how long that took."""
     from pipeline.decoding.static import compile_ahead
     from pipeline.decoding.tree.loop import parse_tree
 
+    start = time.perf_counter()
     for model in models:
         set_runner(model, runner)
     lengths = [len(tokenizer(p).input_ids) + n + 1 for p in prompts for n in (8, args.max_new_tokens)]
     compile_ahead(models, lengths, tree_tokens=max((parse_tree(t).nodes + 1 for t in args.tree), default=0))
+    print(f"{runner} runner: {len(models)} models compiled in {time.perf_counter() - start:.0f} s", flush=True)
+
+
+def uses_full_draft(v: Variant) -> bool:
+    """Whether ``v`` runs a restricted-head draft's base model (its full head) rather than the draft itself."""
+    return v.group.startswith("cd") or v.method in PEERS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -265,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     vs = select(every, args.groups, args.methods)
     if args.runner != "eager":
-        compiled_runner(args.runner, [target, draft, getattr(draft, "base", draft)], tokenizer, prompts, args)
+        full = [getattr(draft, "base", draft)] if any(uses_full_draft(v) for v in vs) else []
+        compiled_runner(args.runner, [target, draft, *full], tokenizer, prompts, args)
     print(
         f"target: bundled SmolLM2-135M-Instruct (float32, {args.device}, {torch.get_num_threads()} threads); "
         f"draft: {draft_desc}; proposer: {' / '.join(args.proposer)}; linear kernels: {kernels}"
