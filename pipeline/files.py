@@ -177,12 +177,19 @@ def schema_validator(schema: dict[str, Any]):
     return jsonschema.validators.extend(cls, type_checker=checker)(schema)
 
 
+def shown_key(part: Any) -> str:
+    """A key of a path into a record as one line shows it: as it is, or escaped (JSON's escapes, quoted) where it
+    holds a character that is not printable, such as a newline."""
+    text = str(part)
+    return text if text.isprintable() else json.dumps(text)
+
+
 def schema_problems(schema: dict[str, Any], value: Any, where: str) -> list[str]:
     """One line per part of ``value`` that ``schema`` does not accept, naming ``where`` (a file, a line), the key,
     the value (shortened) and what is accepted (a subschema's ``accepted`` where it says it in words)."""
     lines = []
     for error in sorted(schema_validator(schema).iter_errors(value), key=lambda e: list(map(str, e.absolute_path))):
-        key = ".".join(map(str, error.absolute_path)) or "(top level)"
+        key = ".".join(map(shown_key, error.absolute_path)) or "(top level)"
         shown = json.dumps(error.instance, default=str)
         shown = shown if len(shown) <= 40 else shown[:37] + "..."
         if error.validator == "required":

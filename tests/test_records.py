@@ -64,6 +64,18 @@ def test_any_json_in_any_record_is_the_record_or_one_line(kind, data, tmp_path):
     one_line_or_record(path, kind)
 
 
+@pytest.mark.parametrize("key", ["\n", "a\rb", "\x1b[2J"], ids=["newline", "return", "escape"])
+def test_a_key_holding_a_control_character_is_named_escaped_on_one_line(key, tmp_path):
+    """Found by the search above: a record ``{"scores": {"\n": null}}`` was named with a newline in its line."""
+    path = tmp_path / "record.json"
+    path.write_text(json.dumps({"scores": {key: None}}))
+    with pytest.raises(UserError) as err:
+        read_record(path, "likelihood record")
+    assert (
+        "\n" not in str(err.value) and "\r" not in str(err.value) and f"scores.{json.dumps(key)}=null" in str(err.value)
+    )
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(raw=st.binary(max_size=64))
 @pytest.mark.parametrize("kind", KINDS)

@@ -345,7 +345,7 @@ IO_ALLOWED = {
     ("pipeline/bench/doc.py", "load_notes", "yaml.safe_load of a file read raw"): "benchmarks/notes.yaml",
     ("pipeline/experiment/config.py", "load_schema", "yaml.safe_load of a file read raw"): "the config's schema",
     ("pipeline/experiment/config_doc.py", "render_page", "yaml.safe_load of a file read raw"): "the config's schema",
-    ("pipeline/models/spec.py", "default_models", "yaml.safe_load of a file read raw"): "the default config",
+    ("pipeline/models/spec.py", "default_entries", "yaml.safe_load of a file read raw"): "the default config",
     ("pipeline/report/results_file.py", "load_reported", "yaml.safe_load of a file read raw"): "the paper's figures",
 }
 

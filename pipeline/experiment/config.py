@@ -327,17 +327,25 @@ def _check_results_dir(results: str) -> None:
 def _check_heads(models: dict[str, Any]) -> None:
     """Every model's ``eagle`` entry, as far as the config shows: a recipe's keys and values (``HeadRecipe``), or
     a head's directory and its own config (``feature_head.head_dir_problem``); the target's side when it loads."""
-    from pipeline.models import ModelError
+    from pipeline.models import BUNDLED, ModelError
     from pipeline.models.feature_head import HeadRecipe, head_dir_problem
+    from pipeline.models.head_target import ensemble_target
     from pipeline.models.resolve import recipe_of
 
     for name, spec in models.items():
         eagle = spec.get("eagle")
         if isinstance(eagle, dict):
             try:
-                recipe_of(HeadRecipe, eagle, f"eagle settings for {name!r}")
+                recipe = recipe_of(HeadRecipe, eagle, f"eagle settings for {name!r}")
             except (ModelError, TypeError, ValueError) as err:  # a value of the wrong type: the recipe's own line
                 raise ConfigError(f"config key models.{name}.eagle: {one_line(err)}") from None
+            target = ensemble_target(recipe.target)
+            for member in target.members if target is not None else ():
+                if not isinstance(member, str) or (member != BUNDLED and member not in models):
+                    raise ConfigError(
+                        f"config key models.{name}.eagle.target.members: {member!r} is not a model of this config; "
+                        f"accepted: {', '.join(dict.fromkeys([BUNDLED, *models]))}"
+                    )
         elif isinstance(eagle, str) and (why := head_dir_problem(eagle)):
             raise ConfigError(f"config key models.{name}.eagle: {why}")
 

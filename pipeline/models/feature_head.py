@@ -38,9 +38,10 @@ from ..provenance import weights_versions
 from .cache import META, write_dir
 from .cpu_kernels import pack_linears
 from .eagle3 import is_eagle3, load_eagle3, to_target
+from .head_target import distribution, ensemble_target, for_ensemble
 from .recipe import Recipe
 from .spec import ModelError
-from .teacher import Example, TeacherData, teacher_data
+from .teacher import Example, TeacherData, stored_teacher_data
 from .training import draft_loss, fit, fixed_threads, loss_at
 
 WEIGHTS = "feature_head.safetensors"
@@ -67,10 +68,12 @@ class HeadRecipe(Recipe):
     cls_weight: float = 0.1
     noise: float = 0.1  # half-width of the uniform noise on the input features while training, in their RMS
     layout: str = "ours"  # "eagle": EAGLE's published layout, which vLLM loads (FeatureHead, docs/proposers.md)
+    target: str | dict = "model"  # what it learns to draft: its model's next token, or an ensemble's (head_target.py)
 
     def __post_init__(self):
         super().__post_init__()
         check_layout(self.layout)
+        ensemble_target(self.target)
         for key in ("cls_weight", "noise"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
@@ -254,14 +257,34 @@ def train_head(teacher, data: TeacherData, recipe: HeadRecipe, curve: bool = Fal
     return head, facts
 
 
-def distill_head(teacher, tokenizer, out_dir: Path, recipe: HeadRecipe, teacher_name: str = "teacher") -> Path:
-    """Train, measure and save a feature head for ``teacher``; returns its directory."""
+def distill_head(
+    teacher,
+    tokenizer,
+    out_dir: Path,
+    recipe: HeadRecipe,
+    teacher_name: str = "teacher",
+    members: tuple = (),
+    data_store: Path | None = None,
+) -> Path:
+    """Train, measure and save a feature head for ``teacher``; returns its directory. ``members``: the other
+    members of the ensemble the recipe's ``target`` names, loaded, in its order (``head_target.py``);
+    ``data_store``: the file that keeps the teacher's data for every head and draft of the same data
+    (``teacher.stored_teacher_data``; None: made here, not kept)."""
+    target = ensemble_target(recipe.target)
+    wanted = len(target.members) if target is not None else 0
+    if len(members) != wanted:
+        raise ModelError(
+            f"the feature head of {teacher_name!r} is trained with {wanted} other members, got {len(members)}"
+        )
     with fixed_threads():
         t0 = time.perf_counter()
         if teacher.dtype == torch.float32 and teacher.device.type == "cpu":
             pack_linears(teacher)  # the teacher only runs inference here: generation and features 2x faster
-        data = teacher_data(teacher, tokenizer, recipe)
+        data = stored_teacher_data(teacher, tokenizer, recipe, data_store)
+        if target is not None:  # the same data, each row's distribution the ensemble's
+            data = for_ensemble(data, [teacher, *members], distribution(target, [teacher, *members]))
         head, facts = train_head(teacher, data, recipe)
+        facts["target"] = "model" if target is None else target.label()
         facts["total_seconds"] = round(time.perf_counter() - t0, 1)
     save_head(head, out_dir, {"teacher": teacher_name, "kind": "feature_head", "recipe": asdict(recipe), **facts})
     return out_dir

@@ -10,6 +10,7 @@ from ..decoding.checks import head_rows
 from .cache import META, cache_dir, cache_lock
 from .distill import digest, distill, draft_name
 from .feature_head import HeadRecipe, distill_head
+from .head_target import ensemble_target, member_spec
 from .loading import check_tokenizers, first_different, load
 from .recipe import Recipe
 from .sources import bundled_dir, gguf_dir, hub_dir, locate
@@ -83,9 +84,23 @@ def ensure_head(spec: ModelSpec) -> Path:
     with cache_lock(out):
         if not (out / META).exists():
             teacher, tokenizer = load_spec(dataclasses.replace(plain, pack=False))
+            members = ensemble_members(spec, recipe, tokenizer)
             print(f"training the feature head {out.name} of {spec.name} (once; a few minutes on a CPU)", flush=True)
-            distill_head(teacher, tokenizer, out, recipe, spec.name)
+            store = cache_dir() / "teacher-data" / data_name(plain, recipe)  # shared by heads of the same data
+            distill_head(teacher, tokenizer, out, recipe, spec.name, members, data_store=store)
     return out
+
+
+def ensemble_members(spec: ModelSpec, recipe: HeadRecipe, tokenizer) -> tuple:
+    """The other members of the ensemble a head's recipe is trained for, loaded (float32, as a teacher), each
+    sharing the head's model's tokenizer; () for a head of its model alone."""
+    target = ensemble_target(recipe.target)
+    if target is None:
+        return ()
+    specs = [member_spec(m) for m in target.members]
+    loaded = [load_spec(dataclasses.replace(m, pack=False, dtype="float32", eagle=None)) for m in specs]
+    check_tokenizers([spec.name, *(m.name for m in specs)], [tokenizer, *(tok for _, tok in loaded)])
+    return tuple(model for model, _ in loaded)
 
 
 def load_set(specs: list[ModelSpec]):

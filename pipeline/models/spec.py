@@ -79,13 +79,18 @@ SPEC_TYPES = {  # what each field of a spec may hold
 
 def teacher_spec(spec: ModelSpec) -> ModelSpec:
     """The teacher of a distilled model: a name (resolved like any model) or a full spec."""
-    teacher = (spec.distill or {}).get("teacher", BUNDLED)
-    if isinstance(teacher, dict):
+    return spec_of((spec.distill or {}).get("teacher", BUNDLED), f"teacher of {spec.name!r}")
+
+
+def spec_of(value: str | dict[str, Any], what: str) -> ModelSpec:
+    """A model another names (a teacher, an ensemble's member): a name, resolved like any model, or a full spec
+    dict (``config_entry``); one line, saying ``what`` it is, where the dict is not a spec."""
+    if isinstance(value, dict):
         try:
-            return ModelSpec(**teacher)
+            return ModelSpec(**value)
         except TypeError as err:
-            raise ModelError(f"teacher of {spec.name!r}: {err}") from None
-    return ModelSpec(teacher)
+            raise ModelError(f"{what}: {err}") from None
+    return ModelSpec(value)
 
 
 RENAMED = {"engine": ("runner", "eager, compiled or compiled+autotune")}  # model keys renamed: old -> new, values
@@ -117,25 +122,40 @@ def check_renamed(entry: dict[str, Any]) -> dict[str, Any]:
 MODEL_KEYS = tuple(f.name for f in fields(ModelSpec) if f.name != "name")  # what a config's model entry may set
 
 
-def config_entry(models: dict[str, Any], name: str) -> dict[str, Any]:
-    """A model of a config's ``models`` section as a spec dict; a teacher of the same section is given
-    with its own source."""
-    entry = {"name": name, **{k: v for k, v in models[name].items() if k in MODEL_KEYS}}
+def config_entry(models: dict[str, Any], name: str, head: bool = True) -> dict[str, Any]:
+    """A model of a config's ``models`` section as a spec dict; a teacher of the same section, and a member of the
+    ensemble its feature head is trained for, are given with their own sources (``head``: with its ``eagle``
+    entry; a teacher's and a member's are left out: their logits are their model's)."""
+    keys = [k for k in MODEL_KEYS if head or k != "eagle"]
+    entry = {"name": name, **{k: v for k, v in models[name].items() if k in keys}}
     teacher = (entry.get("distill") or {}).get("teacher")
     if teacher in models:
-        entry["distill"] = {**entry["distill"], "teacher": config_entry(models, teacher)}
+        entry["distill"] = {**entry["distill"], "teacher": config_entry(models, teacher, head=False)}
+    eagle = entry.get("eagle")
+    if isinstance(eagle, dict) and isinstance(eagle.get("target"), dict):
+        members = eagle["target"].get("members")
+        if isinstance(members, list):
+            members = [
+                config_entry(models, m, head=False) if isinstance(m, str) and m in models else m for m in members
+            ]
+            entry["eagle"] = {**eagle, "target": {**eagle["target"], "members": members}}
     return entry
 
 
 def default_models() -> dict[str, ModelSpec]:
     """The models of the embedded default config, by the names that config gives them."""
+    return {name: ModelSpec(**entry) for name, entry in default_entries().items()}
+
+
+def default_entries(head: bool = True) -> dict[str, dict[str, Any]]:
+    """The models of the embedded default config as spec dicts (``config_entry``; ``head``: with their ``eagle``)."""
     import yaml
 
     try:
         models = yaml.safe_load(DEFAULT_CONFIG.read_text())["models"]
     except (OSError, KeyError, TypeError) as err:
         raise ModelError(f"the default models are read from {DEFAULT_CONFIG}: {err}") from None
-    return {name: ModelSpec(**config_entry(models, name)) for name in models}
+    return {name: config_entry(models, name, head) for name in models}
 
 
 def parse_model(text: str) -> ModelSpec:

@@ -1,0 +1,94 @@
+"""Feature heads trained for an ensemble against the head of the model alone, on the bundled model: each head's
+held-out acceptance by the model and by the ensemble, same data, steps and seed (docs/proposers.md).
+``python -m pipeline.bench.heads --help``.
+
+Both heads are trained on first use through the model cache, as a config's ``eagle`` entries would be (the model
+alone: ``eagle: {steps: N}``; for the ensemble: ``eagle: {steps: N, target: {method, members, method_args}}``, the
+members the default config's models of those names). Each head's first proposal after every position of the same
+held-out continuations (the model's greedy continuations of HumanEval prompts, its true features) is scored against
+the model's distribution and against the ensemble's: greedy agreement with their argmax and expected acceptance at
+T=1 (the sum over tokens of min(p, q)). Prints a Markdown table; ``--json`` records every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..errors import UserError
+from ..files import write_atomic
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.bench.heads", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=400, help="training steps of each head (default 400)")
+    parser.add_argument("--method", default="we", help="the ensemble (default we)")
+    parser.add_argument("--members", nargs="+", default=["smollm2-draft-l2"], help="its other members (default config)")
+    parser.add_argument(
+        "--method-args", type=json.loads, default={"lambda": 0.5}, help='JSON (default {"lambda": 0.5})'
+    )
+    parser.add_argument("--layout", default="ours", help="the heads' layout (default ours)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", type=Path, help="write every figure here")
+    args = parser.parse_args(argv)
+    import torch
+
+    from ..models import BUNDLED, ModelError, ModelSpec, load_spec
+    from ..models.distill import read_meta
+    from ..models.feature_head import head_acceptance, load_head
+    from ..models.head_target import distribution, ensemble_target, for_ensemble
+    from ..models.resolve import ensemble_members, ensure_head, head_recipe
+    from ..models.spec import default_entries
+    from ..models.teacher import TeacherData, heldout_prompts, teacher_continuations
+
+    torch.set_num_threads(args.threads)
+    models = default_entries(head=False)
+    unknown = [m for m in args.members if m not in models]
+    if unknown:
+        raise UserError(f"--members {unknown[0]!r}: accepted: {', '.join(models)}")
+    target = {"method": args.method, "members": [models[m] for m in args.members]}
+    target["method_args"] = args.method_args
+    recipes = {
+        "model": {"steps": args.steps, "layout": args.layout},
+        args.method: {"steps": args.steps, "layout": args.layout, "target": target},
+    }
+    try:
+        specs = {name: ModelSpec(BUNDLED, eagle=recipe) for name, recipe in recipes.items()}
+        dirs = {name: ensure_head(spec) for name, spec in specs.items()}
+        teacher, tokenizer = load_spec(ModelSpec(BUNDLED, pack=False))
+        recipe = head_recipe(specs[args.method])
+        members = ensemble_members(specs[args.method], recipe, tokenizer)
+        ensemble = ensemble_target(recipe.target)
+    except ModelError as err:
+        raise UserError(str(err)) from None
+    held = teacher_continuations(
+        teacher, tokenizer, heldout_prompts(recipe.eval_prompts), recipe.new_tokens, recipe.batch, "held-out"
+    )
+    alone = TeacherData([], list(range(teacher.config.vocab_size)), 1.0, held, 0.0)
+    by = {
+        "model": alone,
+        args.method: for_ensemble(alone, [teacher, *members], distribution(ensemble, [teacher, *members])),
+    }
+    rows = []
+    for path in dirs.values():
+        head = load_head(path, teacher)
+        meta = read_meta(path)
+        row = {"trained_for": meta.get("target", "model"), "dir": str(path), "train_seconds": meta.get("total_seconds")}
+        for judge, data in by.items():
+            facts = head_acceptance(head, teacher, data.held)
+            row[f"agreement_{judge}"], row[f"acceptance_t1_{judge}"] = facts["agreement"], facts["acceptance_t1"]
+        rows.append(row)
+    print(f"feature heads of the bundled model, {args.steps} steps each, {recipe.eval_prompts} held-out prompts")
+    print(f"| trained for | T=0 by the model | T=1 by the model | T=0 by {args.method} | T=1 by {args.method} |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        cells = [r[f"{k}_{j}"] for j in ("model", args.method) for k in ("agreement", "acceptance_t1")]
+        print(f"| {r['trained_for']} | " + " | ".join(f"{100 * c:.1f}%" for c in cells) + " |")
+    if args.json:
+        write_atomic(args.json, json.dumps({"steps": args.steps, "heads": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
