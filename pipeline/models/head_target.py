@@ -25,6 +25,7 @@ from .spec import ModelError, ModelSpec, spec_of
 from .teacher import Example, TeacherData
 
 TARGET_KEYS = ("method", "members", "method_args")
+MAX_MEMBERS = 8  # each one loaded and run over every training sequence
 ACCEPTED = "'model', or {method: an ensemble method such as we or cd, members: [the other models], method_args: {...}}"
 
 
@@ -67,6 +68,8 @@ def ensemble_target(value: Any, what: str = "feature head") -> EnsembleTarget | 
         raise ModelError(f"{what} target method={method!r}: expected an ensemble method (we, cd, gac, ...)")
     if not isinstance(members, list | tuple) or not members or not all(isinstance(m, str | dict) for m in members):
         raise ModelError(f"{what} target members={members!r}: expected a list of the other models' names")
+    if len(members) > MAX_MEMBERS:
+        raise ModelError(f"{what} target members: {len(members)} models; accepted: 1 to {MAX_MEMBERS}")
     if not isinstance(args, dict):
         raise ModelError(f"{what} target method_args={args!r}: expected a mapping")
     try:
