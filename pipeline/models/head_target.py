@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..decoding.runner import as_rows
 from .spec import ModelError, ModelSpec, spec_of
 from .teacher import Example, TeacherData
 
@@ -39,7 +40,7 @@ class EnsembleTarget:
     method_args: dict[str, Any]
 
     def label(self) -> str:
-        """``we(smollm2-135m-instruct+smollm2-draft-l2, lambda=0.5)`` without the head's own model."""
+        """``we(+smollm2-draft-l2, lambda=0.5)``: the method, the other members and the arguments."""
         names = [m if isinstance(m, str) else m.get("name", "?") for m in self.members]
         args = ", ".join(f"{k}={v}" for k, v in sorted(self.method_args.items()))
         return f"{self.method}(+{'+'.join(names)}{', ' + args if args else ''})"
@@ -97,18 +98,14 @@ def distribution(target: EnsembleTarget, models: Sequence[torch.nn.Module]) -> C
     except ArgumentError as err:
         raise ModelError(f"feature head target {target.label()}: {err}") from None
     sampling = Sampling.identity()
-    return lambda rows: plan.target_fn([wide(r) for r in rows], sampling)
-
-
-def wide(x: Tensor) -> Tensor:
-    """``x`` in float32 at least (float64 stays float64: the exactness tests' models)."""
-    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+    return lambda rows: plan.target_fn([as_rows(r, r.device) for r in rows], sampling)
 
 
 @torch.inference_mode()
 def rows_of(models: Sequence[torch.nn.Module], ids: Tensor, rows: Tensor) -> list[Tensor]:
     """Each model's logits at ``rows`` of one ``[1, n]`` sequence (teacher forcing)."""
-    return [wide(m(input_ids=ids.to(next(m.parameters()).device)).logits[0, rows].cpu()) for m in models]
+    cpu = torch.device("cpu")
+    return [as_rows(m(input_ids=ids.to(next(m.parameters()).device)).logits[0, rows], cpu) for m in models]
 
 
 def log_of(probs: Tensor) -> Tensor:
