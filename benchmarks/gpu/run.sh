@@ -9,6 +9,8 @@
 #   bash benchmarks/gpu/run.sh speed     # what a forward costs per runner and size, oracle drafts (~8 min)
 #   bash benchmarks/gpu/run.sh trees     # token trees against chains of the same node budget (~4 min at 6 prompts)
 #   bash benchmarks/gpu/run.sh trees-compiled  # sd's chain and tree on the compiled runner (CUDA graphs)
+#   bash benchmarks/gpu/run.sh heads     # the feature-head proposer (eagle) beside lookup+draft and the draft, T=0 and 1
+#                                        # FEATURE_HEAD: a trained head carried (bundled.sh prepare with HEAD=...)
 #   bash benchmarks/gpu/run.sh vllm      # vLLM beside ours (benchmarks/gpu/vllm.yaml): only where vLLM's GPU build can
 #                                        # be installed (a registry in reach; not this project's GPU sessions)
 #   bash benchmarks/gpu/run.sh           # all but vllm (~35 min: too long for one call)
@@ -70,8 +72,21 @@ if part trees-compiled; then
     --record /tmp/trees-record \
     --json "$OUT/trees-compiled.json" 2>&1 | grep -v "it/s\]" | tee "$OUT/trees-compiled.txt"
 fi
+if part heads; then
+  # 7. the feature-head proposer (docs/proposers.md) on the product's decoder, beside lookup+draft and the distilled
+  #    draft alone, at T=0 and T=1: τ, acceptance, and the head's cost per drafted token over one target forward
+  #    (prop. cost). The eager runner: the head reads the target's features through hooks on its forwards, and
+  #    the proposer refuses the compiled runner (docs/proposers.md, "On a GPU"; 2026-11-28, H200: 5.5 min for both). FEATURE_HEAD: a trained head's directory
+  #    (default: the bundled model's own, trained on first use)
+  for t in 0 1; do
+    timeout ${HEADS_TIMEOUT:-240} $PY -m pipeline.bench --device cuda --groups sd --methods sd --gamma 3 --dynamic 1 \
+      --proposer eagle lookup+draft draft --sd-temperature $t --prompts ${HEADS_PROMPTS:-6} --max-new-tokens 128 \
+      ${FEATURE_HEAD:+--feature-head "$FEATURE_HEAD"} --record /tmp/heads-record --json "$OUT/heads-t$t.json" 2>&1 \
+      | grep -v "it/s\]" | tee "$OUT/heads-t$t.txt"
+  done
+fi
 if part vllm; then
-  # 7. vLLM beside ours (docs/vllm.md): its GPU build in an environment of its own (built once, pinned version), then
+  # 8. vLLM beside ours (docs/vllm.md): its GPU build in an environment of its own (built once, pinned version), then
   #    the engines grid: our large_model and sd, vLLM's decoding, prompt lookup and draft-model speculation
   SPECENS_VLLM_BUILD=gpu $PY -m pipeline.vllm.env --out "$OUT/vllm-env.json" 2>&1 | tail -3 | tee "$OUT/vllm.txt"
   SPECENS_VLLM_BUILD=gpu timeout ${VLLM_TIMEOUT:-1800} $PY -m snakemake --cores 2 --configfile benchmarks/gpu/vllm.yaml \

@@ -42,16 +42,20 @@ def decoding_metrics(stats: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def proposal_cost(stats: list[dict[str, Any]]) -> float | None:
-    """The seconds the proposers that run no network (``suffix``, ``recycle``, ``lookup``) spent per proposed token,
-    over the seconds of one forward of the large model: what a drafted token costs beside what it can save (None:
-    no such proposer proposed, or none recorded its time)."""
-    named = [p for s in stats for p in s.get("proposers", {}).values() if p.get("propose_time_s")]
+    """The seconds the named proposers (those outside the set's models: ``lookup``, ``suffix``, ``recycle``, which run
+    no network, and a feature head's ``eagle``) spent per proposed token, over the seconds of one forward of the
+    large model: what a drafted token costs beside what it can save (None: no such proposer proposed, or none
+    recorded its time)."""
+    named = [
+        p for s in stats for p in s.get("proposers", {}).values() if p.get("propose_time_s") or p.get("forward_time_s")
+    ]
     proposed = sum(p["proposed"] for p in named)
     calls = sum(s["models"][0]["forward_calls"] for s in stats if s["models"])
     forward = sum(s["models"][0]["forward_time_s"] for s in stats if s["models"])
     if not proposed or not calls or not forward:
         return None
-    return sum(p["propose_time_s"] for p in named) / proposed / (forward / calls)
+    spent = sum(p.get("propose_time_s", 0.0) + p.get("forward_time_s", 0.0) for p in named)
+    return spent / proposed / (forward / calls)
 
 
 def union_metrics(stats: list[dict[str, Any]]) -> dict[str, Any]:

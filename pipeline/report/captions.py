@@ -81,10 +81,10 @@ CAPTIONS = {  # {conf}: the speed-ups' confidence
     "predicted_vs_measured": (
         "Predicted: the method's forwards priced at each model's measured cost of one forward (a forward of k "
         "tokens assumed as cheap as one, the loop free); measured: side by side. Overhead: share of wall time "
-        "outside model forwards. Proposal cost: the seconds the proposers that run no network (lookup, suffix, "
-        "recycle) spent per drafted token, over the seconds of one forward of the large model. Union: for members "
-        "with different tokenizers, the size of the union vocabulary and the seconds spent mapping the members' "
-        "rows into it over the cell's samples (part of the overhead; blank for one shared vocabulary).\n"
+        "outside model forwards. Proposal cost: the seconds the named proposers (lookup, suffix, recycle, and a "
+        "feature head's eagle) spent per drafted token, over the seconds of one forward of the large model. Union: "
+        "for members with different tokenizers, the size of the union vocabulary and the seconds spent mapping the "
+        "members' rows into it over the cell's samples (part of the overhead; blank for one shared vocabulary).\n"
     ),
     "spec_bench_categories": (
         "Spec-Bench's six categories: speed-up over the standard method [{conf} interval], and τ; Overall: "

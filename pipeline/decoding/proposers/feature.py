@@ -165,7 +165,10 @@ class FeatureProposer(NamedProposer):
             return None
         self.true_at[pos] = min(self.runner.length, pos - 1)
         row = self.head.logits(feature)[: self.runner.vocab_size].to(self.runner.out_device)  # as the target's rows
+        if self.runner.sync:  # on a GPU: the head's kernels finished, so that forward_time_s times them
+            torch.cuda.synchronize(self.runner.device)
         self.stats.forward_time_s += time.perf_counter() - start
+        self.stats.forward_calls += 1
         return row
 
     def _advance(self, tokens: list[int], last: int) -> Tensor | None:
