@@ -58,7 +58,11 @@ def _run(argv: list[str]) -> int:
 
 @needs_data
 @pytest.mark.parametrize(
-    "task,metric", [("gsm8k_local", "exact_match,strict-match"), ("humaneval_local", "pass@1,none")]
+    "task,metric",
+    [
+        ("gsm8k_local", "exact_match,strict-match"),
+        pytest.param("humaneval_local", "pass@1,none", marks=pytest.mark.exhaustive),  # make test: one task's turn
+    ],
 )
 def test_lm_eval_generates_through_the_decoder(tiny_dir, tmp_path, monkeypatch, task, metric):
     _offline(monkeypatch)
@@ -80,6 +84,7 @@ def docs_example() -> list[str]:
 
 
 @needs_data
+@pytest.mark.integration  # the documented command end to end, lm-eval's CLI and the default config
 def test_the_docs_example_runs_as_written(tiny_dir, tiny_dir2, tmp_path, monkeypatch):
     """docs/scoring.md's command, its --limit made 1: its model names resolve by the default config (a tiny
     model stands in for each once resolved, so no draft is distilled here)."""

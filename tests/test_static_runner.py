@@ -72,6 +72,7 @@ def test_every_bucket_is_compiled_up_front(runners):
     assert backend.graphs == len(BUCKETS) * 2 > 8
 
 
+@pytest.mark.spread("temperature")  # make test: each case greedy or sampling, in turn (tests/tiers.py)
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("method,which,gamma,args", CASES)
 def test_compiled_runner_emits_the_eager_runners_tokens(runners, method, which, gamma, args, temperature):
@@ -224,6 +225,7 @@ def tree_runners():
     return eager, [set_runner(copy.deepcopy(m), "compiled", backend=backend) for m in eager], backend
 
 
+@pytest.mark.spread("temperature")  # make test: each tree greedy or sampling, in turn (tests/tiers.py)
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("method,which,gamma,tree,schedule,args", TREE_CASES)
 def test_compiled_runner_decodes_trees_as_the_eager_one(
@@ -285,7 +287,7 @@ def tiny_of(family: str, seed: int) -> torch.nn.Module:
     return Qwen2ForCausalLM(config).to(torch.float64).eval()
 
 
-@pytest.mark.parametrize("family", ["opt", "qwen2"])
+@pytest.mark.parametrize("family", ["opt", pytest.param("qwen2", marks=pytest.mark.exhaustive)])  # make test: OPT
 def test_the_paper_grids_other_families_on_the_compiled_runner_emit_the_eager_runners_tokens(family):
     """config/paper.yaml runs OPT and Qwen2 models on the compiled runner too: their static caches (learned
     positions for OPT) under the runner's cropping, graphs traced by dynamo (run eagerly here)."""

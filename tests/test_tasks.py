@@ -48,6 +48,7 @@ def test_humaneval_from_the_package_and_sizes():
         task.load("medium")
 
 
+@pytest.mark.integration  # 204 programs through the sandbox (tests/test_sandbox.py keeps it in make test)
 def test_humaneval_canonical_solutions_pass_and_shuffled_ones_fail():
     task = get_task("humaneval")
     examples = task.load("full")

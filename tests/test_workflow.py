@@ -355,6 +355,7 @@ def slurm_submissions(dry_run: str, profile: dict) -> dict[str, int]:
     return {name: -(-n // limit) if name in arrays else n for name, n in counts.items()}
 
 
+@pytest.mark.integration  # the 385-cell paper grid through SLURM's profile (the default grid's dry run: make test)
 def test_the_paper_grid_on_slurm_takes_few_submissions_and_a_short_target(tmp_path):
     """The paper grid (384 cells and the null cell): 358 SLURM submissions, where each job once was one (1,550)."""
     profile_dir = ROOT / "workflow" / "profiles" / "slurm"
