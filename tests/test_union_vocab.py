@@ -483,6 +483,7 @@ def test_union_bench_rows_and_a_sentencepiece_twin(toks, hetero):
     assert rows[0]["speedup"] == 1.0 and "we_se" in render_table(rows)
 
 
+@pytest.mark.exhaustive  # make test: the compiled runner's own cases (test_static_runner.py)
 def test_compiled_runner_members_give_the_eager_tokens(toks, hetero):
     """Union members on the static-cache runner (runs of several own tokens per union token, crops at union
     boundaries) emit the eager runner's tokens, greedy and sampled."""
