@@ -23,7 +23,7 @@ LONGEST_FIRST = ("test_sampling_new_methods.py", "test_sampling_lossless.py", "t
 # The integration tier (marker ``integration``): tests that bring up a whole system end to end, minutes each on this
 # machine: vLLM's environment and its cells, a one-node SLURM cluster, the whole DAG on tiny models (the fixtures
 # below, every test that uses one), and the few marked in their files (the bundled model's benchmark, inductor's
-# CPU kernels, the paper grid through SLURM's profile, HumanEval's canonical solutions, lm-eval's documented
+# CPU kernels, SLURM's profile over the grids, HumanEval's canonical solutions, lm-eval's documented
 # command). `make test` leaves them out; `make test-all`, what CI runs, takes them too (README, "Tests").
 INTEGRATION_FIXTURES = frozenset({"vllm_ready", "vllm_run", "slurm_cluster", "tiny_run"})
 

@@ -249,6 +249,7 @@ def test_compiled_runner_decodes_trees_as_the_eager_one(
     assert backend.calls > calls + len(PROMPTS), "the compiled graphs did not run"
 
 
+@pytest.mark.exhaustive  # make test: the trees' compiled cases, which compile their masked buckets ahead
 def test_a_tree_compiles_its_masked_buckets_once_and_room_for_its_nodes():
     from pipeline.decoding.static import TREE_BUCKETS, compile_ahead
 

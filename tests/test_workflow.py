@@ -300,6 +300,7 @@ def test_snakefmt_finds_the_rules_formatted():
     assert run.returncode == 0, (run.stdout + run.stderr)[-2000:]
 
 
+@pytest.mark.integration  # SLURM's profile over the default grid (its local dry run: make test)
 def test_slurm_dry_run_lists_jobs_with_their_resources(tmp_path):
     profile = ROOT / "workflow" / "profiles" / "slurm"
     run = snakemake(tmp_path, "-n", "--workflow-profile", str(profile), "--config", "wandb={mode: disabled}")
