@@ -209,7 +209,8 @@ def head_loss(
 @torch.inference_mode()
 def head_acceptance(head: FeatureHead, teacher, held) -> dict:
     """The head's first proposal after each held-out position, from the teacher's true features (teacher
-    forcing): greedy agreement with the teacher's own continuation and expected acceptance at T=1."""
+    forcing): greedy agreement with the argmax of ``held``'s distribution there (the teacher's own continuation, or
+    an ensemble's choice: ``head_target.for_ensemble``) and expected acceptance at T=1 against it."""
     agree = soft = total = 0.0
     for prompt, cont, logp in held:
         seq = torch.tensor([prompt + cont])
@@ -220,7 +221,7 @@ def head_acceptance(head: FeatureHead, teacher, held) -> dict:
             continue
         rows = torch.stack([head.logits(f) for f in predicted[first : first + len(cont)]])
         n = rows.shape[0]
-        agree += (rows.argmax(-1) == torch.tensor(cont[:n])).sum().item()
+        agree += (rows.argmax(-1) == logp[:n].argmax(-1)).sum().item()
         soft += torch.minimum(logp[:n].float().exp(), rows.softmax(-1)).sum().item()
         total += n
     total = max(total, 1)
