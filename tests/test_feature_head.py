@@ -112,7 +112,16 @@ def sampling_models():
     return [with_head(models[0], kept=[0, 1, 2, 4, 5], seed=7), *models[1:]]
 
 
-@pytest.mark.parametrize("case", EAGLE_CASES, ids=[case_id(c) for c in EAGLE_CASES])
+QUICK_EAGLE = {"sd-eagle-chain", "sd-eagle-3x2w", "we_se-eagle+draft-chain"}  # make test: each proposer, a tree
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(c, id=case_id(c), marks=() if case_id(c) in QUICK_EAGLE else pytest.mark.exhaustive)
+        for c in EAGLE_CASES
+    ],
+)
 def test_first_two_tokens_follow_the_target(sampling_models, case):
     check_case(sampling_models, case, SETTINGS[0] if case[0] != "we_sd" else SETTINGS[1])
 
@@ -330,7 +339,8 @@ def test_a_heads_recipe_or_directory_is_checked_when_the_config_is_read(tmp_path
     for eagle, says in (
         ({"stepz": 3}, "unknown key 'stepz'"),
         ({"noise": -1}, "feature head noise=-1: expected a finite number of 0 or more"),
-        ({"layout": "eagle3"}, "feature head layout='eagle3': accepted: ours, eagle"),
+        ({"layout": "eagle4"}, "feature head layout='eagle4': accepted: ours, eagle, eagle3"),
+        ({"layout": "eagle3", "ttt": 0}, "feature head ttt=0: expected a whole number from 1 to 16"),
         (str(tmp_path / "nowhere"), "nowhere is not a directory"),
         (str(tmp_path / "empty"), "holds neither this project's feature_head.json nor an EAGLE checkpoint"),
         (str(tmp_path / "listed"), "a JSON object expected, not list"),

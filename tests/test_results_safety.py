@@ -176,7 +176,14 @@ def test_every_bad_config_value_is_one_line_naming_it(case, tmp_path, capsys):
     assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], err
 
 
-@pytest.mark.parametrize("case", ["duplicate set name", "temperature NaN", "results at the root"])
+@pytest.mark.parametrize(
+    "case",
+    [  # each a Snakemake start (12 s): make test runs one, CI all three
+        pytest.param("duplicate set name", marks=pytest.mark.exhaustive),
+        pytest.param("temperature NaN", marks=pytest.mark.exhaustive),
+        "results at the root",
+    ],
+)
 def test_snakemake_refuses_bad_values_before_any_job(case, tmp_path):
     (old, new), words = BAD_CONFIGS[case]
     config = tmp_path / "config.yaml"

@@ -240,6 +240,7 @@ def test_an_environment_that_cannot_be_built_is_said_in_one_line(tmp_path, monke
         vllm_env.build()
 
 
+@pytest.mark.integration  # a Snakemake dry run of its own (25 s)
 def test_the_workflow_leaves_vllm_cells_out_in_one_line_where_vllm_cannot_be_built(tmp_path, tiny_dir):
     config = {
         "experiment": "no-vllm",

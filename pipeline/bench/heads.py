@@ -28,7 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--method-args", type=json.loads, default={"lambda": 0.5}, help='JSON (default {"lambda": 0.5})'
     )
-    parser.add_argument("--layout", default="ours", help="the heads' layout (default ours)")
+    parser.add_argument(
+        "--layouts", nargs="+", default=["ours"], help="the heads' layouts, each trained alike (default ours)"
+    )
+    parser.add_argument("--alone", action="store_true", help="the heads of the model alone, judged by it alone")
+    parser.add_argument("--gamma", type=int, default=3, help="the greedy chains' length (default 3)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, help="write every figure here")
     args = parser.parse_args(argv)
@@ -36,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ..models import BUNDLED, ModelError, ModelSpec, load_spec
     from ..models.distill import read_meta
-    from ..models.feature_head import head_acceptance, load_head
+    from ..models.feature_head import chain_acceptance, head_acceptance, load_head
     from ..models.head_target import distribution, ensemble_target, for_ensemble
     from ..models.resolve import ensemble_members, ensure_head, head_recipe
     from ..models.spec import default_entries
@@ -49,44 +53,57 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--members {unknown[0]!r}: accepted: {', '.join(models)}")
     target = {"method": args.method, "members": [models[m] for m in args.members]}
     target["method_args"] = args.method_args
+    targets = {"model": None} if args.alone else {"model": None, args.method: target}
     recipes = {
-        "model": {"steps": args.steps, "layout": args.layout},
-        args.method: {"steps": args.steps, "layout": args.layout, "target": target},
+        (layout, name): {"steps": args.steps, "layout": layout, **({"target": t} if t else {})}
+        for layout in args.layouts
+        for name, t in targets.items()
     }
     try:
-        specs = {name: ModelSpec(BUNDLED, eagle=recipe) for name, recipe in recipes.items()}
-        dirs = {name: ensure_head(spec) for name, spec in specs.items()}
+        specs = {key: ModelSpec(BUNDLED, eagle=recipe) for key, recipe in recipes.items()}
+        dirs = {key: ensure_head(spec) for key, spec in specs.items()}
         teacher, tokenizer = load_spec(ModelSpec(BUNDLED, pack=False))
-        recipe = head_recipe(specs[args.method])
-        members = ensemble_members(specs[args.method], recipe, tokenizer)
-        ensemble = ensemble_target(recipe.target)
+        recipe = head_recipe(next(iter(specs.values())))
+        alone = TeacherData([], list(range(teacher.config.vocab_size)), 1.0, [], 0.0)
+        if not args.alone:
+            ensemble_spec = specs[(args.layouts[0], args.method)]
+            members = ensemble_members(ensemble_spec, head_recipe(ensemble_spec), tokenizer)
+            ensemble = ensemble_target(head_recipe(ensemble_spec).target)
     except ModelError as err:
         raise UserError(str(err)) from None
     held = teacher_continuations(
         teacher, tokenizer, heldout_prompts(recipe.eval_prompts), recipe.new_tokens, recipe.batch, "held-out"
     )
-    alone = TeacherData([], list(range(teacher.config.vocab_size)), 1.0, held, 0.0)
-    by = {
-        "model": alone,
-        args.method: for_ensemble(alone, [teacher, *members], distribution(ensemble, [teacher, *members])),
-    }
+    alone = TeacherData([], alone.kept, 1.0, held, 0.0)
+    by = {"model": alone}
+    if not args.alone:
+        by[args.method] = for_ensemble(alone, [teacher, *members], distribution(ensemble, [teacher, *members]))
     rows = []
-    for path in dirs.values():
+    for (layout, _), path in dirs.items():
         head = load_head(path, teacher)
         meta = read_meta(path)
-        row = {"trained_for": meta.get("target", "model"), "dir": str(path), "train_seconds": meta.get("total_seconds")}
+        row = {"layout": layout, "trained_for": meta.get("target", "model"), "dir": str(path)}
+        row.update(train_seconds=meta.get("train_seconds"), total_seconds=meta.get("total_seconds"))
         for judge, data in by.items():
             facts = head_acceptance(head, teacher, data.held)
             row[f"agreement_{judge}"], row[f"acceptance_t1_{judge}"] = facts["agreement"], facts["acceptance_t1"]
+            chain = chain_acceptance(head, teacher, data.held, args.gamma)
+            row[f"tau_{judge}"], row[f"depth_acceptance_{judge}"] = chain["tau"], chain["depth_acceptance"]
         rows.append(row)
+    judges = list(by)
     print(f"feature heads of the bundled model, {args.steps} steps each, {recipe.eval_prompts} held-out prompts")
-    print(f"| trained for | T=0 by the model | T=1 by the model | T=0 by {args.method} | T=1 by {args.method} |")
-    print("|---|---|---|---|---|")
+    print(f"(tau: greedy chains of {args.gamma} from every held-out position; train s: the training steps' time)")
+    head_cells = [f"{k} by {j}" for j in judges for k in ("T=0", "T=1", f"tau g={args.gamma}")]
+    print("| layout | trained for | " + " | ".join(head_cells) + " | train s |")
+    print("|---|---|" + "---|" * len(head_cells) + "---|")
     for r in rows:
-        cells = [r[f"{k}_{j}"] for j in ("model", args.method) for k in ("agreement", "acceptance_t1")]
-        print(f"| {r['trained_for']} | " + " | ".join(f"{100 * c:.1f}%" for c in cells) + " |")
+        cells = []
+        for j in judges:
+            shares = [f"{100 * r[f'{k}_{j}']:.1f}%" for k in ("agreement", "acceptance_t1")]
+            cells += [*shares, f"{r[f'tau_{j}']:.2f}"]
+        print(f"| {r['layout']} | {r['trained_for']} | " + " | ".join(cells) + f" | {r['train_seconds']} |")
     if args.json:
-        write_atomic(args.json, json.dumps({"steps": args.steps, "heads": rows}, indent=2))
+        write_atomic(args.json, json.dumps({"steps": args.steps, "gamma": args.gamma, "heads": rows}, indent=2))
     return 0
 
 

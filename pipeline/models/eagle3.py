@@ -75,7 +75,8 @@ def head_config(config: dict, target: nn.Module):
         ours = {k: v for k, v in ours.items() if k not in rope}
     found = {k: config[k] if config.get(k) is not None else ours.get(k) for k in keys}
     found = {k: v for k, v in found.items() if v is not None}
-    head = LlamaConfig(**found, num_hidden_layers=1, vocab_size=1)
+    no_ids = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}  # it scores no vocabulary of its own
+    head = LlamaConfig(**found, num_hidden_layers=1, vocab_size=1, **no_ids)
     head._attn_implementation = "eager"
     return head
 
@@ -133,6 +134,7 @@ class Eagle3Head(nn.Module):
         self.rotary = LlamaRotaryEmbedding(self.config)
         self.borrowed = (target.get_input_embeddings(),)  # a tuple: not a submodule, not saved
         self.vocab_size = int(target.get_output_embeddings().weight.shape[0])
+        self.target_config = json.loads(target.config.to_json_string(use_diff=False))  # its rope, when saved
         self.eval()
 
     @property
@@ -153,9 +155,8 @@ class Eagle3Head(nn.Module):
         """Inputs ``start, start + 1, ...``: (feature g_t ``[k, d]``, next token x_{t+1} ``[k]``) -> the features
         after them ``[k, d]`` (before the final norm: what it drafts on from), appended to ``cache`` (None: the
         whole sequence, no cache)."""
-        embedding, weight = self.borrowed[0], self.fc.weight
-        embeds = embedding(tokens.to(embedding.weight.device)).to(device=weight.device, dtype=weight.dtype)[None]
-        features = features.to(device=weight.device, dtype=weight.dtype)[None]
+        embeds = self.embed(tokens)
+        features = features.to(device=embeds.device, dtype=embeds.dtype)[None]
         k = embeds.shape[1]
         positions = torch.arange(start, start + k, device=embeds.device)[None]
         past = start if cache is not None else 0
@@ -163,6 +164,16 @@ class Eagle3Head(nn.Module):
             raise ValueError(f"EAGLE-3 head: its cache holds {cache.get_seq_length()} inputs, step starts at {start}")
         keys = torch.arange(past + k, device=embeds.device)
         visible = keys[None, :] <= (past + torch.arange(k, device=embeds.device))[:, None]
+        return self.attend(embeds, features, positions, visible, cache)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The target's embeddings of ``tokens`` ``[k]`` as ``[1, k, d]``, on the head's device and in its dtype."""
+        embedding, weight = self.borrowed[0], self.fc.weight
+        return embedding(tokens.to(embedding.weight.device)).to(device=weight.device, dtype=weight.dtype)[None]
+
+    def attend(self, embeds, features, positions, visible, cache) -> torch.Tensor:
+        """The midlayer on ``[1, k, d]`` embeddings and features at ``positions`` ``[1, k]``, each input seeing the
+        keys ``visible`` ``[k, keys]`` marks (those in ``cache`` first, then its own); appended to ``cache``."""
         mask = torch.zeros(visible.shape, dtype=embeds.dtype, device=embeds.device)
         mask = mask.masked_fill_(~visible, torch.finfo(embeds.dtype).min)[None, None]
         cos_sin = self.rotary(embeds, positions)

@@ -35,6 +35,7 @@ from torch import nn
 
 from ..decoding.proposers.feature import LAYOUTS, attach, read_features
 from ..provenance import weights_versions
+from . import eagle3_training
 from .cache import META, write_dir
 from .cpu_kernels import pack_linears
 from .eagle3 import is_eagle3, load_eagle3, to_target
@@ -52,10 +53,10 @@ EAGLE_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # a published EAGLE 
 HEAD_LAYOUTS = tuple(k for k in LAYOUTS if k != "eagle3")  # what FeatureHead builds (EAGLE-3's heads: eagle3.py)
 
 
-def check_layout(layout: str) -> None:
-    """One line (``ModelError``) naming a layout that is none of ``HEAD_LAYOUTS``."""
-    if layout not in HEAD_LAYOUTS:
-        raise ModelError(f"feature head layout={layout!r}: accepted: {', '.join(HEAD_LAYOUTS)}")
+def check_layout(layout: str, accepted: tuple[str, ...] = HEAD_LAYOUTS) -> None:
+    """One line (``ModelError``) naming a layout that is none of ``accepted``."""
+    if layout not in accepted:
+        raise ModelError(f"feature head layout={layout!r}: accepted: {', '.join(accepted)}")
 
 
 @dataclass
@@ -67,13 +68,23 @@ class HeadRecipe(Recipe):
     loss: str = "kl"  # the next token's part of the loss: its weight is cls_weight
     cls_weight: float = 0.1
     noise: float = 0.1  # half-width of the uniform noise on the input features while training, in their RMS
-    layout: str = "ours"  # "eagle": EAGLE's published layout, which vLLM loads (FeatureHead, docs/proposers.md)
+    layout: str = "ours"  # "eagle": EAGLE's layout, which vLLM loads; "eagle3": EAGLE-3's (docs/proposers.md)
+    ttt: int = 3  # EAGLE-3's training-time test: the steps an eagle3 head drafts on from its own outputs in training
     target: str | dict = "model"  # what it learns to draft: its model's next token, or an ensemble's (head_target.py)
 
     def __post_init__(self):
         super().__post_init__()
-        check_layout(self.layout)
+        check_layout(self.layout, tuple(LAYOUTS))
         ensemble_target(self.target)
+        if not isinstance(self.ttt, int) or isinstance(self.ttt, bool) or not 1 <= self.ttt <= 16:
+            raise ModelError(f"feature head ttt={self.ttt!r}: expected a whole number from 1 to 16")
+        if self.layout != "eagle3" and self.ttt != 3:
+            raise ModelError(f"feature head ttt={self.ttt}: the training-time test is EAGLE-3's (layout: eagle3)")
+        if self.layout == "eagle3" and self.cls_weight != 0.1:
+            raise ModelError(
+                f"feature head cls_weight={self.cls_weight}: an eagle3 head's loss is the next token's alone "
+                "(EAGLE-3 regresses no feature)"
+            )
         for key in ("cls_weight", "noise"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
@@ -138,6 +149,10 @@ class FeatureHead(nn.Module):
         out = self.decoder(inputs_embeds=x, position_ids=positions, past_key_values=cache, use_cache=cache is not None)
         return out.last_hidden_state[0]
 
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's features as the head drafts from them: as read (EAGLE-3's heads fuse three layers')."""
+        return features
+
     def kept_logits(self, features: torch.Tensor) -> torch.Tensor:
         """Logits over the kept ids ``[..., K]`` of the token after each predicted feature."""
         return self.borrowed[1].forward(features) @ self.head_rows.T  # forward: not the target's norm hooks (ours)
@@ -165,11 +180,11 @@ def from_eagle_state(raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()  # not inference mode: the features are a training target, saved for backward
-def target_features(teacher, sequences: list[torch.Tensor], layout: str = "ours") -> list[torch.Tensor]:
-    """The teacher's features at every position of each ``[1, n]`` sequence, as a head of ``layout`` reads them
-    (its last hidden state before its final norm, or after it)."""
+def target_features(teacher, sequences: list[torch.Tensor], head="ours") -> list[torch.Tensor]:
+    """The teacher's features at every position of each ``[1, n]`` sequence, as ``head`` (or a head of that
+    layout) reads them: its last hidden state before its final norm, or after it, or three layers' inputs."""
     found: list[torch.Tensor] = []
-    hook = read_features(teacher, layout, lambda hidden: found.append(hidden[0].float().clone()))
+    hook = read_features(teacher, head, lambda hidden: found.append(hidden[0].float().clone()))
     try:
         for ids in sequences:
             teacher.model(input_ids=ids, use_cache=False)
@@ -214,7 +229,7 @@ def head_acceptance(head: FeatureHead, teacher, held) -> dict:
     agree = soft = total = 0.0
     for prompt, cont, logp in held:
         seq = torch.tensor([prompt + cont])
-        features = target_features(teacher, [seq], head.layout)[0]
+        features = head.fuse(target_features(teacher, [seq], head)[0])
         predicted = head.step(features[:-1], seq[0, 1:], None, 0)  # output t: the token at t + 2
         first = len(prompt) - 2  # the output that predicts cont[0]
         if first < 0:
@@ -228,28 +243,81 @@ def head_acceptance(head: FeatureHead, teacher, held) -> dict:
     return {"agreement": round(agree / total, 4), "acceptance_t1": round(soft / total, 4), "eval_tokens": int(total)}
 
 
+@torch.inference_mode()
+def chain_drafts(head, teacher, prompt: list[int], cont: list[int], best: list[int], gamma: int) -> list[list[int]]:
+    """For each position j of ``cont`` (after ``prompt``), the greedy chain of up to ``gamma`` drafts from the
+    teacher's true features there, each from the head's own feature after the one before with the judge's token
+    ``best[j + d]`` as its input (the token a verification would have kept), up to and including the first draft
+    that is not the judge's: ``[]`` where the head has no feature to draft from."""
+    seq = torch.tensor(prompt + cont)
+    features = head.fuse(target_features(teacher, [seq[None]], head)[0])
+    chains = []
+    for j in range(len(cont)):
+        p = len(prompt) + j - 2  # the head's input that drafts cont[j]: (f_p, x_{p+1})
+        chain: list[int] = []
+        chains.append(chain)
+        if p < 0:
+            continue
+        cache = head.new_cache()
+        feature = head.step(features[: p + 1], seq[1 : p + 2], cache, 0)[-1]
+        for d in range(min(gamma, len(cont) - j)):
+            chain.append(int(head.logits(feature).argmax()))
+            if chain[-1] != best[j + d]:
+                break
+            if d + 1 < gamma:
+                feature = head.step(feature[None], torch.tensor([best[j + d]]), cache, p + d + 1)[0]
+    return chains
+
+
+def chain_acceptance(head, teacher, held, gamma: int = 3) -> dict:
+    """Greedy chains of up to ``gamma`` drafts from every held-out position (``chain_drafts``, the judge the
+    argmax of ``held``'s distribution). ``tau``: 1 + the mean number accepted (tokens per target forward of greedy
+    ``sd`` with ``gamma``, every position an anchor); ``depth_acceptance``: at each depth, the share accepted of
+    the chains that reached it (where a head drafting from its own features falls off)."""
+    reached, kept = [0] * gamma, [0] * gamma
+    for prompt, cont, logp in held:
+        best = logp.argmax(-1).tolist()
+        for j, chain in enumerate(chain_drafts(head, teacher, prompt, cont, best, gamma)):
+            for d, token in enumerate(chain):
+                reached[d] += 1
+                kept[d] += token == best[j + d]
+    anchors = max(reached[0], 1)
+    return {
+        "tau": round(1 + sum(kept) / anchors, 4),
+        "depth_acceptance": [round(k / max(r, 1), 4) for k, r in zip(kept, reached)],
+        "gamma": gamma,
+    }
+
+
 def train_head(teacher, data: TeacherData, recipe: HeadRecipe, curve: bool = False) -> tuple[FeatureHead, dict]:
     """A head for ``teacher`` trained on ``data`` by ``recipe``: the head and its facts."""
     teacher.requires_grad_(False)  # its embedding and norm are borrowed by the head: they stay frozen
     torch.manual_seed(recipe.seed)
     kept = data.kept if len(data.kept) < teacher.config.vocab_size else None
-    # EAGLE's layout as vLLM loads it: an fc without bias (vLLM's EagleLlamaForCausalLM has none)
-    head = FeatureHead(teacher, kept, recipe.layers, bias=recipe.layout == "ours", layout=recipe.layout)
-    features = target_features(teacher, [e.ids for e in data.examples], recipe.layout)
+    if recipe.layout == "eagle3":  # EAGLE-3's layout, over the data's kept ids in the order of its columns
+        head = eagle3_training.new_head(teacher, list(data.kept))
+    else:  # EAGLE's layout as vLLM loads it: an fc without bias (vLLM's EagleLlamaForCausalLM has none)
+        head = FeatureHead(teacher, kept, recipe.layers, bias=recipe.layout == "ours", layout=recipe.layout)
+    features = target_features(teacher, [e.ids for e in data.examples], head)
     scale = float(torch.cat(features).pow(2).mean().sqrt())
     by_id = {id(e): f for e, f in zip(data.examples, features)}
     noise = torch.Generator().manual_seed(recipe.seed)
     params = [p for p in head.parameters() if p.requires_grad]
     probe = (lambda step: head_acceptance(head, teacher, data.held)) if curve else None
-    facts = fit(
-        head,
-        params,
-        data.examples,
-        recipe,
-        lambda e, step: head_loss(head, e, by_id[id(e)], recipe, noise, scale, step),
-        "train head",
-        probe,
-    )
+    if recipe.layout == "eagle3":  # noise in units of each layer's own scale: a deeper layer's features are larger
+        widths = recipe.noise * eagle3_training.layer_scales(features)
+
+        def loss(e, step):
+            hidden = by_id[id(e)]
+            if recipe.noise:
+                hidden = hidden + (torch.rand(hidden.shape, generator=noise) * 2 - 1) * widths
+            return eagle3_training.ttt_loss(head, e, hidden, recipe, step)
+    else:
+
+        def loss(e, step):
+            return head_loss(head, e, by_id[id(e)], recipe, noise, scale, step)
+
+    facts = fit(head, params, data.examples, recipe, loss, "train head", probe)
     facts.update(head_acceptance(head, teacher, data.held))
     facts.update(
         feature_scale=round(scale, 4), label_coverage=round(data.label_coverage, 4), train_sequences=len(data.examples)
@@ -294,8 +362,13 @@ def distill_head(
 def save_head(head: FeatureHead, out_dir: Path, meta: dict) -> None:
     """The head's own weights, its kept ids, layer count and layout, with its facts, written whole or not at all.
     A head of EAGLE's layout is also an EAGLE checkpoint (its weights under EAGLE's names in
-    ``model.safetensors``, beside the target's ``config.json`` of its layer count), which vLLM loads as it is."""
+    ``model.safetensors``, beside the target's ``config.json`` of its layer count), which vLLM loads as it is;
+    one of EAGLE-3's is an EAGLE-3 checkpoint only (``eagle3_training.save``)."""
     from safetensors.torch import save_file
+
+    if head.layout == "eagle3":
+        eagle3_training.save(head, out_dir, meta)
+        return
 
     config = {"layers": len(head.decoder.layers), "bias": head.fc.bias is not None, "layout": head.layout}
     config["kept"] = head.kept.tolist() if len(head.kept) < head.vocab_size else None

@@ -223,8 +223,7 @@ class FeatureProposer(NamedProposer):
 
     def fuse(self, hidden: Tensor) -> Tensor:
         """The target's features as the head drafts from them (EAGLE-3's: its three layers' inputs through ``fc``)."""
-        fuse = getattr(self.head, "fuse", None)
-        return hidden if fuse is None else fuse(hidden)
+        return self.head.fuse(hidden)
 
     def _step(self, features: Tensor, tokens: list[int], start: int) -> Tensor:
         ids = torch.tensor(tokens, dtype=torch.long)
