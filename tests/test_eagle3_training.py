@@ -169,6 +169,7 @@ def test_greedy_outputs_with_a_trained_eagle3_head_equal_the_standard_method(dee
         ({"ttt": 0}, "feature head ttt=0: expected a whole number from 1 to 16"),
         ({"ttt": "3"}, "feature head ttt='3': expected a whole number from 1 to 16"),
         ({"cls_weight": 1.0}, "feature head cls_weight=1.0: an eagle3 head's loss is the next token's alone"),
+        ({"layers": 2}, "feature head layers=2: an eagle3 head has one layer, its midlayer"),
         ({"layout": "eagle4"}, "feature head layout='eagle4': accepted: ours, eagle, eagle3"),
     ],
 )
@@ -185,7 +186,7 @@ def test_a_target_too_shallow_for_eagle3s_rule_is_one_line():
 
 def brute_chains(head, teacher, prompt, cont, best, gamma: int) -> list[list[int]]:
     """``chain_drafts`` written plainly: every draft recomputed from the whole sequence before it, no cache (true
-    fused features up to the anchor, the head's own outputs after)."""
+    fused features up to the anchor, the head's own outputs after), stopping where a kept token leaves ``cont``."""
     seq, chains = prompt + cont, []
     with torch.no_grad():
         true = head.fuse(target_features(teacher, [torch.tensor([seq])], head)[0])
@@ -196,32 +197,34 @@ def brute_chains(head, teacher, prompt, cont, best, gamma: int) -> list[list[int
             for d in range(min(gamma, len(cont) - j) if p >= 0 else 0):
                 out = head.step(torch.stack(inputs), torch.tensor(tokens), None, 0)[-1]
                 chain.append(int(head.logits(out).argmax()))
-                if chain[-1] != best[j + d]:
+                if chain[-1] != best[j + d] or best[j + d] != cont[j + d]:
                     break
                 inputs, tokens = [*inputs, out], [*tokens, best[j + d]]
     return chains
 
 
 def own_judge(head, teacher, held):
-    """``held`` with each position's distribution one-hot on the head's own first draft there (from the true
-    features): every first draft is accepted, and a chain runs on while drafting from its own features agrees."""
+    """``held`` with each continuation the head's own: token by token its first draft from the teacher's true
+    features of the prompt and the tokens before, each judged one-hot. Every first draft is then kept, and a chain
+    runs on as far as drafting from its own features agrees with drafting from the true ones."""
     out = []
     with torch.no_grad():
         for prompt, cont, _ in held:
-            seq = torch.tensor([prompt + cont])
-            true = head.fuse(target_features(teacher, [seq], head)[0])
-            outs = head.step(true[:-1], seq[0, 1:], None, 0)[len(prompt) - 2 : len(prompt) - 2 + len(cont)]
-            best = torch.stack([head.logits(f) for f in outs]).argmax(-1)
-            logp = torch.full((len(cont), head.vocab_size), -30.0, dtype=torch.float64)
-            out.append((prompt, cont, logp.scatter_(1, best[:, None], 0.0)))
+            seq = list(prompt)
+            for _ in cont:
+                true = head.fuse(target_features(teacher, [torch.tensor([seq])], head)[0])
+                seq.append(int(head.logits(head.step(true[:-1], torch.tensor(seq[1:]), None, 0)[-1]).argmax()))
+            mine = seq[len(prompt) :]
+            logp = torch.full((len(mine), head.vocab_size), -30.0, dtype=torch.float64)
+            out.append((prompt, mine, logp.scatter_(1, torch.tensor(mine)[:, None], 0.0)))
     return out
 
 
 def test_chain_drafts_are_what_drafting_each_chain_from_scratch_drafts(deep, trained):
     """``chain_drafts`` (what the heads benchmark's tau counts) against chains recomputed without a cache, for a
-    trained EAGLE-3 head and one of this project's layout, judged by the teacher and by the head's own first
-    drafts (every chain then reaches its second draft, from the head's own feature); ``chain_acceptance`` counts
-    them, and its first depth is ``head_acceptance``'s agreement."""
+    trained EAGLE-3 head and one of this project's layout, judged by the teacher and on the head's own
+    continuations (every chain then reaches its second draft, from the head's own feature); ``chain_acceptance``
+    counts them, and its first depth is ``head_acceptance``'s agreement."""
     from pipeline.models.feature_head import FeatureHead, chain_acceptance, chain_drafts, head_acceptance
 
     data, eagle3, _, _ = trained
@@ -248,3 +251,35 @@ def test_each_layers_noise_is_in_its_own_scale_without_the_first_position():
     features = torch.cat([low, torch.full((5, 2), 4.0), high], 1)
     features[0] = 1000.0  # the first position's outsized values (an attention sink) do not count
     assert layer_scales([features, features[:3]]).tolist() == [3.0, 3.0, 4.0, 4.0, 40.0, 40.0]
+
+
+def test_an_ensembles_choice_off_the_continuation_ends_a_chain_unjudged(deep, trained):
+    """Where the judge (an ensemble) keeps a token the continuation does not have, its later rows were computed
+    on the continuation, so the chain is not judged past it: every chain that keeps that token ends there."""
+    from pipeline.models.feature_head import chain_drafts
+
+    data, head, _, _ = trained
+    prompt, cont, logp = own_judge(head, deep, data.held[:1])[0]
+    best = logp.argmax(-1).tolist()
+    chains = chain_drafts(head, deep, prompt, cont, best, 3)
+    off = [*cont[:4], (cont[4] + 1) % 64, *cont[5:]]  # the judge's token at 4 is no longer the continuation's
+    moved = chain_drafts(head, deep, prompt, off, best, 3)
+    for j in range(5):  # drafted from the same tokens as before: cut after index 4 where it was kept
+        cut = len(chains[j]) > 4 - j and chains[j][4 - j] == best[4]
+        assert moved[j] == (chains[j][: 5 - j] if cut else chains[j]), j
+    assert len(chains[4]) >= 2 and moved[4] == chains[4][:1]  # its first draft kept, its second not judged
+
+
+def test_a_sequence_with_no_row_to_score_is_a_zero_loss_training_takes(deep):
+    head = new_head(deep, KEPT)
+    ids = torch.tensor([[5, 9]])
+    example = Example(ids, torch.tensor([3, -100]), torch.tensor([0]), torch.zeros(1, len(KEPT)))
+    hidden = target_features(deep, [ids], head)[0]
+    loss = ttt_loss(head, example, hidden, recipe())  # its one row predicts x_1: nothing the head drafts
+    loss.backward()
+    assert float(loss) == 0.0 and head.fc.weight.grad is not None
+
+
+def test_on_a_bfloat16_target_a_new_heads_rotary_frequencies_stay_float32(deep):
+    head = new_head(copy.deepcopy(deep).to(torch.bfloat16), KEPT)
+    assert head.fc.weight.dtype == torch.bfloat16 and head.rotary.inv_freq.dtype == torch.float32

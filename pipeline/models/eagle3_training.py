@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from .cache import META, write_dir
-from .eagle3 import Eagle3Head
+from .eagle3 import Eagle3Head, to_target
 from .teacher import Example
 from .training import draft_loss, loss_at
 
@@ -42,9 +42,9 @@ def new_head(target: nn.Module, kept: list[int]) -> Eagle3Head:
     ids = torch.tensor(kept, dtype=torch.long)
     with torch.no_grad():
         head.d2t.copy_(ids - torch.arange(len(kept)))
-        head.lm_head.weight.copy_(target.get_output_embeddings().weight.detach()[ids])
-        head.norm.weight.copy_(target.model.norm.weight.detach())
-    return head.to(dtype=target.dtype)
+        head.lm_head.weight.copy_(target.get_output_embeddings().weight.detach()[ids].cpu())
+        head.norm.weight.copy_(target.model.norm.weight.detach().cpu())
+    return to_target(head, target)  # its rotary frequencies kept in float32, as when it is loaded
 
 
 def layer_scales(features: list[torch.Tensor]) -> torch.Tensor:
@@ -88,7 +88,7 @@ def ttt_loss(head: Eagle3Head, example: Example, hidden: torch.Tensor, recipe, s
     m = ids.shape[0] - 1
     name = loss_at(recipe.loss, step, recipe.steps)
     weights = [STEP_WEIGHT**j for j in range(recipe.ttt)]
-    total = 0.0
+    total = 0.0 * head.fc.weight.sum()  # a sequence with no row to score: a loss of 0 that backward still takes
     for j, (weight, features) in enumerate(zip(weights, ttt_outputs(head, ids, hidden, recipe.ttt))):
         later = example.rows >= 1 + j  # output t predicts x_{t+j+2}: the teacher's row t + j + 1
         if later.any():
@@ -118,6 +118,8 @@ def save(head: Eagle3Head, out_dir: Path, meta: dict) -> None:
         "num_hidden_layers": 1,
         "rms_norm_eps": c.rms_norm_eps,
         "hidden_act": c.hidden_act,
+        "attention_bias": bool(getattr(c, "attention_bias", False)),
+        "mlp_bias": bool(getattr(c, "mlp_bias", False)),
         "max_position_embeddings": c.max_position_embeddings,
         "vocab_size": vocab,
         "draft_vocab_size": int(head.d2t.shape[0]),

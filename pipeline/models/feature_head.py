@@ -80,6 +80,8 @@ class HeadRecipe(Recipe):
             raise ModelError(f"feature head ttt={self.ttt!r}: expected a whole number from 1 to 16")
         if self.layout != "eagle3" and self.ttt != 3:
             raise ModelError(f"feature head ttt={self.ttt}: the training-time test is EAGLE-3's (layout: eagle3)")
+        if self.layout == "eagle3" and self.layers != 1:
+            raise ModelError(f"feature head layers={self.layers}: an eagle3 head has one layer, its midlayer")
         if self.layout == "eagle3" and self.cls_weight != 0.1:
             raise ModelError(
                 f"feature head cls_weight={self.cls_weight}: an eagle3 head's loss is the next token's alone "
@@ -248,7 +250,9 @@ def chain_drafts(head, teacher, prompt: list[int], cont: list[int], best: list[i
     """For each position j of ``cont`` (after ``prompt``), the greedy chain of up to ``gamma`` drafts from the
     teacher's true features there, each from the head's own feature after the one before with the judge's token
     ``best[j + d]`` as its input (the token a verification would have kept), up to and including the first draft
-    that is not the judge's: ``[]`` where the head has no feature to draft from."""
+    that is not the judge's: ``[]`` where the head has no feature to draft from. A chain also stops after a kept
+    draft where the judge's token leaves ``cont`` (an ensemble's choice that is not the model's): the judge's rows
+    after it were computed on ``cont``, not on the tokens the chain kept, so they cannot judge it."""
     seq = torch.tensor(prompt + cont)
     features = head.fuse(target_features(teacher, [seq[None]], head)[0])
     chains = []
@@ -262,7 +266,7 @@ def chain_drafts(head, teacher, prompt: list[int], cont: list[int], best: list[i
         feature = head.step(features[: p + 1], seq[1 : p + 2], cache, 0)[-1]
         for d in range(min(gamma, len(cont) - j)):
             chain.append(int(head.logits(feature).argmax()))
-            if chain[-1] != best[j + d]:
+            if chain[-1] != best[j + d] or best[j + d] != cont[j + d]:
                 break
             if d + 1 < gamma:
                 feature = head.step(feature[None], torch.tensor([best[j + d]]), cache, p + d + 1)[0]
