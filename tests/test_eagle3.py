@@ -342,14 +342,17 @@ def test_vllms_eagle_refuses_an_eagle3_checkpoint_in_one_line(deep, head_dir):
 
     with pytest.raises(UserError, match=r"^vllm_eagle: .* is an EAGLE-3 checkpoint; vLLM's EAGLE \(EAGLE-1's layout\)"):
         checkpoint(head_dir[0])
+    assert checkpoint(head_dir[0], "vllm_eagle3") == head_dir[0] == checkpoint(head_dir[0], "vllm_eagle3_pr55006")
 
 
 def test_a_config_giving_vllms_eagle_an_eagle3_head_is_refused_when_read(head_dir):
     from pipeline.vllm.eagle import entry_problem
 
-    assert entry_problem("smol", str(head_dir[0])) == (
-        f"model 'smol''s head {head_dir[0]} is an EAGLE-3 checkpoint; vLLM's EAGLE (EAGLE-1's layout) cannot run it"
+    assert entry_problem("eagle", "smol", str(head_dir[0])) == (
+        f"model 'smol''s head {head_dir[0]} is an EAGLE-3 checkpoint; vLLM's EAGLE (EAGLE-1's layout) cannot run it: "
+        "vllm_eagle3 does"
     )
+    assert entry_problem("eagle3", "smol", str(head_dir[0])) is None
 
 
 def test_on_a_bfloat16_target_the_heads_rotary_frequencies_stay_float32(deep, head_dir):

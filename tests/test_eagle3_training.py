@@ -283,3 +283,21 @@ def test_a_sequence_with_no_row_to_score_is_a_zero_loss_training_takes(deep):
 def test_on_a_bfloat16_target_a_new_heads_rotary_frequencies_stay_float32(deep):
     head = new_head(copy.deepcopy(deep).to(torch.bfloat16), KEPT)
     assert head.fc.weight.dtype == torch.bfloat16 and head.rotary.inv_freq.dtype == torch.float32
+
+
+def test_over_the_whole_vocabulary_a_head_is_saved_without_d2t_its_rows_in_the_targets_order(deep, tmp_path):
+    """vLLM's EAGLE-3 takes a ``d2t`` only for a draft vocabulary smaller than the target's: a head over the whole
+    vocabulary (in any order) is saved with its rows in the target's order and none, and loads back the same."""
+    order = torch.randperm(64, generator=torch.Generator().manual_seed(5)).tolist()
+    head = new_head(deep, order)
+    with torch.no_grad():
+        head.lm_head.weight.mul_(3.0)
+    save_head(head, tmp_path / "h", {})
+    from safetensors.torch import load_file
+
+    weights = load_file(tmp_path / "h" / "model.safetensors")
+    assert "d2t" not in weights and "t2d" not in weights
+    loaded = load_head(tmp_path / "h", copy.deepcopy(deep))
+    feature = torch.randn(32, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.allclose(loaded.logits(feature), head.logits(feature), atol=1e-12)

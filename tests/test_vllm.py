@@ -49,7 +49,15 @@ def test_vllm_methods_are_parsed_once_with_vllms_decoding_as_their_baseline():
     assert plain.family == "single" and plain.engine.reference == "large_model"
     with pytest.raises(ArgumentError, match=r"^unknown method 'vllm_medusa'; accepted: large_model, small_model, sd,"):
         parse_method("vllm_medusa")
-    assert {"vllm", "vllm_sd", "vllm_ngram", "vllm_eagle"} <= set(method_names())
+    assert {"vllm", "vllm_sd", "vllm_ngram", "vllm_eagle", "vllm_eagle3"} <= set(method_names())
+    eagle3 = parse_method("vllm_eagle3")
+    assert (eagle3.engine, eagle3.baseline, eagle3.peer_proposer, eagle3.ours) == (
+        ENGINES["vllm"],
+        "vllm",
+        "eagle",
+        "sd",
+    )
+    assert eagle3.peer_reads_features and not eagle3.exact_at(1.0) and parse_method("vllm_eagle3_pr55006").exact_at(1.0)
     # measured biased at T > 0 (test_vllms_speculation_is_biased_at_t1_on_its_cpu_build): the tables say so
     assert not any(parse_method(m).exact_at(1.0) for m in ("vllm_sd", "vllm_ngram", "vllm_eagle"))
     assert all(parse_method(m).exact_at(0.0) for m in ("vllm_sd", "vllm_ngram", "vllm_eagle"))
@@ -96,6 +104,11 @@ def test_vllms_speculation_is_configured_as_ours_is():
         "model": "h",
         "num_speculative_tokens": 3,
     }
+    assert speculative_config("vllm_eagle3_pr55006", 2, ["t"], "h") == {
+        "method": "eagle3",
+        "model": "h",
+        "num_speculative_tokens": 2,
+    }
 
 
 def test_vllms_spec_decode_counters_become_tau_and_acceptance_by_the_fields_names():
@@ -118,6 +131,49 @@ def test_vllms_spec_decode_counters_become_tau_and_acceptance_by_the_fields_name
     assert stats_of("vllm_ngram", cut, 4, 10).to_dict()["proposers"]["lookup"]["accepted"] == 7
     plain = stats_of("vllm", {**reply, "drafts": 0, "draft_tokens": 0, "accepted": 0}, 4, 10).to_dict()
     assert decoding_metrics([plain])["tau"] == 1.0 and plain["rounds"] is None
+
+
+def test_vllms_eagle3_runs_a_head_of_eagle3s_layout_and_refuses_any_other_in_one_line(tmp_path):
+    """A config giving vllm_eagle3 a recipe of another layout is refused when it is read; a head directory of
+    another layout, or an EAGLE-1 checkpoint, when the job starts; a head trained with layout eagle3 is run."""
+    from pipeline.experiment.config import ConfigError, check_config
+    from pipeline.models.eagle3_training import new_head
+    from pipeline.models.feature_head import FeatureHead
+    from pipeline.models.spec import DEFAULT_CONFIG
+    from pipeline.vllm.eagle import checkpoint, entry_problem
+
+    config = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    config["grids"][3]["methods"] = ["vllm_eagle3"]  # peers: smol+l1
+    del config["grids"][3]["method_args"]
+    large = config["models"]["smollm2-135m-instruct"]
+    for recipe in ({}, {"layout": "eagle", "head_tokens": 0}):
+        large["eagle"] = recipe
+        with pytest.raises(
+            ConfigError, match=r"vllm_eagle3 \(set 'smol\+l1'\): vLLM's EAGLE-3 runs EAGLE-3's layout"
+        ) as e:
+            check_config(config)
+        assert "\n" not in str(e.value) and str(e.value).endswith("give it eagle: {layout: eagle3}")
+    large["eagle"] = {"layout": "eagle3"}
+    assert check_config(config)["grids"][3]["methods"] == ["vllm_eagle3"]
+    assert (
+        entry_problem("eagle3", "m", None)
+        == "model 'm' has no feature head; give it eagle: {layout: eagle3} or an EAGLE-3 checkpoint"
+    )
+
+    save_head(FeatureHead(tiny_llama(3, vocab=64, hidden=32), None, bias=False, layout="eagle"), tmp_path / "one", {})
+    with pytest.raises(
+        UserError, match=r"^vllm_eagle3: the feature head .*/one is of the eagle layout; vLLM's EAGLE-3"
+    ):
+        checkpoint(tmp_path / "one", "vllm_eagle3")
+    (tmp_path / "one" / "feature_head.json").unlink()  # as a published EAGLE-1 checkpoint
+    with pytest.raises(UserError, match=r"is an EAGLE-1 checkpoint \(no midlayer\.\*\); .*: vllm_eagle runs this one$"):
+        checkpoint(tmp_path / "one", "vllm_eagle3")
+    assert entry_problem("eagle3", "m", str(tmp_path / "one")).endswith(
+        "is no EAGLE-3 checkpoint; vLLM's EAGLE-3 runs EAGLE-3's layout"
+    )
+    save_head(new_head(tiny_llama(3, vocab=64, hidden=32, layers=8), list(range(64))), tmp_path / "three", {})
+    assert checkpoint(tmp_path / "three", "vllm_eagle3") == tmp_path / "three"
+    assert entry_problem("eagle3", "m", str(tmp_path / "three")) is None
 
 
 def test_vllms_eagle_is_refused_in_one_line_where_its_head_would_draft_otherwise_in_vllm(tmp_path):
@@ -392,6 +448,68 @@ def test_vllms_eagle_drafts_what_ours_drafts_from_one_head_of_eagles_layout(vllm
     assert theirs == ours["eagle"]
     assert sum(t[2] for t in theirs) > 10
     assert [o[2] for o in ours["ours"]] != [e[2] for e in ours["eagle"]]
+
+
+def copying_eagle3_head(target, seed: int = 0):
+    """An EAGLE-3 head over the whole vocabulary that proposes the token it reads, give or take: it fuses the inputs
+    of layers 0 (the token's embedding), 4 and 5, named in its config as a checkpoint may name them, ``fc`` passes
+    the first, its layer adds a little of its own (small random attention and MLP outputs), and its output head is
+    the target's embedding. On a target whose greedy text repeats a token, right much of the time."""
+    import torch
+
+    from pipeline.models.eagle3_training import new_head
+
+    head = new_head(target, list(range(target.config.vocab_size)))
+    d = target.config.hidden_size
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        head.fc.weight.copy_(torch.cat([torch.eye(d), torch.zeros(d, 2 * d)], 1))
+        for w in (head.midlayer.self_attn.o_proj.weight, head.midlayer.mlp.down_proj.weight):
+            w.copy_(torch.randn(w.shape, generator=g) * 0.002)
+        head.norm.weight.fill_(1.0)
+        head.lm_head.weight.copy_(target.get_input_embeddings().weight)
+    head.aux_layers = (0, 4, 5)
+    return head
+
+
+def test_vllms_eagle3_drafts_what_ours_drafts_from_one_eagle3_head(vllm_ready, tmp_path):
+    """One head of EAGLE-3's layout (saved here as an EAGLE-3 checkpoint over the whole vocabulary, as a head
+    trained with layout eagle3 is; its fused layers named in its config), one target of 8 layers whose greedy text
+    is partly repetitive: vLLM's EAGLE-3 (``vllm_eagle3``) and our ``eagle`` proposer give the same tokens and,
+    prompt by prompt, the same number of drafts and of accepted tokens (measured: 19, 19, 21 and 21 of 32). Fusing
+    EAGLE-3's rule's layers (2, 4, 5) instead, the same head accepts 5 in all: the count tells which layers a
+    side reads."""
+    import torch
+
+    from pipeline.decoding.proposers.feature import attach
+    from pipeline.models.feature_head import load_head
+    from pipeline.vllm.eagle import checkpoint
+    from pipeline.vllm.engine import Worker
+
+    target = tiny_llama(7, vocab=512, hidden=64, layers=8, init=0.06).to(torch.float32)
+    for config in (target.config, target.generation_config):  # no EOS: every prompt runs to the limit
+        config.eos_token_id = config.bos_token_id = None
+    target.config.max_position_embeddings = 256
+    target.save_pretrained(tmp_path / "target")
+    save_head(copying_eagle3_head(target), tmp_path / "head", {})
+    attach(target, load_head(tmp_path / "head", target))  # as our eagle proposer loads it
+    prompts = [torch.randint(0, 512, (8,), generator=torch.Generator().manual_seed(i)).tolist() for i in range(4)]
+    ours = []
+    for prompt in prompts:
+        out = generate([target], prompt, "sd", 3, 32, method_args={"proposer": "eagle"})
+        ours.append((out.token_ids, out.stats.rounds, out.stats.proposers["eagle"].accepted))
+    spec = speculative_config("vllm_eagle3", 3, ["t"], str(checkpoint(tmp_path / "head", "vllm_eagle3")))
+    settings = {"model": str(tmp_path / "target"), "dtype": "float32", "speculative_config": spec, "max_model_len": 256}
+    worker = Worker(vllm_ready["python"], {**settings, "skip_tokenizer_init": True}, threads=1)
+    try:
+        ask = {"seed": 0, "max_new_tokens": 32, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "stop_ids": []}
+        replies = [worker.ask({**ask, "prompt_ids": p, "stop_strings": []}) for p in prompts]
+    finally:
+        worker.close()
+    theirs = [(r["token_ids"], r["drafts"], stats_of("vllm_eagle3", r, 8, 32).accepted) for r in replies]
+    print("accepted (vLLM, ours):", [(t[2], o[2]) for t, o in zip(theirs, ours)])
+    assert theirs == ours
+    assert sum(t[2] for t in theirs) > 10
 
 
 def test_vllms_greedy_tokens_match_ours_or_part_at_a_near_tie(vllm_run):

@@ -50,6 +50,7 @@ class PeerMethod:
     proposer: str  # what proposes: the set's draft (``draft``), prompt lookup (``lookup``), a feature head (``eagle``)
     ours: str  # our method that does the same job (set against it in the report)
     not_exact: str | None = None  # why its samples at T > 0 are not its standard method's distribution (measured)
+    speculator: str | None = None  # the engine's own name for it (vLLM's ``speculative_config`` method)
 
 
 @dataclass(frozen=True, eq=False)  # one record per engine: compared by identity
@@ -71,7 +72,8 @@ class Engine:
     available: str | None = None  # ``module:function`` () -> None or one line why it cannot run here
     unsupported: str | None = None  # ``module:function`` (architectures) -> those it has no model class for
     environment: str | None = None  # its environment's record under the results root (its own rule builds it)
-    head_problem: str | None = None  # ``module:function`` (model name, eagle entry) -> why it cannot run that head
+    head_problem: str | None = None  # ``module:function`` (its speculator, model name, eagle entry) -> why it cannot
+    # run that head
 
     def __reduce__(self):  # a copy or an unpickled one is the table's record (compared by identity)
         return engine_named, (self.name,)
@@ -88,9 +90,10 @@ class Engine:
         """Those of a model's ``architectures`` (config.json) this engine has no model class for."""
         return hook(self.unsupported)(architectures) if self.unsupported else []
 
-    def feature_head_problem(self, name: str, entry: Any) -> str | None:
-        """Why this engine cannot run model ``name``'s feature head (its config ``eagle`` entry), or None."""
-        return hook(self.head_problem)(name, entry) if self.head_problem else None
+    def feature_head_problem(self, method: str, name: str, entry: Any) -> str | None:
+        """Why this engine's ``method`` cannot run model ``name``'s feature head (its config ``eagle`` entry), or
+        None."""
+        return hook(self.head_problem)(self.methods[method].speculator, name, entry) if self.head_problem else None
 
 
 def engine_named(name: str) -> Engine:
@@ -117,9 +120,10 @@ CPU_EXPAND = (
 # Verifying a sampled draft token as if one-hot (accept with r(x), else draw from r without x) is exact, only less
 # accepting: vllm_sd's inexactness is the CPU build's, as that of lookup's and EAGLE's drafts (docs/vllm.md)
 _VLLM_SPECULATION = {
-    "vllm_sd": PeerMethod("vllm", DRAFT, "sd", CPU_EXPAND),  # vLLM's draft-model speculation ("draft_model")
-    "vllm_ngram": PeerMethod("vllm", "lookup", "sd", CPU_EXPAND),  # prompt lookup ("ngram", n-grams 2 to 4)
-    "vllm_eagle": PeerMethod("vllm", "eagle", "sd", CPU_EXPAND),  # EAGLE: the first model's feature head
+    "vllm_sd": PeerMethod("vllm", DRAFT, "sd", CPU_EXPAND, "draft_model"),  # vLLM's draft-model speculation
+    "vllm_ngram": PeerMethod("vllm", "lookup", "sd", CPU_EXPAND, "ngram"),  # prompt lookup (n-grams 2 to 4)
+    "vllm_eagle": PeerMethod("vllm", "eagle", "sd", CPU_EXPAND, "eagle"),  # EAGLE-1: the first model's head
+    "vllm_eagle3": PeerMethod("vllm", "eagle", "sd", CPU_EXPAND, "eagle3"),  # EAGLE-3: the first model's head
 }
 
 ENGINES: Mapping[str, Engine] = MappingProxyType(

@@ -169,8 +169,8 @@ class MethodSpec:
 
     @property
     def peer_reads_features(self) -> bool:
-        """A peer method whose proposer drafts from the first model's feature head (``vllm_eagle``: the proposer's
-        declared ``reads_features``)."""
+        """A peer method whose proposer drafts from the first model's feature head (``vllm_eagle``,
+        ``vllm_eagle3``: the proposer's declared ``reads_features``)."""
         return self.peer and parse_proposer(self.peer_proposer).reads_features
 
     @property

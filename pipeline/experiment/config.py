@@ -288,7 +288,7 @@ def check_config(config: dict[str, Any], schema: dict[str, Any] | None = None) -
         for method in grid["methods"]:  # vLLM's EAGLE drafts from a head of the large model that vLLM runs as ours
             if (spec := parse_method(method)).peer_reads_features:
                 for name, members in grid["model_sets"].items():
-                    if why := spec.engine.feature_head_problem(members[0], models[members[0]].get("eagle")):
+                    if why := spec.engine.feature_head_problem(method, members[0], models[members[0]].get("eagle")):
                         raise ConfigError(f"config key grids[{i}].methods: {method} (set {name!r}): {why}")
     _check_heads(models)
     names = [g["name"] for g in config["grids"]]

@@ -16,7 +16,8 @@ chain of ``ttt`` tokens. Step j's loss (the recipe's ``loss`` against the teache
 weighs 0.8^j (EAGLE-3's weights), normalised to sum to one. The recipe's ``noise`` (EAGLE's augmentation, kept
 here beside the test) perturbs the three layers' inputs uniformly, in units of each layer's own scale
 (``layer_scales``). ``save`` writes it as an EAGLE-3 checkpoint, which
-``feature_head.load_head`` reads back through ``eagle3.load_eagle3`` as it reads a published one.
+``feature_head.load_head`` reads back through ``eagle3.load_eagle3`` as it reads a published one (over the whole
+vocabulary, with no ``d2t``: vLLM takes one only for a reduced vocabulary).
 """
 
 from __future__ import annotations
@@ -132,6 +133,11 @@ def save(head: Eagle3Head, out_dir: Path, meta: dict) -> None:
     if "rope_theta" not in config and isinstance(config.get("rope_parameters"), dict):
         config["rope_theta"] = config["rope_parameters"].get("rope_theta")
     state = {k: v.detach().contiguous() for k, v in head.state_dict().items() if not k.startswith("rotary.")}
-    state["t2d"] = torch.zeros(vocab, dtype=torch.bool).index_fill_(0, head.kept.cpu(), True)
+    if state["d2t"].shape[0] < vocab:  # a reduced draft vocabulary: its map to the target's ids, and the mask
+        state["t2d"] = torch.zeros(vocab, dtype=torch.bool).index_fill_(0, head.kept.cpu(), True)
+    else:  # the whole vocabulary: its rows in the target's order and no map (vLLM takes a d2t only for fewer ids)
+        order = torch.argsort(head.kept.cpu())
+        state["lm_head.weight"] = state["lm_head.weight"][order].contiguous()
+        del state["d2t"]
     files = {"config.json": json.dumps(config, indent=2), META: json.dumps(meta, indent=2)}
     write_dir(out_dir, lambda tmp: save_file(state, tmp / "model.safetensors"), files)

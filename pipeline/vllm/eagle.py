@@ -1,12 +1,18 @@
-"""The feature head ``vllm_eagle`` hands vLLM: an EAGLE checkpoint that vLLM runs as the head runs here.
+"""The feature head ``vllm_eagle`` and ``vllm_eagle3`` hand vLLM: a checkpoint that vLLM runs as the head runs here.
 
-vLLM's EAGLE for Llama models (``EagleLlamaForCausalLM``) reads the target's features after its final norm, puts
-its predictions straight into the target's output head over the whole vocabulary, and has an ``fc`` without
-bias. A head of EAGLE's layout trained here (``eagle: {layout: eagle, head_tokens: 0}``) is saved as such a
-checkpoint (``models/feature_head.save_head``), and a published EAGLE-1 checkpoint is one; a head of this
-project's own layout (features before the norm) or over part of the vocabulary would draft other tokens in
-vLLM than here, so it is refused in one line, when the config is read where its recipe shows it, else before the
-job starts."""
+vLLM's EAGLE for Llama models (``EagleLlamaForCausalLM``, speculator ``eagle``) reads the target's features after
+its final norm, puts its predictions straight into the target's output head over the whole vocabulary, and has an
+``fc`` without bias. A head of EAGLE's layout trained here (``eagle: {layout: eagle, head_tokens: 0}``) is saved as
+such a checkpoint (``models/feature_head.save_head``), and a published EAGLE-1 checkpoint is one; a head of this
+project's own layout (features before the norm) or over part of the vocabulary would draft other tokens in vLLM
+than here, so it is refused in one line, when the config is read where its recipe shows it, else before the job
+starts.
+
+vLLM's EAGLE-3 (``Eagle3LlamaForCausalLM``, speculator ``eagle3``) reads the published EAGLE-3 layout as
+``models/eagle3.py`` does: the inputs of the three layers its ``eagle_config`` names (vLLM's aux hidden states:
+layer ``i``'s input), a ``midlayer``, its own norm and ``lm_head`` over a draft vocabulary mapped by ``d2t``. A head
+trained here with ``eagle: {layout: eagle3}`` is saved as such a checkpoint (``models/eagle3_training.save``), a
+published one is one; any other head is refused in one line, as above."""
 
 from __future__ import annotations
 
@@ -18,43 +24,71 @@ from ..errors import UserError
 from ..models.feature_head import EAGLE_WEIGHTS, HEAD_CONFIG, HeadRecipe, head_config
 from ..models.resolve import recipe_of
 
-TRAIN_FOR_VLLM = "eagle: {layout: eagle, head_tokens: 0}"  # a recipe whose head vLLM runs as ours does
+TRAIN_FOR_VLLM = "eagle: {layout: eagle, head_tokens: 0}"  # a recipe whose head vLLM's EAGLE runs as ours does
+TRAIN_FOR_VLLM_EAGLE3 = "eagle: {layout: eagle3}"  # one whose head vLLM's EAGLE-3 runs as ours does
 
 
-def entry_problem(model: str, eagle: str | dict[str, Any] | None) -> str | None:
-    """Why a config model's ``eagle`` entry gives no head vLLM can run, as far as the config shows (None: it
-    may; a directory is checked when the job starts, ``checkpoint``)."""
+def entry_problem(speculator: str, model: str, eagle: str | dict[str, Any] | None) -> str | None:
+    """Why a config model's ``eagle`` entry gives no head vLLM's ``speculator`` (``eagle`` or ``eagle3``) can run,
+    as far as the config shows (None: it may; a directory is checked when the job starts, ``checkpoint``)."""
+    train = TRAIN_FOR_VLLM_EAGLE3 if speculator == "eagle3" else TRAIN_FOR_VLLM
     if eagle is None:
-        return f"model {model!r} has no feature head; give it {TRAIN_FOR_VLLM} or a published EAGLE checkpoint"
-    if isinstance(eagle, dict) and not _runs_in_vllm(recipe_of(HeadRecipe, eagle, f"eagle settings for {model!r}")):
-        return (
-            f"vLLM runs EAGLE's layout over the whole vocabulary, and model {model!r}'s head recipe "
-            f"{json.dumps(eagle)} is not; give it {TRAIN_FOR_VLLM}"
-        )
-    if isinstance(eagle, str) and _is_eagle3(Path(eagle).expanduser()):
-        return f"model {model!r}'s head {eagle} is an EAGLE-3 checkpoint; vLLM's EAGLE (EAGLE-1's layout) cannot run it"
+        published = "an EAGLE-3" if speculator == "eagle3" else "a published EAGLE-1"
+        return f"model {model!r} has no feature head; give it {train} or {published} checkpoint"
+    if isinstance(eagle, dict):
+        recipe = recipe_of(HeadRecipe, eagle, f"eagle settings for {model!r}")
+        if speculator == "eagle3" and recipe.layout != "eagle3":
+            return (
+                f"vLLM's EAGLE-3 runs EAGLE-3's layout, and model {model!r}'s head recipe {json.dumps(eagle)} is "
+                f"not; give it {train}"
+            )
+        if speculator == "eagle" and not _runs_in_vllm(recipe):
+            return (
+                f"vLLM runs EAGLE's layout over the whole vocabulary, and model {model!r}'s head recipe "
+                f"{json.dumps(eagle)} is not; give it {train}"
+            )
+    if isinstance(eagle, str):
+        eagle3 = _is_eagle3(Path(eagle).expanduser())
+        if speculator == "eagle" and eagle3:
+            return (
+                f"model {model!r}'s head {eagle} is an EAGLE-3 checkpoint; vLLM's EAGLE (EAGLE-1's layout) cannot run "
+                "it: vllm_eagle3 does"
+            )
+        if speculator == "eagle3" and eagle3 is False:
+            return f"model {model!r}'s head {eagle} is no EAGLE-3 checkpoint; vLLM's EAGLE-3 runs EAGLE-3's layout"
     return None
 
 
-def _is_eagle3(head: Path) -> bool:
-    """Whether the directory ``head`` holds an EAGLE-3 checkpoint (its decoder layer named ``midlayer``)."""
+def _is_eagle3(head: Path) -> bool | None:
+    """Whether the directory ``head`` holds an EAGLE-3 checkpoint (its decoder layer named ``midlayer``); None
+    where that cannot be told (no weights, unreadable: the loader says why, in one line, when the job starts)."""
     weights = next((head / f for f in EAGLE_WEIGHTS if (head / f).is_file()), None)
+    if weights is None:
+        return None
     try:
-        return weights is not None and any(name.startswith("midlayer.") for name in _names(weights))
+        return any(name.startswith("midlayer.") for name in _names(weights))
     except Exception:  # noqa: BLE001 (unreadable: the loader says why, in one line, when the job starts)
-        return False
+        return None
 
 
 def _runs_in_vllm(recipe: HeadRecipe) -> bool:
     return recipe.layout == "eagle" and recipe.head_tokens == 0  # EAGLE's layout over the whole vocabulary
 
 
-def checkpoint(head: Path) -> Path:
-    """``head`` (a feature head's directory) as vLLM's EAGLE model: itself, when vLLM runs it as ours runs; else
-    one line (``UserError``) saying why not."""
+def checkpoint(head: Path, method: str = "vllm_eagle") -> Path:
+    """``head`` (a feature head's directory) as the model of vLLM's ``method`` (``vllm_eagle``, ``vllm_eagle3``
+    or their ``_pr55006`` forms): itself, when vLLM runs it as ours runs; else one line (``UserError``) saying
+    why not."""
+    eagle3 = method.startswith("vllm_eagle3")
+    name = "vllm_eagle3" if eagle3 else "vllm_eagle"
     config_file = head / HEAD_CONFIG
-    if config_file.exists():  # one trained here
+    if config_file.exists():  # one trained here in this project's layout or EAGLE's
         config = head_config(config_file, None)  # a config that is not one: one line
+        if eagle3:
+            raise UserError(
+                f"{name}: the feature head {head} is of the {config['layout']} layout; vLLM's EAGLE-3 runs EAGLE-3's: "
+                f"train one with {TRAIN_FOR_VLLM_EAGLE3}"
+            )
         if config["layout"] != "eagle":
             why = "reads the target's features before its final norm (this project's layout)"
         elif config.get("kept"):
@@ -64,19 +98,26 @@ def checkpoint(head: Path) -> Path:
         else:
             return head
         raise UserError(
-            f"vllm_eagle: the feature head {head} {why}; vLLM's EAGLE cannot run it: train one with {TRAIN_FOR_VLLM}"
+            f"{name}: the feature head {head} {why}; vLLM's EAGLE cannot run it: train one with {TRAIN_FOR_VLLM}"
         )
     weights = next((head / f for f in EAGLE_WEIGHTS if (head / f).exists()), None)
     if weights is None or not (head / "config.json").exists():
-        raise UserError(f"vllm_eagle: {head} is no EAGLE checkpoint (config.json and {' or '.join(EAGLE_WEIGHTS)})")
+        raise UserError(f"{name}: {head} is no EAGLE checkpoint (config.json and {' or '.join(EAGLE_WEIGHTS)})")
     names = _names(weights)
-    if any(name.startswith("midlayer.") for name in names):  # EAGLE-3's: vLLM runs it as "eagle3", not "eagle"
+    is_eagle3 = any(n.startswith("midlayer.") for n in names)
+    if eagle3 and not is_eagle3:
         raise UserError(
-            f"vllm_eagle: {head} is an EAGLE-3 checkpoint; vLLM's EAGLE (EAGLE-1's layout) cannot run it, and "
-            "vLLM's EAGLE-3 beside ours is not a method here yet (our sd with proposer eagle runs it)"
+            f"{name}: {head} is an EAGLE-1 checkpoint (no midlayer.*); vLLM's EAGLE-3 runs EAGLE-3's layout: "
+            "vllm_eagle runs this one"
+        )
+    if eagle3:
+        return head
+    if is_eagle3:  # EAGLE-3's: vLLM runs it as "eagle3", not "eagle"
+        raise UserError(
+            f"{name}: {head} is an EAGLE-3 checkpoint; vLLM's EAGLE (EAGLE-1's layout) cannot run it: vllm_eagle3 does"
         )
     if "fc.bias" in names:
-        raise UserError(f"vllm_eagle: the EAGLE checkpoint {head} has an fc bias, which vLLM's EAGLE for Llama has not")
+        raise UserError(f"{name}: the EAGLE checkpoint {head} has an fc bias, which vLLM's EAGLE for Llama has not")
     return head
 
 

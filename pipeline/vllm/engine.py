@@ -50,21 +50,23 @@ class VLLMError(UserError):
 def speculative_config(
     method: str, gamma: int, paths: Sequence[str], eagle: str | None = None
 ) -> dict[str, Any] | None:
-    """vLLM's ``speculative_config`` for a method: None for ``vllm``; the set's draft (``vllm_sd``), prompt lookup
-    (``vllm_ngram``) or the EAGLE checkpoint ``eagle`` (``vllm_eagle``, ``eagle.checkpoint``) proposing ``gamma``
-    tokens a step."""
+    """vLLM's ``speculative_config`` for a method: None for ``vllm``; else the method's ``speculator``
+    (``decoding/engines.py``) proposing ``gamma`` tokens a step: the set's draft (``vllm_sd``), prompt lookup
+    (``vllm_ngram``) or the first model's head as an EAGLE or EAGLE-3 checkpoint ``eagle`` (``vllm_eagle``,
+    ``vllm_eagle3``: ``eagle.checkpoint``)."""
     spec = parse_method(method)
     if spec.engine is not ENGINES["vllm"]:
         raise UserError(f"{method!r} is not one of vLLM's methods")
     if not spec.peer:
         return None
+    speculator = spec.engine.methods[spec.name].speculator
     if spec.peer_proposer == DRAFT:
-        return {"method": "draft_model", "model": str(paths[1]), "num_speculative_tokens": gamma}
+        return {"method": speculator, "model": str(paths[1]), "num_speculative_tokens": gamma}
     if spec.peer_reads_features:
         if eagle is None:
             raise UserError(f"{method!r} needs the first model's feature head as an EAGLE checkpoint")
-        return {"method": "eagle", "model": str(eagle), "num_speculative_tokens": gamma}
-    return {"method": "ngram", "num_speculative_tokens": gamma, **NGRAM}
+        return {"method": speculator, "model": str(eagle), "num_speculative_tokens": gamma}
+    return {"method": speculator, "num_speculative_tokens": gamma, **NGRAM}
 
 
 def worker_env(threads: int, build: str = "cpu") -> dict[str, str]:
