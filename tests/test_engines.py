@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_every_hook_a_record_names_exists_with_its_signature(name):
     engine = ENGINES[name]
     assert list(inspect.signature(engine.runner()).parameters) == ["cell", "stack"]
-    for path, arity in ((engine.available, 0), (engine.unsupported, 1), (engine.head_problem, 2)):
+    for path, arity in ((engine.available, 0), (engine.unsupported, 1), (engine.head_problem, 3)):
         if path is not None:
             required = [
                 p for p in inspect.signature(hook(path)).parameters.values() if p.default is inspect.Parameter.empty
