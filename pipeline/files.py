@@ -76,10 +76,10 @@ def write_atomic(path: Path, data: str | bytes) -> None:
 MAX_USER_FILE = 2**30  # bytes: a user file larger than this is refused, never read into memory
 
 
-def read_user_bytes(path: Path, what: str = "file", limit: int = MAX_USER_FILE) -> bytes:
-    """The bytes of a file the user gave (``what`` it is, for the message); a one-line UserError naming it
-    when it is missing, not a regular file (a directory, a device, a pipe), unreadable or over ``limit``."""
-    path = Path(path)
+@contextlib.contextmanager
+def _user_file(path: Path, what: str, limit: int):
+    """``path`` opened for reading (a pipe never blocks), once it is a regular file of at most ``limit`` bytes;
+    a one-line UserError naming it otherwise, or when it is missing or unreadable."""
     try:
         with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:  # a pipe must not block
             info = os.fstat(f.fileno())
@@ -88,11 +88,25 @@ def read_user_bytes(path: Path, what: str = "file", limit: int = MAX_USER_FILE) 
                 raise UserError(f"{what} {path} is {kind}; expected a file")
             if info.st_size > limit:
                 raise UserError(f"{what} {path} is too large ({info.st_size} bytes; at most {limit} are read)")
-            return f.read()
+            yield f
     except IsADirectoryError:
         raise UserError(f"{what} {path} is a directory; expected a file") from None
     except OSError as err:
         raise UserError(f"{what} {path}: {err.strerror or type(err).__name__}") from None
+
+
+def read_user_bytes(path: Path, what: str = "file", limit: int = MAX_USER_FILE) -> bytes:
+    """The bytes of a file the user gave (``what`` it is, for the message); a one-line UserError naming it
+    when it is missing, not a regular file (a directory, a device, a pipe), unreadable or over ``limit``."""
+    with _user_file(Path(path), what, limit) as f:
+        return f.read()
+
+
+def user_file(path: Path, what: str = "file", limit: int = MAX_USER_FILE) -> Path:
+    """``path``, checked as ``read_user_bytes`` checks it, for a reader that takes a path itself (safetensors,
+    torch.load): a pipe or a device in its place is one line, never a wait."""
+    with _user_file(Path(path), what, limit):
+        return Path(path)
 
 
 def read_tail(path: Path, what: str = "file", size: int = 1 << 16) -> str:

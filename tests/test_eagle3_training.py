@@ -301,3 +301,33 @@ def test_over_the_whole_vocabulary_a_head_is_saved_without_d2t_its_rows_in_the_t
     feature = torch.randn(32, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
     with torch.no_grad():
         assert torch.allclose(loaded.logits(feature), head.logits(feature), atol=1e-12)
+
+
+def test_a_saved_heads_files_replaced_by_a_pipe_or_a_list_are_one_line_never_a_wait(deep, tmp_path):
+    """A pipe in place of the weights or of config.json, a list where eagle_config's mapping belongs: each one
+    line, from the loader and from vLLM's side, and the config check does not wait on the pipe."""
+    import os
+
+    from pipeline.errors import UserError
+    from pipeline.vllm.eagle import checkpoint, entry_problem
+
+    save_head(new_head(deep, KEPT), tmp_path / "pipe", {})
+    os.unlink(tmp_path / "pipe" / "model.safetensors")
+    os.mkfifo(tmp_path / "pipe" / "model.safetensors")
+    with pytest.raises(ModelError, match=r"model.safetensors is not a regular file \(a device or a pipe\)"):
+        load_head(tmp_path / "pipe", copy.deepcopy(deep))
+    assert entry_problem("eagle3", "m", str(tmp_path / "pipe")) is None  # told when the job starts, in one line
+    with pytest.raises(UserError, match=r"model.safetensors is not a regular file"):
+        checkpoint(tmp_path / "pipe", "vllm_eagle3")
+
+    save_head(new_head(deep, KEPT), tmp_path / "conf", {})
+    os.unlink(tmp_path / "conf" / "config.json")
+    os.mkfifo(tmp_path / "conf" / "config.json")
+    with pytest.raises(UserError, match=r"^vllm_eagle3: the checkpoint's config .*config.json is not a regular file"):
+        checkpoint(tmp_path / "conf", "vllm_eagle3")
+
+    save_head(new_head(deep, KEPT), tmp_path / "list", {})
+    config = json.loads((tmp_path / "list" / "config.json").read_text())
+    (tmp_path / "list" / "config.json").write_text(json.dumps({**config, "eagle_config": [1]}))
+    with pytest.raises(ModelError, match=r"^EAGLE-3 head: eagle_config=\[1\]; expected a mapping$"):
+        load_head(tmp_path / "list", copy.deepcopy(deep))

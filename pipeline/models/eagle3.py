@@ -38,7 +38,10 @@ def aux_layers(config: dict, layers: int) -> tuple[int, ...]:
     """The target's decoder layers whose inputs the head fuses, in layer order: the checkpoint's own
     (``eagle_config.eagle_aux_hidden_state_layer_ids``) or EAGLE-3's rule, ``(2, L // 2, L - 3)``; one line where
     they are not three distinct layers of a target of ``layers`` layers."""
-    own = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    eagle_config = config.get("eagle_config") or {}
+    if not isinstance(eagle_config, dict):
+        raise ModelError(f"EAGLE-3 head: eagle_config={json.dumps(eagle_config)[:40]}; expected a mapping")
+    own = eagle_config.get("eagle_aux_hidden_state_layer_ids")
     ids = tuple(own) if own is not None else (2, layers // 2, layers - 3)
     fine = all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < layers for i in ids)
     if len(ids) != 3 or not fine or len(set(ids)) != 3:
@@ -190,8 +193,8 @@ class Eagle3Head(nn.Module):
         return small.new_full((self.vocab_size,), float("-inf")).index_copy_(0, self.kept, small)
 
 
-def is_eagle3(raw: dict[str, torch.Tensor]) -> bool:
-    """Whether a checkpoint's tensors are EAGLE-3's (its decoder layer named ``midlayer``)."""
+def is_eagle3(raw) -> bool:
+    """Whether a checkpoint's tensors (or their names) are EAGLE-3's (its decoder layer named ``midlayer``)."""
     return any(k.startswith(MIDLAYER) for k in raw)
 
 

@@ -48,6 +48,7 @@ from .training import draft_loss, fit, fixed_threads, loss_at
 WEIGHTS = "feature_head.safetensors"
 HEAD_CONFIG = "feature_head.json"
 EAGLE_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # a published EAGLE checkpoint's weight files
+WEIGHTS_LIMIT = 2**36  # bytes: a head's weights larger than this are refused, never read
 
 
 HEAD_LAYOUTS = tuple(k for k in LAYOUTS if k != "eagle3")  # what FeatureHead builds (EAGLE-3's heads: eagle3.py)
@@ -549,7 +550,15 @@ def _check_target_config(file: Path, target: nn.Module, layers: int) -> None:
 
 
 def _read(file: Path) -> dict[str, torch.Tensor]:
-    """A weight file's tensors; one that cannot be read (damaged, a pickle torch's safe loader refuses): one line."""
+    """A weight file's tensors; one that cannot be read (not a regular file, damaged, a pickle torch's safe loader
+    refuses): one line."""
+    from ..errors import UserError
+    from ..files import user_file
+
+    try:
+        user_file(file, "feature head weights", WEIGHTS_LIMIT)
+    except UserError as err:
+        raise ModelError(str(err)) from None
     try:
         if file.suffix == ".safetensors":
             from safetensors.torch import load_file

@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from ..models.feature_head import EAGLE_WEIGHTS, HEAD_CONFIG, HeadRecipe, head_config
+from ..files import read_user_json, user_file
+from ..models.eagle3 import is_eagle3
+from ..models.feature_head import EAGLE_WEIGHTS, HEAD_CONFIG, WEIGHTS_LIMIT, HeadRecipe, head_config
 from ..models.resolve import recipe_of
 
 TRAIN_FOR_VLLM = "eagle: {layout: eagle, head_tokens: 0}"  # a recipe whose head vLLM's EAGLE runs as ours does
@@ -66,7 +68,7 @@ def _is_eagle3(head: Path) -> bool | None:
     if weights is None:
         return None
     try:
-        return any(name.startswith("midlayer.") for name in _names(weights))
+        return is_eagle3(_names(weights))
     except Exception:  # noqa: BLE001 (unreadable: the loader says why, in one line, when the job starts)
         return None
 
@@ -103,16 +105,19 @@ def checkpoint(head: Path, method: str = "vllm_eagle") -> Path:
     weights = next((head / f for f in EAGLE_WEIGHTS if (head / f).exists()), None)
     if weights is None or not (head / "config.json").exists():
         raise UserError(f"{name}: {head} is no EAGLE checkpoint (config.json and {' or '.join(EAGLE_WEIGHTS)})")
+    config = read_user_json(head / "config.json", f"{name}: the checkpoint's config")
+    if not isinstance(config, dict):
+        raise UserError(f"{name}: {head / 'config.json'} holds a {type(config).__name__}; a JSON object expected")
     names = _names(weights)
-    is_eagle3 = any(n.startswith("midlayer.") for n in names)
-    if eagle3 and not is_eagle3:
+    midlayer = is_eagle3(names)
+    if eagle3 and not midlayer:
         raise UserError(
             f"{name}: {head} is an EAGLE-1 checkpoint (no midlayer.*); vLLM's EAGLE-3 runs EAGLE-3's layout: "
             "vllm_eagle runs this one"
         )
     if eagle3:
         return head
-    if is_eagle3:  # EAGLE-3's: vLLM runs it as "eagle3", not "eagle"
+    if midlayer:  # EAGLE-3's: vLLM runs it as "eagle3", not "eagle"
         raise UserError(
             f"{name}: {head} is an EAGLE-3 checkpoint; vLLM's EAGLE (EAGLE-1's layout) cannot run it: vllm_eagle3 does"
         )
@@ -122,6 +127,8 @@ def checkpoint(head: Path, method: str = "vllm_eagle") -> Path:
 
 
 def _names(weights: Path) -> set[str]:
+    """The tensor names of a head's weight file (a pipe or a device in its place: one line, never a wait)."""
+    user_file(weights, "feature head weights", WEIGHTS_LIMIT)
     if weights.suffix == ".safetensors":
         from safetensors import safe_open
 
