@@ -342,7 +342,7 @@ def test_vllms_eagle_refuses_an_eagle3_checkpoint_in_one_line(deep, head_dir):
 
     with pytest.raises(UserError, match=r"^vllm_eagle: .* is an EAGLE-3 checkpoint; vLLM's EAGLE \(EAGLE-1's layout\)"):
         checkpoint(head_dir[0])
-    assert checkpoint(head_dir[0], "vllm_eagle3") == head_dir[0] == checkpoint(head_dir[0], "vllm_eagle3_pr55006")
+    assert checkpoint(head_dir[0], "eagle3") == head_dir[0]
 
 
 def test_a_config_giving_vllms_eagle_an_eagle3_head_is_refused_when_read(head_dir):

@@ -318,13 +318,13 @@ def test_a_saved_heads_files_replaced_by_a_pipe_or_a_list_are_one_line_never_a_w
         load_head(tmp_path / "pipe", copy.deepcopy(deep))
     assert entry_problem("eagle3", "m", str(tmp_path / "pipe")) is None  # told when the job starts, in one line
     with pytest.raises(UserError, match=r"model.safetensors is not a regular file"):
-        checkpoint(tmp_path / "pipe", "vllm_eagle3")
+        checkpoint(tmp_path / "pipe", "eagle3")
 
     save_head(new_head(deep, KEPT), tmp_path / "conf", {})
     os.unlink(tmp_path / "conf" / "config.json")
     os.mkfifo(tmp_path / "conf" / "config.json")
     with pytest.raises(UserError, match=r"^vllm_eagle3: the checkpoint's config .*config.json is not a regular file"):
-        checkpoint(tmp_path / "conf", "vllm_eagle3")
+        checkpoint(tmp_path / "conf", "eagle3")
 
     save_head(new_head(deep, KEPT), tmp_path / "list", {})
     config = json.loads((tmp_path / "list" / "config.json").read_text())

@@ -164,15 +164,15 @@ def test_vllms_eagle3_runs_a_head_of_eagle3s_layout_and_refuses_any_other_in_one
     with pytest.raises(
         UserError, match=r"^vllm_eagle3: the feature head .*/one is of the eagle layout; vLLM's EAGLE-3"
     ):
-        checkpoint(tmp_path / "one", "vllm_eagle3")
+        checkpoint(tmp_path / "one", "eagle3")
     (tmp_path / "one" / "feature_head.json").unlink()  # as a published EAGLE-1 checkpoint
     with pytest.raises(UserError, match=r"is an EAGLE-1 checkpoint \(no midlayer\.\*\); .*: vllm_eagle runs this one$"):
-        checkpoint(tmp_path / "one", "vllm_eagle3")
+        checkpoint(tmp_path / "one", "eagle3")
     assert entry_problem("eagle3", "m", str(tmp_path / "one")).endswith(
         "is no EAGLE-3 checkpoint; vLLM's EAGLE-3 runs EAGLE-3's layout"
     )
     save_head(new_head(tiny_llama(3, vocab=64, hidden=32, layers=8), list(range(64))), tmp_path / "three", {})
-    assert checkpoint(tmp_path / "three", "vllm_eagle3") == tmp_path / "three"
+    assert checkpoint(tmp_path / "three", "eagle3") == tmp_path / "three"
     assert entry_problem("eagle3", "m", str(tmp_path / "three")) is None
 
 
@@ -404,6 +404,32 @@ def test_vllms_eagle_cell_runs_end_to_end_from_the_first_models_head(vllm_run):
     assert len(rows) == 2 and all(r["stats"]["proposers"]["eagle"]["accepted"] > 0 for r in rows)
 
 
+def our_eagle_runs(target, prompts) -> list[tuple]:
+    """Our sd with the eagle proposer (the target's attached head), γ 3, 32 tokens, greedy: per prompt its tokens,
+    rounds and accepted drafts."""
+    runs = []
+    for prompt in prompts:
+        out = generate([target], prompt, "sd", 3, 32, method_args={"proposer": "eagle"})
+        runs.append((out.token_ids, out.stats.rounds, out.stats.proposers["eagle"].accepted))
+    return runs
+
+
+def vllm_eagle_runs(vllm_ready, target_dir, method: str, head, prompts) -> list[tuple]:
+    """vLLM's ``method`` (vllm_eagle or vllm_eagle3) with ``head``, as ``our_eagle_runs``: per prompt its tokens,
+    target steps and accepted drafts."""
+    from pipeline.vllm.engine import Worker
+
+    spec = speculative_config(method, 3, ["t"], str(head))
+    settings = {"model": str(target_dir), "dtype": "float32", "speculative_config": spec, "max_model_len": 256}
+    worker = Worker(vllm_ready["python"], {**settings, "skip_tokenizer_init": True}, threads=1)
+    try:
+        ask = {"seed": 0, "max_new_tokens": 32, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "stop_ids": []}
+        replies = [worker.ask({**ask, "prompt_ids": p, "stop_strings": []}) for p in prompts]
+    finally:
+        worker.close()
+    return [(r["token_ids"], r["drafts"], stats_of(method, r, 8, 32).accepted) for r in replies]
+
+
 def test_vllms_eagle_drafts_what_ours_drafts_from_one_head_of_eagles_layout(vllm_ready, tmp_path):
     """One head of EAGLE's layout (saved here, loaded by vLLM as an EAGLE checkpoint), one target whose greedy text
     is partly repetitive (so a head that mixes the feature it reads with the next token's embedding is right
@@ -413,7 +439,6 @@ def test_vllms_eagle_drafts_what_ours_drafts_from_one_head_of_eagles_layout(vllm
     import torch
 
     from pipeline.decoding.proposers.feature import attach
-    from pipeline.vllm.engine import Worker
 
     target = tiny_llama(7, vocab=512, hidden=64, layers=2, init=0.06).to(torch.float32)
     for config in (target.config, target.generation_config):  # no EOS: every prompt runs to the limit
@@ -431,19 +456,8 @@ def test_vllms_eagle_drafts_what_ours_drafts_from_one_head_of_eagles_layout(vllm
         attach(target, head)
         if layout == "eagle":
             save_head(head, tmp_path / "head", {})
-        ours[layout] = []
-        for prompt in prompts:
-            out = generate([target], prompt, "sd", 3, 32, method_args={"proposer": "eagle"})
-            ours[layout].append((out.token_ids, out.stats.rounds, out.stats.proposers["eagle"].accepted))
-    spec = {"method": "eagle", "model": str(tmp_path / "head"), "num_speculative_tokens": 3}
-    settings = {"model": str(tmp_path / "target"), "dtype": "float32", "speculative_config": spec, "max_model_len": 256}
-    worker = Worker(vllm_ready["python"], {**settings, "skip_tokenizer_init": True}, threads=1)
-    try:
-        ask = {"seed": 0, "max_new_tokens": 32, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "stop_ids": []}
-        replies = [worker.ask({**ask, "prompt_ids": p, "stop_strings": []}) for p in prompts]
-    finally:
-        worker.close()
-    theirs = [(r["token_ids"], r["drafts"], stats_of("vllm_eagle", r, 8, 32).accepted) for r in replies]
+        ours[layout] = our_eagle_runs(target, prompts)
+    theirs = vllm_eagle_runs(vllm_ready, tmp_path / "target", "vllm_eagle", tmp_path / "head", prompts)
     print("accepted (vLLM, ours, our layout):", [(t[2], e[2], o[2]) for t, e, o in zip(theirs, *ours.values())])
     assert theirs == ours["eagle"]
     assert sum(t[2] for t in theirs) > 10
@@ -484,7 +498,6 @@ def test_vllms_eagle3_drafts_what_ours_drafts_from_one_eagle3_head(vllm_ready, t
     from pipeline.decoding.proposers.feature import attach
     from pipeline.models.feature_head import load_head
     from pipeline.vllm.eagle import checkpoint
-    from pipeline.vllm.engine import Worker
 
     target = tiny_llama(7, vocab=512, hidden=64, layers=8, init=0.06).to(torch.float32)
     for config in (target.config, target.generation_config):  # no EOS: every prompt runs to the limit
@@ -494,19 +507,9 @@ def test_vllms_eagle3_drafts_what_ours_drafts_from_one_eagle3_head(vllm_ready, t
     save_head(copying_eagle3_head(target), tmp_path / "head", {})
     attach(target, load_head(tmp_path / "head", target))  # as our eagle proposer loads it
     prompts = [torch.randint(0, 512, (8,), generator=torch.Generator().manual_seed(i)).tolist() for i in range(4)]
-    ours = []
-    for prompt in prompts:
-        out = generate([target], prompt, "sd", 3, 32, method_args={"proposer": "eagle"})
-        ours.append((out.token_ids, out.stats.rounds, out.stats.proposers["eagle"].accepted))
-    spec = speculative_config("vllm_eagle3", 3, ["t"], str(checkpoint(tmp_path / "head", "vllm_eagle3")))
-    settings = {"model": str(tmp_path / "target"), "dtype": "float32", "speculative_config": spec, "max_model_len": 256}
-    worker = Worker(vllm_ready["python"], {**settings, "skip_tokenizer_init": True}, threads=1)
-    try:
-        ask = {"seed": 0, "max_new_tokens": 32, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "stop_ids": []}
-        replies = [worker.ask({**ask, "prompt_ids": p, "stop_strings": []}) for p in prompts]
-    finally:
-        worker.close()
-    theirs = [(r["token_ids"], r["drafts"], stats_of("vllm_eagle3", r, 8, 32).accepted) for r in replies]
+    ours = our_eagle_runs(target, prompts)
+    head = checkpoint(tmp_path / "head", "eagle3")
+    theirs = vllm_eagle_runs(vllm_ready, tmp_path / "target", "vllm_eagle3", head, prompts)
     print("accepted (vLLM, ours):", [(t[2], o[2]) for t, o in zip(theirs, ours)])
     assert theirs == ours
     assert sum(t[2] for t in theirs) > 10

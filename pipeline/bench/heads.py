@@ -64,17 +64,17 @@ def main(argv: list[str] | None = None) -> int:
         dirs = {key: ensure_head(spec) for key, spec in specs.items()}
         teacher, tokenizer = load_spec(ModelSpec(BUNDLED, pack=False))
         recipe = head_recipe(next(iter(specs.values())))
-        alone = TeacherData([], list(range(teacher.config.vocab_size)), 1.0, [], 0.0)
         if not args.alone:
             ensemble_spec = specs[(args.layouts[0], args.method)]
-            members = ensemble_members(ensemble_spec, head_recipe(ensemble_spec), tokenizer)
-            ensemble = ensemble_target(head_recipe(ensemble_spec).target)
+            ensemble_recipe = head_recipe(ensemble_spec)
+            members = ensemble_members(ensemble_spec, ensemble_recipe, tokenizer)
+            ensemble = ensemble_target(ensemble_recipe.target)
     except ModelError as err:
         raise UserError(str(err)) from None
     held = teacher_continuations(
         teacher, tokenizer, heldout_prompts(recipe.eval_prompts), recipe.new_tokens, recipe.batch, "held-out"
     )
-    alone = TeacherData([], alone.kept, 1.0, held, 0.0)
+    alone = TeacherData([], list(range(teacher.config.vocab_size)), 1.0, held, 0.0)
     by = {"model": alone}
     if not args.alone:
         by[args.method] = for_ensemble(alone, [teacher, *members], distribution(ensemble, [teacher, *members]))

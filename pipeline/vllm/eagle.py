@@ -77,12 +77,12 @@ def _runs_in_vllm(recipe: HeadRecipe) -> bool:
     return recipe.layout == "eagle" and recipe.head_tokens == 0  # EAGLE's layout over the whole vocabulary
 
 
-def checkpoint(head: Path, method: str = "vllm_eagle") -> Path:
-    """``head`` (a feature head's directory) as the model of vLLM's ``method`` (``vllm_eagle``, ``vllm_eagle3``
-    or their ``_pr55006`` forms): itself, when vLLM runs it as ours runs; else one line (``UserError``) saying
-    why not."""
-    eagle3 = method.startswith("vllm_eagle3")
-    name = "vllm_eagle3" if eagle3 else "vllm_eagle"
+def checkpoint(head: Path, speculator: str = "eagle") -> Path:
+    """``head`` (a feature head's directory) as the model of vLLM's ``speculator`` (``eagle``: ``vllm_eagle``,
+    ``eagle3``: ``vllm_eagle3``, and their ``_pr55006`` forms): itself, when vLLM runs it as ours runs; else one
+    line (``UserError``) saying why not."""
+    eagle3 = speculator == "eagle3"
+    name = f"vllm_{speculator}"
     config_file = head / HEAD_CONFIG
     if config_file.exists():  # one trained here in this project's layout or EAGLE's
         config = head_config(config_file, None)  # a config that is not one: one line

@@ -27,12 +27,12 @@ def vllm_runs(cell, stack: ExitStack):
             "); the workflow's vllm_env rule builds it, or: python -m pipeline.vllm.env"
         )
     paths = [str(resolve(spec)) for spec in cell.models]
-    eagle = None
-    if parse_method(cell.method).peer_reads_features:  # the first model's feature head, as vLLM's EAGLE model
+    eagle, method = None, parse_method(cell.method)
+    if method.peer_reads_features:  # the first model's feature head, as vLLM's EAGLE or EAGLE-3 model
         from ..models.resolve import ensure_head
         from .eagle import checkpoint
 
-        eagle = str(checkpoint(ensure_head(cell.models[0]), parse_method(cell.method).name))
+        eagle = str(checkpoint(ensure_head(cell.models[0]), method.engine.methods[method.name].speculator))
     tokenizer = load_tokenizer(paths[0])
     threads = torch.get_num_threads()
     gpu = record["build"] == "gpu"
