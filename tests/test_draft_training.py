@@ -14,7 +14,7 @@ import torch
 
 from pipeline.decoding.verify import verify_sampled
 from pipeline.models import ModelError, ModelSpec, Recipe, distill, load
-from pipeline.models.distill import train_draft
+from pipeline.models.distill import draft_name, train_draft
 from pipeline.models.loading import truncated_copy
 from pipeline.models.resolve import recipe_for
 from pipeline.models.restricted import RestrictedHeadLM
@@ -83,6 +83,9 @@ def test_drafts_of_one_teachers_data_share_it_and_train_the_same_weights(tiny_di
     assert teacher_module.data_name(ModelSpec("tiny", source=str(tiny_dir)), first) != teacher_module.data_name(
         ModelSpec("tiny", source=str(tiny_dir)), Recipe(**{**TINY, "prompts": 5})
     )
+    # named otherwise in a config, the same model's data and drafts are the same cache entries
+    for name in (teacher_module.data_name, draft_name):
+        assert name(ModelSpec("tiny", source=str(tiny_dir)), first) == name(ModelSpec("x", source=str(tiny_dir)), first)
     dirs = {}
     for name, recipe, kept in [("a", first, store), ("b", second, store), ("fresh", second, None)]:
         teacher, tokenizer = load(tiny_dir, pack=False)

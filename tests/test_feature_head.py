@@ -287,6 +287,8 @@ def test_a_model_spec_trains_its_head_once_and_loads_it_attached(tiny_dir, tmp_p
     assert other != made  # another recipe, another cache entry
     monkeypatch.setattr(resolve_module, "distill_head", lambda *a: pytest.fail("trained twice"))
     again, _ = load_spec(spec)  # cached: loaded, not trained
+    # the same model under another config name is the same model: its head is the cached one, not trained again
+    assert resolve_module.ensure_head(ModelSpec("tiny-with-head", str(tiny_dir), eagle=TINY_HEAD)) == made
     assert all(torch.equal(again.__dict__[FEATURE_HEAD].own_state()[k], v) for k, v in head.own_state().items())
     by_dir, _ = load_spec(ModelSpec("tiny", str(tiny_dir), eagle=str(made)))
     assert FEATURE_HEAD in by_dir.__dict__

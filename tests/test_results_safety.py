@@ -147,7 +147,7 @@ BAD_CONFIGS = {
     "max_new_tokens float": (("max_new_tokens: 64", "max_new_tokens: 4.0"), "max_new_tokens: 4.0 is not accepted"),
     "max_new_tokens bool": (("max_new_tokens: 64", "max_new_tokens: true"), "max_new_tokens: true is not accepted"),
     "top_p NaN": (("notebook: true", "notebook: true\ntop_p: .nan"), "top_p: nan is not accepted"),
-    "size beyond the split": (("size: 20", "size: 999999"), "size=999999 for task 'humaneval': the split has only 164"),
+    "size beyond the split": (("size: 10", "size: 999999"), "size=999999 for task 'humaneval': the split has only 164"),
     "missing model directory": (("{source: bundled}", "{source: /nonexistent/model}"), "/nonexistent/model not found"),
     "missing data directory": (("data_dir: null", "data_dir: /nonexistent/data"), "data_dir: directory '/nonexistent"),
     "unknown teacher": (

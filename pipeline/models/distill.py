@@ -31,7 +31,7 @@ from .cpu_kernels import pack_linears
 from .loading import truncated_copy
 from .recipe import Recipe
 from .restricted import RestrictedHeadLM
-from .sources import locate
+from .sources import cache_stem, locate
 from .spec import ModelError, ModelSpec
 from .teacher import Example, TeacherData, stored_teacher_data
 from .training import acceptance, draft_loss, fit, fixed_threads, loss_at
@@ -101,7 +101,7 @@ def draft_name(teacher: ModelSpec, recipe: Recipe) -> str:
     """The cache name of a draft: readable, plus a hash of the whole recipe and the teacher's spec
     (another teacher source or another step count is another draft)."""
     head = f"h{recipe.head_tokens}" if recipe.head_tokens else "full"
-    return f"{teacher.name}-draft-L{recipe.layers}-{head}-s{recipe.seed}-{digest(teacher, recipe)}"
+    return f"{cache_stem(teacher)}-draft-L{recipe.layers}-{head}-s{recipe.seed}-{digest(teacher, recipe)}"
 
 
 def digest(teacher: ModelSpec, recipe) -> str:

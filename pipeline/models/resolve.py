@@ -13,7 +13,7 @@ from .feature_head import HeadRecipe, distill_head
 from .head_target import ensemble_target, member_spec
 from .loading import check_tokenizers, first_different, load
 from .recipe import Recipe
-from .sources import bundled_dir, gguf_dir, hub_dir, locate
+from .sources import bundled_dir, cache_stem, gguf_dir, hub_dir, locate
 from .spec import ModelError, ModelSpec
 from .student import StudentRecipe, distill_student, recipe_from, student_name
 from .teacher import data_name
@@ -78,7 +78,7 @@ def ensure_head(spec: ModelSpec) -> Path:
         return path
     recipe = head_recipe(spec)
     plain = dataclasses.replace(spec, eagle=None)
-    out = cache_dir() / "heads" / f"{spec.name}-eagle-L{recipe.layers}-s{recipe.seed}-{digest(plain, recipe)}"
+    out = cache_dir() / "heads" / f"{cache_stem(plain)}-eagle-L{recipe.layers}-s{recipe.seed}-{digest(plain, recipe)}"
     if (out / META).exists():
         return out
     with cache_lock(out):

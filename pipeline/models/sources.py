@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,21 @@ def locate(spec: ModelSpec) -> tuple[str, Any]:
     raise ModelError(
         f"model {spec.name!r} not found: {where}; give a source (a directory, a .gguf file, a hub id or 'bundled')"
     )
+
+
+def cache_stem(spec: ModelSpec) -> str:
+    """The readable part of the cache names made from ``spec``'s model (its drafts, heads and teacher data): the
+    model it is, not the name a config gives it, so that one model under several names (a config that gives the
+    bundled model a head under each of four names) trains, labels and stores once. The hash beside it in each name
+    tells sources apart (``distill.digest``); a distilled model keeps its config name, which its hash holds too."""
+    kind, where = locate(spec)
+    if kind == "bundled":
+        return BUNDLED
+    if kind == "distill":
+        return spec.name
+    stem = str(where).rsplit("/", 1)[-1] if kind == "hub" else Path(where).stem if kind == "gguf" else Path(where).name
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).lstrip(".-")
+    return stem or spec.name
 
 
 def _hub_checked(repo_id: str) -> str:

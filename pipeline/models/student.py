@@ -30,6 +30,7 @@ from .cpu_kernels import pack_linears
 from .distill import digest
 from .loading import truncated_copy
 from .recipe import check_recipe
+from .sources import cache_stem
 from .spec import ModelError, ModelSpec
 from .teacher import as_chat_turns, heldout_prompts, stdlib_files, stdlib_prompts, teacher_continuations
 from .training import fit, fixed_threads
@@ -257,4 +258,4 @@ def _distill_student(teacher, teacher_tokenizer, out_dir: Path, recipe: StudentR
 
 def student_name(teacher: ModelSpec, recipe: StudentRecipe) -> str:
     """The cache name of a student: readable, plus a hash of the whole recipe and the teacher's identity."""
-    return f"{teacher.name}-student-L{recipe.layers}-v{recipe.vocab}-s{recipe.seed}-{digest(teacher, recipe)}"
+    return f"{cache_stem(teacher)}-student-L{recipe.layers}-v{recipe.vocab}-s{recipe.seed}-{digest(teacher, recipe)}"

@@ -28,7 +28,7 @@ from ..files import atomic_path
 from ..provenance import weights_versions
 from .cache import cache_lock
 from .recipe import Recipe
-from .sources import locate
+from .sources import cache_stem, locate
 from .spec import ModelSpec
 
 
@@ -228,7 +228,7 @@ def data_name(teacher: ModelSpec, recipe: Recipe) -> str:
     ]  # how the teacher ran, and with what: its numbers depend on both
     key = {"data": fields, "teacher": [where[0], str(where[1]), *loaded], "versions": weights_versions()}
     key = json.dumps(key, sort_keys=True, default=str)
-    return f"{teacher.name}-{hashlib.sha256(key.encode()).hexdigest()[:8]}.pt"
+    return f"{cache_stem(teacher)}-{hashlib.sha256(key.encode()).hexdigest()[:8]}.pt"
 
 
 def stored_teacher_data(teacher, tokenizer, recipe: Recipe, store: Path | None) -> TeacherData:
