@@ -18,6 +18,7 @@ from pipeline.models.distill import draft_name, train_draft
 from pipeline.models.loading import truncated_copy
 from pipeline.models.resolve import recipe_for
 from pipeline.models.restricted import RestrictedHeadLM
+from pipeline.models.sources import cache_stem
 from pipeline.models.teacher import Example, teacher_data
 from pipeline.models.training import acceptance, draft_loss, fit
 
@@ -83,7 +84,12 @@ def test_drafts_of_one_teachers_data_share_it_and_train_the_same_weights(tiny_di
     assert teacher_module.data_name(ModelSpec("tiny", source=str(tiny_dir)), first) != teacher_module.data_name(
         ModelSpec("tiny", source=str(tiny_dir)), Recipe(**{**TINY, "prompts": 5})
     )
-    # named otherwise in a config, the same model's data and drafts are the same cache entries
+    # named otherwise in a config, the same model's data and drafts are the same cache entries; a directory whose
+    # name is no config name (too long for a file name with its suffix, spaces, a leading dot) is made one
+    odd = tmp_path / (".odd model " + "x" * 240)
+    odd.mkdir()
+    (odd / "config.json").write_text("{}")
+    assert cache_stem(ModelSpec("x", source=str(odd))) == "odd-model-" + "x" * 90
     for name in (teacher_module.data_name, draft_name):
         assert name(ModelSpec("tiny", source=str(tiny_dir)), first) == name(ModelSpec("x", source=str(tiny_dir)), first)
     dirs = {}

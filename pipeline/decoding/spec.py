@@ -168,6 +168,11 @@ class MethodSpec:
         return PEERS[self.name].proposer if self.peer else None
 
     @property
+    def peer_speculator(self) -> str | None:
+        """The engine's own name for a peer method's speculation (vLLM's ``speculative_config`` method)."""
+        return PEERS[self.name].speculator if self.peer else None
+
+    @property
     def peer_reads_features(self) -> bool:
         """A peer method whose proposer drafts from the first model's feature head (``vllm_eagle``,
         ``vllm_eagle3``: the proposer's declared ``reads_features``)."""

@@ -145,7 +145,7 @@ def cache_stem(spec: ModelSpec) -> str:
     if kind == "distill":
         return spec.name
     stem = str(where).rsplit("/", 1)[-1] if kind == "hub" else Path(where).stem if kind == "gguf" else Path(where).name
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).lstrip(".-")
+    stem = re.sub(r"[^A-Za-z0-9._+-]+", "-", stem).lstrip("._+-")[:100]  # a config name's rule (config.schema.yaml)
     return stem or spec.name
 
 

@@ -59,7 +59,7 @@ def speculative_config(
         raise UserError(f"{method!r} is not one of vLLM's methods")
     if not spec.peer:
         return None
-    speculator = spec.engine.methods[spec.name].speculator
+    speculator = spec.peer_speculator
     if spec.peer_proposer == DRAFT:
         return {"method": speculator, "model": str(paths[1]), "num_speculative_tokens": gamma}
     if spec.peer_reads_features:

@@ -32,7 +32,7 @@ def vllm_runs(cell, stack: ExitStack):
         from ..models.resolve import ensure_head
         from .eagle import checkpoint
 
-        eagle = str(checkpoint(ensure_head(cell.models[0]), method.engine.methods[method.name].speculator))
+        eagle = str(checkpoint(ensure_head(cell.models[0]), method.peer_speculator))
     tokenizer = load_tokenizer(paths[0])
     threads = torch.get_num_threads()
     gpu = record["build"] == "gpu"
