@@ -96,7 +96,12 @@ class Task:
         """The split's examples at ``size``; ``hub=False`` tries the local sources only."""
         self.data_dir = data_dir
         self.allow_hub = hub
-        return select(self.examples(self.rows(data_dir)), size, seed, self.name)
+        return self.choose(self.examples(self.rows(data_dir)), size, seed)
+
+    def choose(self, examples: list[Example], size: str | int, seed: int) -> list[Example]:
+        """The examples a run at ``size`` takes (``select``; a task whose examples fall in categories may spread
+        them over the categories instead)."""
+        return select(examples, size, seed, self.name)
 
     def other_split(self, local: str, hub: tuple[str, str | None, str], purpose: str) -> list[dict]:
         """Another split of the benchmark (few-shot exemplars, say), from the local data or the hub."""

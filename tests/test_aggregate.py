@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import types
+from html import unescape
 from pathlib import Path
 
 import pytest
@@ -191,3 +192,66 @@ def test_the_reports_captions_are_generated_from_the_tables_captions_and_render(
         assert "<p>" in html["body"] and "``" not in html["body"]
     monkeypatch.setitem(captions.CAPTIONS, "flags", "Another caption.\n")
     assert captions.main(["--check"]) == 1
+
+
+def with_null(root: Path, low: float, high: float) -> Path:
+    """``two_cells`` and the run's null cell (the large model against itself) whose interval is [low, high]."""
+    results = two_cells(root)
+    grid = json.loads((results / "grid.json").read_text())
+    null = {**grid[0], "id": "d/a/large_model-T0-null", "method": "large_model", "kind": "plain", "gamma": None}
+    null |= {"model_set": "a", "models": ["a"], "standard": "large_model", "control": "null"}
+    (results / "grid.json").write_text(json.dumps([*grid, null]))
+    speed = {"samples": 10, "tokens_per_s": 20.0, "unstable": False, "flags": [], "tau": 1.0}
+    speed |= {"speedup_side_by_side": (low + high) / 2, "speedup_ci_low": low, "speedup_ci_high": high}
+    (results / "generations" / "d" / "a").mkdir()
+    (results / "generations" / f"{null['id']}.jsonl").write_text("")
+    (results / "generations" / f"{null['id']}.speed.json").write_text(json.dumps(speed))
+    return results
+
+
+def test_a_null_cell_whose_interval_misses_one_flags_the_whole_run_in_one_line(tmp_path):
+    """The run's control (report/control.py): a planted null at 0.97x [0.95, 0.99] puts one line above every table
+    a person reads (Markdown and HTML), at the top of summary.md and in results.json; a null that covers 1.00
+    puts it nowhere."""
+    from pipeline.report.aggregate import aggregate
+
+    results = with_null(tmp_path / "missed", 0.95, 0.99)
+    written = aggregate(results, reported={})
+    line = "Control missed: this run's null cell (the large model timed against itself) reads 0.97x [0.95, 0.99]"
+    shown = [p for p in written if p.suffix in (".md", ".html")]
+    assert len(shown) > 10
+    for path in shown:
+        head = unescape(path.read_text().split("<h3>")[0]) if path.suffix == ".html" else path.read_text()[:600]
+        assert line in head, path
+    assert (results / "tables" / "summary.md").read_text().count(line) == 1 + sum(
+        1 for p in shown if p.suffix == ".md" and p.name != "summary.md"
+    )  # its own line, and each table's
+    control = json.loads((results / "results.json").read_text())["control"]
+    assert control["covers"] is False and control["line"].strip("*").startswith(line)
+    assert control["cell"] == "d/a/large_model-T0-null" and control["low"] == 0.95
+    from pipeline.experiment.layout import Results
+    from pipeline.report.tracking import _log_tables
+
+    run = types.SimpleNamespace(log=lambda *a, **k: None, summary={})  # the experiment's W&B run, as it is filled
+    _log_tables(Results(results), run)
+    assert run.summary["control/covers"] is False and run.summary["control/line"] == control["line"]
+
+    results = with_null(tmp_path / "covered", 0.98, 1.02)
+    aggregate(results, reported={})
+    assert "Control missed" not in (results / "tables" / "summary.md").read_text()
+    assert not [p for p in (results / "tables").glob("*.html") if "Control missed" in p.read_text()]
+    control = json.loads((results / "results.json").read_text())["control"]
+    assert control["covers"] is True and control["line"] is None
+
+
+def test_the_cross_job_table_is_labelled_not_comparable_with_the_nulls_reading_beside(tmp_path):
+    """speedup_vs_large compares different jobs: its title says it is not comparable, and its caption says the
+    null row measures the drift between jobs."""
+    from pipeline.report.aggregate import aggregate
+
+    results = two_cells(tmp_path)
+    aggregate(results, reported={})
+    summary = (results / "tables" / "summary.md").read_text()
+    assert "## Speed-up over the large model alone, across jobs (not comparable)" in summary
+    caption = summary.split("## Speed-up over the large model alone")[1].split("\n\n")[1]
+    assert caption.startswith("Not comparable:") and "The null row measures that drift" in caption

@@ -14,6 +14,8 @@ import pytest
 import yaml
 
 from pipeline import cli
+from pipeline.bench import automaton as automaton_bench
+from pipeline.bench import coverage as coverage_study
 from pipeline.bench import doc as benchmarks_doc
 from pipeline.bench import methods as bench
 from pipeline.bench import runners as runner_bench
@@ -34,9 +36,6 @@ SHELL = {"bash", "sh", "shell", "console"}
 COMMANDS = {
     "make run": "tests/test_workflow.py::test_the_whole_dag_writes_tables_plots_wandb_runs_and_a_notebook",
     "make test": "suite: it runs every test here but the integration and exhaustive tiers (tests/conftest.py)",
-    "make test-integration": "suite: it runs the integration tier (tests/conftest.py)",
-    "make test-exhaustive": "suite: it runs the exhaustive tier (tests/tiers.py)",
-    "make test-all": "suite: it runs every test here, both tiers included (what CI runs)",
     "bash benchmarks/gpu/run.sh trees": "gpu: benchmarks/gpu/run.sh runs on a GPU machine only",
     "bash benchmarks/gpu/run.sh trees-compiled": "gpu: benchmarks/gpu/run.sh runs on a GPU machine only",
     "make bench": "tests/test_bundled_model.py::test_benchmark_runs_prints_every_method_and_records_the_run",
@@ -118,6 +117,14 @@ PROGRAMS = {
     "pipeline.bench.runners": (
         runner_bench.main,
         "tests/test_runner_bench.py::test_runner_bench_reports_costs_and_oracle_pairs",
+    ),
+    "pipeline.bench.automaton": (
+        automaton_bench.main,
+        "tests/test_proposers.py::test_the_automaton_benchmark_prints_its_table",
+    ),
+    "pipeline.bench.coverage": (
+        coverage_study.main,
+        "tests/test_speed.py::test_the_coverage_study_reruns_the_null_cell_and_counts_the_intervals_that_cover_one",
     ),
 }
 
@@ -201,6 +208,26 @@ def test_the_readme_is_a_short_guide_that_links_every_page():
     assert pages <= set(listed), (
         f"docs pages without a '- [Title](docs/x.md): one sentence' line: {pages - set(listed)}"
     )
+
+
+def test_the_readme_keeps_commit_hashes_and_long_lines_out_and_its_quick_start_short():
+    """The README is a guide, not a timing log: no line over 120 characters, no commit hash (the history of the
+    figures lives in docs/speed.md and tests/README.md), a Quick start of a few commands with one time each."""
+    text = README.read_text()
+    long = [f"{i}: {len(line)}" for i, line in enumerate(text.splitlines(), 1) if len(line) > 120]
+    assert not long, f"README lines over 120 characters: {long}"
+    hashes = re.findall(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b", without_code(text))
+    assert not hashes, f"commit hashes in the README (history goes to docs/speed.md): {hashes}"
+    quick = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    assert len(quick.strip().splitlines()) <= 40
+    times = re.findall(r"^\| `make [\w-]+` \| .* \| (.+) \|$", quick, re.M)
+    assert len(times) == 3 and all(re.fullmatch(r"\d+ min( \d+ s)?", t) for t in times), times
+
+
+def test_the_readme_check_finds_a_hash_and_a_long_line():
+    assert re.findall(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b", "at 4462c0b, 2026 and decade") == [
+        "4462c0b"
+    ]
 
 
 def test_github_anchors_follow_githubs_rule():

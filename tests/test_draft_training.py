@@ -43,6 +43,22 @@ def test_training_runs_its_steps_however_slow_the_clock(monkeypatch):
     assert facts["steps"] == 37 and len(calls) == 37 and facts["threads"] == torch.get_num_threads()
 
 
+def test_a_loss_that_is_not_finite_stops_training_at_once_in_one_line():
+    """A recipe whose loss is NaN from its first step cannot train: ``fit`` (drafts, students and heads alike) stops
+    at that step with one line, before anything is saved or cached, not after its steps with a head that is
+    refused only when next loaded."""
+    layer = torch.nn.Linear(3, 2)
+    calls = []
+
+    def loss(example, step):
+        calls.append(step)
+        return layer(example[0]).sum() * float("nan")
+
+    with pytest.raises(ModelError, match=r"^train head: the loss is nan at step 0 of 37; nothing was saved"):
+        fit(layer, list(layer.parameters()), [(torch.randn(4, 3), None)], Recipe(steps=37), loss, "train head")
+    assert calls == [0]
+
+
 def busy(n: int) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
@@ -326,3 +342,17 @@ def test_a_drafts_weights_and_head_are_checked_as_they_load(tiny_dir, tmp_path, 
     save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ModelError, match="its weight .* holds NaN or infinity; distil it again"):
         load(out, pack=False)
+
+
+@pytest.mark.parametrize("name", ["../../x", "/etc/x", "a\0b", "n" * 300, "..", "/"])
+def test_a_distilled_models_name_from_a_cell_file_never_names_a_file_outside_the_cache(name, tmp_path, monkeypatch):
+    """A cell file or the command line gives a distilled model's name unchecked by the config's schema: whatever it
+    is, the cache names made from it (its draft, head and teacher data, and their locks) are plain file names under
+    the cache, never a path out of it (a name with '/' or NUL, '..', 300 characters)."""
+    monkeypatch.setenv("SPECENS_CACHE", str(tmp_path / "cache"))
+    spec = ModelSpec(name, distill={"teacher": "smollm2-135m-instruct", "layers": 1})
+    stem = cache_stem(spec)
+    assert stem and "/" not in stem and "\0" not in stem and len(stem) <= 100 and not stem.startswith(".")
+    for made in (draft_name(spec, Recipe(**TINY)), teacher_module.data_name(spec, Recipe(**TINY))):
+        path = (tmp_path / "cache" / "heads" / made).resolve()
+        assert path.parent == (tmp_path / "cache" / "heads").resolve(), made

@@ -368,3 +368,17 @@ def test_the_checkpoints_own_rope_wins_over_the_targets(deep, tmp_path):
     head = load_head(path, copy.deepcopy(deep))
     theta = head.config.rope_parameters["rope_theta"] if head.config.rope_parameters else head.config.rope_theta
     assert theta == 500000.0
+
+
+def test_a_checkpoint_naming_no_rope_takes_the_published_default_base_not_the_targets(tmp_path):
+    """EAGLE-3's own reader, vLLM's (llama_eagle3) and SGLang's give a head whose config.json names no rope_theta
+    Llama's default base, 10,000, whatever the target's: on a target of base 500,000 the head's rotary frequencies
+    are 10,000's (they were the target's before)."""
+    target = tiny_llama(50, vocab=64, hidden=32, layers=8)
+    target.config.rope_parameters = {"rope_type": "default", "rope_theta": 500000.0}
+    path, _ = eagle3_checkpoint(tmp_path / "h", target)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "rope_theta"}))
+    head = load_head(path, copy.deepcopy(target))
+    exact = 1.0 / 10000.0 ** (torch.arange(0, 16, 2, dtype=torch.float32) / 16)
+    assert torch.allclose(head.rotary.inv_freq.float(), exact, rtol=1e-6)

@@ -177,7 +177,7 @@ def test_the_default_run_against_its_measured_time_in_the_docs():
     total, install, prepare = (int(took[i]) * 60 + int(took[i + 1]) for i in (1, 3, 5))
     config = check_config(load_config_file(ROOT / "config" / "default.yaml"))
     cells = expand_cells(config)
-    assert len(cells) == 28
+    assert len(cells) == 30
     infos = inspect_config(config, models_to_prepare(config, cells), "float32")
     result = estimate.forecast(config, cells, infos, estimate.GPUS["cpu"], 0.59, 0.0, estimate.ACCEPTANCE)
     forecast_wall = result["generate_hours"] * 3600 / 2
@@ -215,7 +215,7 @@ def test_a_gpu_not_in_the_table_by_its_bandwidth(llama_pair, tmp_path, capsys):
 FLAGS = {  # estimate's numeric flags and the range each accepts
     "--bandwidth": (1, 100_000, False, False),  # GB/s: 1e-300 would print a 300-digit forecast
     "--floor-ms": (0, math.inf, False, True),
-    "--efficiency": (0, 1, True, False),
+    "--efficiency": (0.001, 1, False, False),  # below a thousandth of the bandwidth bound: a forecast of nothing
     "--compile-s": (0, math.inf, False, True),
     "--acceptance": (0, 1, False, True),
 }
@@ -248,7 +248,14 @@ def test_every_numeric_flag_of_estimate_is_a_finite_number_in_its_range_or_one_l
 
 @pytest.mark.parametrize(
     "flag,value",
-    [("--bandwidth", "nan"), ("--bandwidth", "1e-300"), ("--floor-ms", "-1"), ("--gpu", ""), ("--efficiency", "inf")],
+    [
+        ("--bandwidth", "nan"),
+        ("--bandwidth", "1e-300"),
+        ("--floor-ms", "-1"),
+        ("--gpu", ""),
+        ("--efficiency", "inf"),
+        ("--efficiency", "1e-300"),
+    ],
 )
 def test_a_bad_flag_of_estimate_is_one_line_before_any_work(flag, value, capsys):
     from pipeline.cli import main

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -146,3 +147,56 @@ def test_a_standard_cell_derived_from_side_by_side_runs_has_its_own_jobs_samples
     parallel["grids"][1]["methods"] = ["we", "we_p", "we_sd"]  # we_p first: a job of a thread per model
     entries = expand_cells(check_config(parallel))
     assert entries["humaneval/trio/we-T1"].dims.samples_from == "humaneval/trio/we_sd-T1-g2"
+
+
+def test_a_killed_suffix_recycle_cell_resumes_as_the_run_it_continues(tiny_dir, tmp_path, monkeypatch):
+    """Everything a proposer carries across prompts is restored from the journal: a ``suffix+recycle`` cell killed
+    after two prompts resumes with the corpus the uninterrupted run had (the done prompts' outputs and the recycled
+    table they left), so every prompt after the kill accepts what the uninterrupted run accepted, token for token."""
+    from pipeline.job import journal as journal_module
+
+    cell = Cell(
+        models=[ModelSpec("a", str(tiny_dir))],
+        method="sd",
+        task="humaneval",
+        gamma=2,
+        method_args={"proposer": "suffix+recycle"},
+        size=5,
+        max_new_tokens=16,
+        baseline="large_model",
+    )
+    whole = tmp_path / "whole.jsonl"
+    run_cell(cell, whole, progress=False)
+    expected = [json.loads(line) for line in whole.read_text().splitlines()]
+    assert all("recycled" in r for r in expected) and any(r["recycled"] for r in expected)
+
+    class Killed(BaseException):
+        pass
+
+    real = journal_module.Journal.writer
+
+    def killed_after_two(self):
+        with real(self) as add:
+            written = []
+
+            def add_then_die(row):
+                if len(written) == 2:
+                    raise Killed
+                add(row)
+                written.append(row)
+
+            yield add_then_die
+
+    monkeypatch.setattr(journal_module.Journal, "writer", contextlib.contextmanager(killed_after_two))
+    out, journal = tmp_path / "cell.jsonl", tmp_path / "journal.jsonl"
+    with pytest.raises(Killed):
+        run_cell(cell, out, progress=False, journal=journal)
+    monkeypatch.undo()
+    run_cell(cell, out, progress=False, journal=journal)
+    resumed = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in resumed] == [r["id"] for r in expected]
+    for got, want in zip(resumed, expected):
+        assert got["token_ids"] == want["token_ids"]
+        for key in ("accepted", "rounds"):
+            assert got["stats"][key] == want["stats"][key]
+        assert got["recycled"] == want["recycled"]

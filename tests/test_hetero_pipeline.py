@@ -176,7 +176,6 @@ def test_the_default_configs_hetero_grid():
     hetero = {k: v for k, v in cells.items() if v.dims.grid == "hetero"}
     assert sorted(hetero) == [
         "humaneval/smol+v4k/we-T1",
-        "humaneval/smol+v4k/we_me-T1",
         "humaneval/smol+v4k/we_me_sd-T1-g2",
         "humaneval/smol+v4k/we_sd-T1-g2",
         "humaneval/smol+v4k/we_se-T1-g1-2",

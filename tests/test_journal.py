@@ -276,3 +276,18 @@ def test_a_held_lock_with_binary_content_is_still_one_line(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_full_disk_under_the_journal_is_the_promised_line_not_the_closing_files_error(tmp_path, monkeypatch):
+    """A write the disk refuses (here /dev/full: every write is ENOSPC) leaves the line buffered; closing the file
+    on the way out would try it again. The job stops with the journal's one line, never the OSError of closing."""
+    import pipeline.job.journal as journal_module
+    from pipeline.files import ResultsError
+
+    full = open("/dev/full", "a")  # noqa: SIM115  (the journal's writer closes it, as it closes its own file)
+    monkeypatch.setattr(journal_module, "open_own", lambda path, mode, what: full)
+    writer = Journal(tmp_path / "cell.jsonl", IDS, needs_output).writer()
+    said = "cannot write the journal .*No space left on device; the samples"
+    with pytest.raises(ResultsError, match=said), writer as add:
+        add(json.loads(sample(0)))
+    assert full.closed

@@ -117,8 +117,8 @@ DEFAULT = (ROOT / "config" / "default.yaml").read_text()
 BAD_CONFIGS = {
     "temperature NaN": (("temperature: [1.0]", "temperature: [.nan]"), "grids[0].temperature[0]: nan"),
     "temperature inf": (("temperature: [1.0]", "temperature: [.inf]"), "grids[0].temperature[0]: inf"),
-    "alpha NaN": (("alpha: 0.1", "alpha: .nan"), "grids[2].method_args.alpha: nan"),
-    "alpha inf": (("alpha: 0.1", "alpha: .inf"), "grids[2].method_args.alpha: inf"),
+    "alpha NaN": (("alpha: 0.1", "alpha: .nan"), "grids[3].method_args.alpha: nan"),
+    "alpha inf": (("alpha: 0.1", "alpha: .inf"), "grids[3].method_args.alpha: inf"),
     "weights NaN": (("{lambda: 0.5}", "{weights: [.nan, 1]}"), "grids[0].method_args.weights[0]: nan"),
     "weights overflow": (("{lambda: 0.5}", "{weights: [1.0e+308, 1.0e+308]}"), "sum must be positive and finite"),
     "negative weight": (("{lambda: 0.5}", "{weights: [-1, 2]}"), "finite non-negative numbers"),
@@ -131,6 +131,8 @@ BAD_CONFIGS = {
         "config key 'smol+l2' is given twice (line 25 of",
     ),
     "results at the root": (("results: results", 'results: "/"'), "results: '/' is a filesystem root"),
+    "results a file": (("results: results", 'results: "/etc/hostname"'), "is a file, not a directory"),
+    "results in /proc": (("results: results", 'results: "/proc/self"'), "is under the system's proc/"),
     "results in the project's notebooks": (
         ("results: results", f'results: "{ROOT}/notebooks/out"'),
         "is the project's own notebooks/, whose files the workflow would overwrite",
@@ -153,6 +155,14 @@ BAD_CONFIGS = {
     "unknown teacher": (
         ("teacher: smollm2-135m-instruct, layers: 2", "teacher: gpt-9, layers: 2"),
         "distill.teacher: 'gpt-9' is not a model of this config",
+    ),
+    "a head on a restricted-head draft": (
+        ("layers: 2}\n", "layers: 2}\n    eagle: {steps: 10}\n"),
+        "'smollm2-draft-l2' is a draft distilled with a restricted head, which a feature head cannot read",
+    ),
+    "a head of a million layers": (
+        ("{source: bundled}", "{source: bundled, eagle: {layers: 1000000}}"),
+        "feature head layers=1000000: expected 1 to 8",
     ),
     "unknown distill key": (("layers: 2}", "layers: 2, colour: red}"), "distill: unknown key 'colour'"),
     "seed beyond range": (

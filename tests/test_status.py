@@ -361,3 +361,12 @@ def test_a_rule_takes_the_results_root_from_its_own_file_through_the_layout(tmp_
     assert layout.root_of(f"/scratch/r/generations/{cell}.wandb.json", layout.cell(cell, "wandb")) == "/scratch/r"
     with pytest.raises(ValueError, match="is not the file results/grid.json"):
         layout.root_of("results/tables/cells.csv", layout.grid)
+
+
+def test_a_failed_cell_whose_error_lies_far_before_its_logs_end_is_failed_not_running(results):
+    """A job that printed 100 KB after its error (a long traceback's frames, a library's teardown) failed all the
+    same: its cause is searched past the log's last 64 KB (and a log is never read whole past 64 MiB)."""
+    log = results / "logs" / "generate" / f"{CELLS[2]}.log"
+    log.write_text(log.read_text() + "".join(f"  teardown line {i}\n" for i in range(6000)))
+    assert log.stat().st_size > 100_000
+    assert status(results).failed[CELLS[2]] == "generate: error: CUDA out of memory: tried 2.00 GiB"

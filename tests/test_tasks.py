@@ -95,6 +95,9 @@ def test_missing_data_names_every_source(monkeypatch):
         TaskError, match=r"no data for task 'gsm8k': local: no data_dir given; hub: openai/gsm8k \(offline\)"
     ):
         get_task("gsm8k").load("tiny")
+    import tasks.spec_bench
+
+    monkeypatch.setattr(tasks.spec_bench, "SHIPPED", tasks.spec_bench.SHIPPED.with_name("gone.jsonl"))
     with pytest.raises(TaskError, match="spec_bench.* not found"):
         get_task("spec_bench").load("tiny", "/nonexistent")
 
@@ -140,6 +143,31 @@ def test_spec_bench_categories():
     counts = Counter(e.meta["category"] for e in examples)
     assert counts == {c: 80 for c in ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")}
     assert len({e.meta["subcategory"] for e in examples if e.meta["category"] == "mt_bench"}) == 8
+
+
+def test_spec_bench_ships_with_the_project_and_spreads_a_size_over_its_six_categories():
+    """A fresh clone runs Spec-Bench offline: its 480 questions ship in tasks/data/spec_bench with the Apache-2.0
+    licence beside them (the same bytes as the shared copy where one is present); N prompts are spread evenly over
+    the categories in Spec-Bench's order, seeded; tiny is the first of each."""
+    import hashlib
+
+    from tasks.spec_bench import CATEGORIES, SHIPPED
+
+    assert "Apache License" in (SHIPPED.parent / "LICENSE").read_text()[:200]
+    digest = hashlib.sha256(SHIPPED.read_bytes()).hexdigest()
+    assert digest in (SHIPPED.parent / "README.md").read_text()
+    if (DATA / "spec_bench" / "question.jsonl").is_file():
+        assert (DATA / "spec_bench" / "question.jsonl").read_bytes() == SHIPPED.read_bytes()
+    task = get_task("spec_bench")
+    assert len(task.load("full")) == 480
+    twelve = task.load(12, seed=1)
+    assert [e.meta["category"] for e in twelve] == list(CATEGORIES) * 2
+    assert [e.id for e in task.load(12, seed=1)] == [e.id for e in twelve]  # seeded
+    assert [e.id for e in task.load(12, seed=2)] != [e.id for e in twelve]
+    assert [e.meta["category"] for e in task.load("tiny")] == list(CATEGORIES)
+    assert Counter(e.meta["category"] for e in task.load(200)) == dict(zip(CATEGORIES, [34, 34, 33, 33, 33, 33]))
+    with pytest.raises(TaskError, match=r"size=481 for task 'spec_bench': the split has only 480 examples"):
+        task.load(481)
 
 
 def test_chat_template_rendering():

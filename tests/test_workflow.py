@@ -207,17 +207,18 @@ def test_method_arguments_are_checked_against_each_model_set():
 def test_peer_cells_run_beside_their_standard_method_on_a_full_head_pair():
     cells = expand_cells(check_config(DEFAULT))
     peers = {k: v.cell.to_json() for k, v in cells.items() if v.dims.kind == "peer"}
-    assert sorted(peers) == [
-        f"humaneval/smol+l1/{m}-T1-g3" for m in ("hf_assisted", "hf_assisted_ensemble", "hf_prompt_lookup")
-    ]
+    assert sorted(peers) == [f"humaneval/smol+l1/{m}-T1-g3" for m in ("hf_assisted_ensemble", "hf_prompt_lookup")]
     ensemble = peers["humaneval/smol+l1/hf_assisted_ensemble-T1-g3"]
     assert ensemble["baseline"] == "we" and ensemble["method_args"] == ensemble["baseline_args"] == {"lambda": 0.5}
-    assisted = peers["humaneval/smol+l1/hf_assisted-T1-g3"]
-    assert assisted["baseline"] == "large_model" and assisted["method_args"] == {}  # no proposer: theirs
-    ours = cells["humaneval/smol+l1/sd-T1-g3"].cell.to_json()  # ours beside them: the same full-head draft and gamma
-    assert ours["models"] == assisted["models"] and ours["gamma"] == assisted["gamma"] == 3
-    restricted = with_change("grids.3.model_sets", {"l2": ["smollm2-135m-instruct", "smollm2-draft-l2"]})
-    with pytest.raises(ConfigError, match=r"set 'l2': 'hf_assisted' runs transformers' generate, which cannot take"):
+    lookup = peers["humaneval/smol+l1/hf_prompt_lookup-T1-g3"]
+    assert lookup["baseline"] == "large_model" and lookup["method_args"] == {}  # no proposer: theirs
+    # ours beside them: the same models, prompts, T and gamma, with the sd grid's proposer (like for like)
+    ours = cells["humaneval/smol+l1/sd-T1-g3"].cell.to_json()
+    assert ours["models"] == lookup["models"] and ours["gamma"] == lookup["gamma"] == 3
+    assert ours["method_args"]["proposer"] == "suffix+recycle" and ours["temperature"] == lookup["temperature"]
+    peers_grid = next(i for i, g in enumerate(DEFAULT["grids"]) if g["name"] == "peers")
+    restricted = with_change(f"grids.{peers_grid}.model_sets", {"l2": ["smollm2-135m-instruct", "smollm2-draft-l2"]})
+    with pytest.raises(ConfigError, match=r"set 'l2': 'hf_assisted_ensemble' runs transformers' generate, which"):
         expand_cells(check_config(restricted))
 
 
@@ -246,7 +247,9 @@ def test_dry_run_of_the_default_grid_lists_exactly_its_jobs(tmp_path):
     run = snakemake(tmp_path, "-n")
     assert run.returncode == 0, run.stderr[-2000:]
     n = len(expand_cells(check_config(DEFAULT)))
-    assert n == 28  # 5 + 1 + 4 + 9 + 2 + 5 + 1 cells per grid, one gamma each (none for we/we_me/cd), the null cell
+    # 5 + 2 + 2 + 4 + 7 + 1 + 2 + 4 + 2 cells per grid (sd and sd-greedy on HumanEval and Spec-Bench), one gamma
+    # each (none for we/we_me/cd), the null cell
+    assert n == 30
     assert job_counts(run.stdout + run.stderr) == {
         "all": 1,
         "cell": n,

@@ -139,16 +139,15 @@ def check_likelihood(results: Path, config: dict) -> None:
 
 
 def check_speedup_columns(results: Path) -> None:
-    """The speed-up table's CSV: per dataset the estimate inside its interval, gamma, tau, tokens/s and flags; the
-    Overall, the mean over the datasets (one here: the same figure)."""
+    """The speed-up table's CSV: per dataset the estimate inside its interval, gamma, tau, tokens/s and flags; no
+    mean over datasets (Spec-Bench's Overall is its own dataset column)."""
     speed = pd.read_csv(results / "tables" / "speedup_vs_standard.csv").set_index(["model_set", "method", "T"])
     for column in ("low", "high", "gamma", "tau", "tokens_per_s", "unstable", "flags"):
         assert f"humaneval_{column}" in speed.columns
     bounded = speed.dropna(subset=["humaneval_low"])
     assert len(bounded) and (bounded["humaneval_low"] <= bounded["humaneval"]).all()
     assert (bounded["humaneval"] <= bounded["humaneval_high"]).all()
-    assert speed["Overall"].tolist() == pytest.approx(speed["humaneval"].tolist())
-    assert (speed["Overall_datasets"] == 1).all()
+    assert not [c for c in speed.columns if c.startswith("Overall")]
     cells = pd.read_csv(results / "tables" / "cells.csv").set_index("id")
     sd = cells.loc["humaneval/pair/sd-T0-g2"]
     row = speed.loc[("pair", "sd", 0)]
@@ -220,6 +219,6 @@ def check_report(workdir: Path, configfile: Path, out: Path) -> tuple[str, Path]
     app = app[: app.index("<script")]  # what the page shows, not the report's data
     # the speed-up table, rendered from its caption: a row of the table with its figure and interval
     assert re.search(r"<th>sd</th>.*?\d\.\d\dx \[\d\.\d\d, \d\.\d\d\]", app, re.S), app[-2000:]
-    assert "Overall" in app and "Speed-up over the standard method" in app
+    assert "no mean over them" in app and "Speed-up over the standard method" in app
     assert re.search(r'<img src="data:image/png[^"]*filename=speedup_vs_gamma\.png', app)
     return dom, png

@@ -203,8 +203,9 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     ),
     arg(
         "--efficiency",
-        type=number(0, 1, low_open=True),
-        help="fraction of the bandwidth bound every model's forwards reach, whatever its runner (default: printed)",
+        type=number(0.001, 1),
+        help="fraction of the bandwidth bound every model's forwards reach, whatever its runner, 0.001 to 1 (below "
+        "a thousandth no forecast means anything; default: printed)",
     ),
     arg(
         "--floor-ms",

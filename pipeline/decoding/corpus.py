@@ -29,17 +29,22 @@ class SuffixAutomaton:
     Documents are kept apart by a separator of their own (a negative id), so no match spans two of them and no
     separator is ever proposed. Each state counts the end positions of its strings (``count``) and keeps the latest
     (``latest``): the count of the state a transition ``c`` leads to is the number of occurrences of the match
-    followed by ``c``.
+    followed by ``c``. Growing is linear in the text: a token adds one state that ends where it ends (``end``; a
+    clone ends nowhere of its own), and the counts, sums over the suffix-link tree, are made once when next read
+    (``settle``), never by walking the link chain per token, which on repetitive text (a document of one token
+    repeated, a model's own looping output) is as long as the text.
     """
 
-    __slots__ = ("count", "documents", "last", "latest", "length", "link", "next", "size")
+    __slots__ = ("_count", "_latest", "documents", "end", "last", "length", "link", "next", "settled", "size")
 
     def __init__(self, documents: Iterable[Sequence[int]] = ()):
         self.next: list[dict[int, int]] = [{}]
         self.link: list[int] = [-1]
         self.length: list[int] = [0]
-        self.count: list[int] = [0]
-        self.latest: list[int] = [-1]
+        self.end: list[int] = [-1]  # where the state's own token ends (-1: the root, a clone)
+        self._count: list[int] = [0]
+        self._latest: list[int] = [-1]
+        self.settled = True  # the counts hold for the text as it stands
         self.last = 0  # the state of the whole text so far
         self.size = 0  # tokens appended (separators included)
         self.documents = 0
@@ -55,14 +60,13 @@ class SuffixAutomaton:
             self.extend(int(t))
 
     def extend(self, c: int) -> None:
-        """Append one token (the online construction; counts and latest end positions follow)."""
+        """Append one token (the online construction): amortized constant work, the counts left to ``settle``."""
         nxt, link, length = self.next, self.link, self.length
         cur = len(nxt)
         nxt.append({})
         length.append(length[self.last] + 1)
         link.append(0)
-        self.count.append(0)
-        self.latest.append(-1)
+        self.end.append(self.size)
         p = self.last
         while p != -1 and c not in nxt[p]:
             nxt[p][c] = cur
@@ -76,20 +80,45 @@ class SuffixAutomaton:
                 nxt.append(dict(nxt[q]))
                 length.append(length[p] + 1)
                 link.append(link[q])
-                self.count.append(self.count[q])
-                self.latest.append(self.latest[q])
+                self.end.append(-1)
                 while p != -1 and nxt[p].get(c) == q:
                     nxt[p][c] = clone
                     p = link[p]
                 link[q] = link[cur] = clone
         self.last = cur
-        end = self.size
         self.size += 1
-        v = cur
-        while v > 0:  # every suffix of the text now ends here once more
-            self.count[v] += 1
-            self.latest[v] = end
-            v = link[v]
+        self.settled = False
+
+    def settle(self) -> None:
+        """Each state's count of end positions and its latest one, summed once over the suffix-link tree (children
+        before parents: the states by decreasing length), in time linear in the text."""
+        if self.settled:
+            return
+        length, link, end = self.length, self.link, self.end
+        count = [int(e >= 0) for e in end]
+        latest = list(end)
+        by_length: list[list[int]] = [[] for _ in range(self.size + 1)]
+        for v, n in enumerate(length):
+            by_length[n].append(v)
+        for n in range(self.size, 0, -1):
+            for v in by_length[n]:
+                parent = link[v]
+                count[parent] += count[v]
+                if latest[v] > latest[parent]:
+                    latest[parent] = latest[v]
+        self._count, self._latest, self.settled = count, latest, True
+
+    @property
+    def count(self) -> list[int]:
+        """The number of end positions of each state's strings (its occurrences in the text)."""
+        self.settle()
+        return self._count
+
+    @property
+    def latest(self) -> list[int]:
+        """The latest end position of each state's strings."""
+        self.settle()
+        return self._latest
 
     def match(self, context: Sequence[int], longest: int = MAX_MATCH) -> tuple[int, int]:
         """``(state, length)``: the longest suffix of ``context`` (at most ``longest`` tokens) that occurs in the
@@ -116,7 +145,8 @@ class SuffixAutomaton:
     def continuations(self, state: int) -> list[tuple[int, int, int]]:
         """``(token, count, latest end)`` of every token that follows the state's strings, the most frequent
         first (the most recent on a tie)."""
-        found = [(t, self.count[s], self.latest[s]) for t, s in self.next[state].items() if t >= 0]
+        count, latest = self.count, self.latest
+        found = [(t, count[s], latest[s]) for t, s in self.next[state].items() if t >= 0]
         return sorted(found, key=lambda x: (-x[1], -x[2]))
 
 
@@ -147,10 +177,19 @@ class Corpus:
     def tokens(self) -> int:
         return self.fixed.size + self.outputs.size
 
-    def add_output(self, prompt_id: str, tokens: Sequence[int]) -> None:
-        """The output of a prompt that is done (and the table its generation left, ``CorpusView.leave``): read by
-        the views of every other prompt from now on."""
+    def left_by(self, prompt_id: str) -> dict[int, list[int]] | None:
+        """What a prompt's generation left to the prompts after it beyond the recycled table as it stands (the rows
+        its table changed; None: it left no table): what a journal line keeps, so that a resumed job rebuilds the
+        same corpus (``add_output``'s ``left``)."""
+        left = self.pending.get(str(prompt_id))
+        return None if left is None else {t: ranked for t, ranked in left.items() if self.table.get(t) != ranked}
+
+    def add_output(self, prompt_id: str, tokens: Sequence[int], left: dict[int, list[int]] | None = None) -> None:
+        """The output of a prompt that is done (and the table its generation left, ``CorpusView.leave``, or on a
+        resume ``left``, as ``left_by`` gave it): read by the views of every other prompt from now on."""
         prompt_id = str(prompt_id)
+        if left is not None:
+            self.pending[prompt_id] = left
         self.done.add(prompt_id)
         if tokens:
             self.outputs.add_document([t for t in tokens if t >= 0])

@@ -307,6 +307,7 @@ def _known(value: Any, accepted, problem: str, label: str = "accepted") -> None:
 
 
 PROJECT = Path(__file__).resolve().parents[2]  # the checkout: its own folders are never a results directory
+SYSTEM_DIRS = tuple(Path(p) for p in ("/proc", "/sys", "/dev"))  # the kernel's files, never a results directory
 
 
 def _check_results_dir(results: str) -> None:
@@ -314,6 +315,13 @@ def _check_results_dir(results: str) -> None:
     if not results.strip() or path == Path(path.anchor):
         raise ConfigError(
             f"config key results: {results!r} is a filesystem root; give a directory of its own (default: results)"
+        )
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"config key results: {results!r} is a file, not a directory; give a directory of its own")
+    if any(path.is_relative_to(system) for system in SYSTEM_DIRS):
+        raise ConfigError(
+            f"config key results: {results!r} is under the system's {path.parts[1]}/, not a place for files; give "
+            "a directory of its own (default: results)"
         )
     inside = path.relative_to(PROJECT).parts if path.is_relative_to(PROJECT) else None
     if inside is not None and (not inside or (inside[0] != "results" and (PROJECT / inside[0]).exists())):
@@ -334,6 +342,14 @@ def _check_heads(models: dict[str, Any]) -> None:
 
     for name, spec in models.items():
         eagle = spec.get("eagle")
+        distill = spec.get("distill")
+        restricted = isinstance(distill, dict) and not own_tokenizer(spec) and distill.get("head_tokens", 1) != 0
+        if eagle is not None and restricted and not spec.get("full_head"):  # as models/files.py reads a draft
+            raise ConfigError(
+                f"config key models.{name}.eagle: {name!r} is a draft distilled with a restricted head, which a "
+                "feature head cannot read (it drafts from its model's features over the whole vocabulary); give the "
+                "head to a full model, or distill this one with full_head: true"
+            )
         if isinstance(eagle, dict):
             try:
                 recipe = recipe_of(HeadRecipe, eagle, f"eagle settings for {name!r}")

@@ -138,6 +138,29 @@ def our_runs(cell: Cell, stack: ExitStack):
     return run, tokenizer, prepared
 
 
+def recycled_rows(row: dict[str, Any], vocab: int) -> dict[int, list[int]] | None:
+    """The recycled table a journalled sample left (``Corpus.left_by``, as ``measure`` keeps it), its ids checked
+    against the vocabulary; None where the line keeps none (its cell reads no table, or the line is damaged: the
+    prompts after it then start from what the others left)."""
+    kept = row.get("recycled")
+    if not isinstance(kept, dict):
+        return None
+
+    def token(x: Any) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < vocab
+
+    rows = {}
+    for key, ranked in kept.items():
+        if not (isinstance(key, str) and key.isdigit() and len(key) <= 12 and token(int(key))):
+            return None
+        if not isinstance(ranked, list):
+            return None
+        if not all(token(t) for t in ranked):
+            return None
+        rows[int(key)] = ranked
+    return rows
+
+
 def _generate(cell, out, progress, journal, speed, task, examples, log, done, run, tokenizer, prepared):
     """``run_cell``'s samples, once the cell's runs are ready (its engine's ``runs``: ``our_runs``, vLLM's)."""
     from tqdm import tqdm
@@ -206,18 +229,22 @@ def _generate(cell, out, progress, journal, speed, task, examples, log, done, ru
                 row["baseline"]["pieces"] = b.pieces
         row["timing"] = {"attempts": attempts, "counted": counted}
         row["provenance"], row["run"] = here, this_run
+        if corpus is not None and (left := corpus.left_by(ex.id)) is not None:  # what a resume restores
+            row["recycled"] = {str(t): ranked for t, ranked in left.items()}
         return row
 
     with log.writer() as add, tqdm(total=len(todo), desc=f"{cell.method} {cell.task}", disable=not progress) as bar:
         for i, (ex, _, stops) in enumerate(rendered):  # in the task's order: the corpus grows the same on a resume
+            left = None
             if ex.id in done:
                 row = json.loads(done[ex.id])
+                left = recycled_rows(row, len(tokenizer)) if corpus is not None else None
             else:
                 row = measure(i, ex, stops)
                 add(row)
                 bar.update()
             if corpus is not None:  # searched by the prompts after this one, never by this one
-                corpus.add_output(ex.id, row["token_ids"])
+                corpus.add_output(ex.id, row["token_ids"], left)
     rows = log.finish(out)  # every sample, each id once, in the task's order
     summary = write_speed(cell, out, rows, prompts) if speed else None
     if journal != out:

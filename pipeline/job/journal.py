@@ -106,6 +106,8 @@ class Journal:
                 f.flush()
                 os.fsync(f.fileno())
             except OSError as err:  # a full disk, a quota: the samples before this one are kept, the next run resumes
+                with contextlib.suppress(OSError):  # closed now, its unwritten line dropped: closing on the way
+                    f.close()  # out would try the full disk again and raise its OSError in place of this line
                 raise ResultsError(
                     f"cannot write the journal {self.path}: {err.strerror or type(err).__name__}; the samples "
                     "already written are kept and the next run resumes from them"

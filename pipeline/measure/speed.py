@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-import numpy as np
-
 from ..errors import UserError
 from ..records import register, schema_of
+from . import ratios
 from .acceptance import decoding_metrics, union_metrics
 from .cost import predicted_speedup
+from .ratios import SPEEDUP, SPEEDUP_OVER_SPEEDUP, log_ratio
 from .timing import Thresholds
 
 
@@ -27,6 +26,8 @@ class Policy:
     """How a cell is timed and judged (the config's ``timing`` section)."""
 
     confidence: float = 0.95
+    interval: str = ratios.METHODS[0]  # how a speed-up's interval is made (ratios.METHODS; docs/speed.md)
+    run_noise: float = 0.003  # a run's own noise beside its prompts' (the t interval's; the A/A study measured it)
     resamples: int = 10000
     seed: int = 0
     remeasure: int = 2  # re-runs of an interfered pair, at most
@@ -55,8 +56,10 @@ class Policy:
             raise bad("confidence", "a number in (0, 1)")
         if not isinstance(self.null, bool):
             raise bad("null", "true or false")
+        if self.interval not in ratios.METHODS:
+            raise bad("interval", f"one of {', '.join(ratios.METHODS)}")
         for f in fields(self):  # the rest by the type of its default: counts, and finite numbers >= 0
-            if f.name in ("confidence", "null"):
+            if f.name in ("confidence", "null", "interval"):
                 continue
             value, count, floor = getattr(self, f.name), isinstance(f.default, int), 100 if f.name == "resamples" else 0
             kind_ok = not isinstance(value, bool) and isinstance(value, int if count else int | float)
@@ -68,41 +71,37 @@ class Policy:
         return Thresholds(self.wait_share, self.psi_share, self.nivcsw_per_s)
 
 
-# ---- ratios and intervals ------------------------------------------------------------------------
+# ---- ratios and intervals (measure/ratios.py) -----------------------------------------------------
 
 
-def _ratio(tm, wm, tb, wb, axis=-1):
-    return (np.sum(tm, axis=axis) / np.sum(wm, axis=axis)) / (np.sum(tb, axis=axis) / np.sum(wb, axis=axis))
+def _ratio(tm, wm, tb, wb) -> float:
+    return math.exp(log_ratio(tm, wm, tb, wb))
 
 
 def ratio_interval(
     tokens_m, wall_m, tokens_b, wall_b, policy: Policy = Policy()
 ) -> tuple[float | None, float | None, str | None]:
-    """A paired-bootstrap interval for the ratio of (total tokens / total wall) of two paired series.
+    """An interval for the ratio of (total tokens / total wall) of two paired series, by ``policy.interval``.
 
     Returns ``(low, high, method)``; ``(None, None, None)`` with fewer than two pairs.
     """
-    return _interval([tokens_m, wall_m, tokens_b, wall_b], _ratio, policy)
+    return _interval([tokens_m, wall_m, tokens_b, wall_b], SPEEDUP, policy)
 
 
 def series_speedup(
     a: list[tuple[int, float]], b: list[tuple[int, float]], policy: Policy = Policy()
 ) -> tuple[float, float | None, float | None]:
     """``(ratio, low, high)``: ``a``'s total tokens per total second over ``b``'s, two series of
-    (tokens, seconds) paired by position (prompts, or rounds of a benchmark), with its paired-bootstrap interval."""
+    (tokens, seconds) paired by position (prompts, or rounds of a benchmark), with its interval."""
     (ta, wa), (tb, wb) = zip(*a), zip(*b)
     low, high, _ = ratio_interval(ta, wa, tb, wb, policy)
-    return float(_ratio(ta, wa, tb, wb)), low, high
-
-
-def _ratio_of_ratios(ta, wa, tab, wab, tb, wb, tbb, wbb, axis=-1):
-    return _ratio(ta, wa, tab, wab, axis=axis) / _ratio(tb, wb, tbb, wbb, axis=axis)
+    return _ratio(ta, wa, tb, wb), low, high
 
 
 def relative_speedup(
     rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]], policy: Policy = Policy()
 ) -> tuple[float, float | None, float | None] | None:
-    """Cell a's side-by-side speed-up over cell b's, prompts paired by id, with its paired-bootstrap interval.
+    """Cell a's side-by-side speed-up over cell b's, prompts paired by id, with its interval.
 
     Each speed-up is over the standard method run beside it in the same job, so a drift between the two
     jobs (another job on the machine) cancels; for two cells with the same standard (``sd`` and
@@ -123,42 +122,27 @@ def speedup_ratio(
     policy: Policy = Policy(),
 ) -> tuple[float, float | None, float | None] | None:
     """(a over a_base) over (b over b_base): four per-prompt series of (tokens, wall), paired by position,
-    with its paired-bootstrap interval. None without prompts or with a zero total."""
+    with its interval. None without prompts or with a zero total."""
     if not a:
         return None
     data = [list(x) for series in (a, a_base, b, b_base) for x in zip(*series)]
     if not all(sum(x) for x in data):
         return None
-    estimate = float(_ratio_of_ratios(*[np.asarray(x, dtype=float) for x in data]))
-    low, high, _ = _interval(data, _ratio_of_ratios, policy)
-    return estimate, low, high
+    low, high, _ = _interval(data, SPEEDUP_OVER_SPEEDUP, policy)
+    return math.exp(log_ratio(*data, signs=SPEEDUP_OVER_SPEEDUP)), low, high
 
 
-def _interval(series, statistic, policy: Policy) -> tuple[float | None, float | None, str | None]:
-    """A paired bootstrap (BCa, else percentile) of ``statistic`` over paired series."""
-    from scipy.stats import bootstrap
-
-    data = [np.asarray(x, dtype=float) for x in series]
-    if len(data[0]) < 2:
-        return None, None, None
-    for method in ("BCa", "percentile"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # BCa's degenerate-distribution warning: the fallback handles it
-            res = bootstrap(
-                data,
-                statistic,
-                paired=True,
-                vectorized=True,
-                confidence_level=policy.confidence,
-                n_resamples=policy.resamples,
-                method=method,
-                rng=np.random.default_rng(policy.seed),
-            )
-        low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
-        if math.isfinite(low) and math.isfinite(high):
-            return low, high, method
-    estimate = float(statistic(*data))
-    return estimate, estimate, "degenerate"
+def _interval(series, signs, policy: Policy) -> tuple[float | None, float | None, str | None]:
+    """The interval of a ratio of totals (``ratios.ratio_interval``) by the policy's method and settings."""
+    return ratios.ratio_interval(
+        *series,
+        signs=signs,
+        method=policy.interval,
+        confidence=policy.confidence,
+        resamples=policy.resamples,
+        seed=policy.seed,
+        run_noise=policy.run_noise,
+    )
 
 
 def halfwidth(estimate: float | None, low: float | None, high: float | None) -> float | None:
@@ -191,9 +175,9 @@ def paired_speedup(pairs: list[tuple[dict[str, Any], dict[str, Any]]], policy: P
     if not pairs:
         return None
     tm, wm, tb, wb = ([s[k] for s in side] for side in zip(*pairs) for k in ("new_tokens", "wall_time_s"))
-    if not sum(wm) or not sum(wb) or not sum(tb):
+    if not sum(tm) or not sum(wm) or not sum(wb) or not sum(tb):
         return None
-    return (float(_ratio(tm, wm, tb, wb)), *ratio_interval(tm, wm, tb, wb, policy))
+    return (_ratio(tm, wm, tb, wb), *ratio_interval(tm, wm, tb, wb, policy))
 
 
 def _side_by_side(rows: list[dict[str, Any]], policy: Policy) -> dict[str, Any]:

@@ -53,8 +53,15 @@ def aux_layers(config: dict, layers: int) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
+# The rotary base of a head whose config.json names no rope: EAGLE-3's own code, vLLM's llama_eagle3 and SGLang read
+# the draft's config with Llama's default (10,000), whatever the target's (EAGLE-3's training config for
+# Llama-3.1-8B names none, its target 500,000): the rows the head was trained on.
+DEFAULT_ROPE_THETA = 10000.0
+
+
 def head_config(config: dict, target: nn.Module):
-    """The head's Llama config: the checkpoint's shapes, eager attention (an explicit mask over its cache)."""
+    """The head's Llama config: the checkpoint's shapes and rope (its own, whole; none named: ``DEFAULT_ROPE_THETA``,
+    never the target's), eager attention (an explicit mask over its cache)."""
     from transformers import LlamaConfig
 
     keys = (
@@ -72,10 +79,10 @@ def head_config(config: dict, target: nn.Module):
         "attention_bias",
         "mlp_bias",
     )
-    ours = target.config.to_dict()
     rope = ("rope_theta", "rope_scaling", "rope_parameters")
-    if any(config.get(k) is not None for k in rope):  # the checkpoint's rope, whole (vLLM reads the draft's own)
-        ours = {k: v for k, v in ours.items() if k not in rope}
+    ours = {k: v for k, v in target.config.to_dict().items() if k not in rope}  # never the target's rope
+    if not any(config.get(k) is not None for k in rope):  # none named: the published readers' default base
+        ours["rope_theta"] = DEFAULT_ROPE_THETA
     found = {k: config[k] if config.get(k) is not None else ours.get(k) for k in keys}
     found = {k: v for k, v in found.items() if v is not None}
     no_ids = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}  # it scores no vocabulary of its own

@@ -60,6 +60,9 @@ def check_layout(layout: str, accepted: tuple[str, ...] = HEAD_LAYOUTS) -> None:
         raise ModelError(f"feature head layout={layout!r}: accepted: {', '.join(accepted)}")
 
 
+MAX_HEAD_LAYERS = 8  # a feature head is a layer or a few beside its target, never a model of its own size
+
+
 @dataclass
 class HeadRecipe(Recipe):
     layers: int = 1  # the head's decoder layers
@@ -81,6 +84,10 @@ class HeadRecipe(Recipe):
             raise ModelError(f"feature head ttt={self.ttt!r}: expected a whole number from 1 to 16")
         if self.layout != "eagle3" and self.ttt != 3:
             raise ModelError(f"feature head ttt={self.ttt}: the training-time test is EAGLE-3's (layout: eagle3)")
+        if self.layers > MAX_HEAD_LAYERS:  # each a decoder layer of the target's width, allocated as it is built
+            raise ModelError(
+                f"feature head layers={self.layers}: expected 1 to {MAX_HEAD_LAYERS} (EAGLE's heads have one)"
+            )
         if self.layout == "eagle3" and self.layers != 1:
             raise ModelError(f"feature head layers={self.layers}: an eagle3 head has one layer, its midlayer")
         if self.layout == "eagle3" and self.cls_weight != 0.1:

@@ -142,11 +142,17 @@ def cache_stem(spec: ModelSpec) -> str:
     kind, where = locate(spec)
     if kind == "bundled":
         return BUNDLED
-    if kind == "distill":
-        return spec.name
+    if kind == "distill":  # its name as a cell file or the command line gives it too: '../../x', '/abs', NUL
+        return file_stem(spec.name)
     stem = str(where).rsplit("/", 1)[-1] if kind == "hub" else Path(where).stem if kind == "gguf" else Path(where).name
-    stem = re.sub(r"[^A-Za-z0-9._+-]+", "-", stem).lstrip("._+-")[:100]  # a config name's rule (config.schema.yaml)
-    return stem or spec.name
+    return file_stem(stem, empty="") or file_stem(spec.name)
+
+
+def file_stem(name: str, empty: str = "model") -> str:
+    """``name`` as one file name in the model cache, by a config name's rule (config.schema.yaml): letters, digits and
+    ``._+-``, no leading dot or dash, at most 100 characters; what else it holds becomes ``-`` (a path's ``/`` too, so
+    no name reaches outside its folder), and a name left empty ``empty``."""
+    return re.sub(r"[^A-Za-z0-9._+-]+", "-", str(name)).lstrip("._+-")[:100] or empty
 
 
 def _hub_checked(repo_id: str) -> str:

@@ -73,6 +73,11 @@ def fit(model, params: list, examples: list, recipe, loss, desc: str, probe=None
         for group in opt.param_groups:
             group["lr"] = lr_at(step, recipe, recipe.steps)
         value = loss(example, step)
+        if not bool(torch.isfinite(value)):  # it cannot train: stop now, before anything is saved or cached
+            raise ModelError(
+                f"{desc}: the loss is {value.item()} at step {step} of {recipe.steps}; nothing was saved (a recipe "
+                "whose loss is not finite cannot train: check its lr and its teacher's outputs)"
+            )
         opt.zero_grad(set_to_none=True)
         value.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

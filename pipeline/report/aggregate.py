@@ -32,7 +32,12 @@ TABLES = [  # (name, layout, metrics or cell columns, title, ...), in summary.md
     layout.Table(
         "ours_vs_vllm", layout.across_engines, ("tokens_per_s_vs_vllm",), "Ours against vLLM, tokens/s (other jobs)"
     ),
-    layout.Table("speedup_vs_large", layout.best, ("speedup_vs_large",), "Speed-up over the large model alone"),
+    layout.Table(
+        "speedup_vs_large",
+        layout.best,
+        ("speedup_vs_large",),
+        "Speed-up over the large model alone, across jobs (not comparable)",
+    ),
     layout.Table("quality", layout.by_dataset, ("q:*",), "Quality"),
     layout.Table("likelihood", layout.by_distribution, (), "Quality by log-likelihood, per distribution"),
     layout.Table(
@@ -123,6 +128,8 @@ def aggregate(results: Path, reported: dict | None = None) -> list[Path]:
         f"interval over prompts [low, high]. {unstable} cell{'s are' if unstable != 1 else ' is'} marked "
         "(unstable): see Flags.\n",
     ]
+    if found.control.line:
+        sections.insert(1, found.control.line + "\n")
     written: list[Path] = []
     for table in TABLES:
         files = layout.render(table, found) or {}
@@ -138,4 +145,4 @@ def aggregate(results: Path, reported: dict | None = None) -> list[Path]:
     write_atomic(where.summary, "\n".join(s for s in sections if s))
     ratios = per_cell(found, RATIOS)  # what results.json adds to each cell's own records
     ratios.attrs["confidence"] = found.confidence
-    return [*written, where.summary, write_results_file(results, ratios, found.records)]
+    return [*written, where.summary, write_results_file(results, ratios, found.records, found.control)]

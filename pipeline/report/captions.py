@@ -15,9 +15,9 @@ import sys
 from .. import ROOT
 from ..files import write_atomic
 
-OVERALL_NOTE = (
-    "Overall: the mean over the row's datasets (Spec-Bench's Overall column), its interval from the datasets' "
-    "taken as independent. The CSV adds per dataset γ, τ, tokens/s and flags.\n"
+DATASETS_NOTE = (
+    "One column per dataset, no mean over them; `spec_bench` is Spec-Bench's Overall, every prompt of its six "
+    "categories pooled (each category: spec_bench_categories). The CSV adds per dataset γ, τ, tokens/s and flags.\n"
 )
 PEERS = (  # the speed-up table's caption, when the grid has transformers' own methods
     "`hf_*`: transformers' own `generate` (assisted generation, prompt lookup, `assistant_ensemble_weight`) "
@@ -28,7 +28,7 @@ CAPTIONS = {  # {conf}: the speed-ups' confidence
     "speedup_vs_standard": (
         "Tokens/s over the cell's standard method (the ensemble for `*_sd`/`*_se`, the large model for `sd`), "
         "measured side by side in the same job; best over the gamma sweep (the best of several noisy estimates "
-        "leans high: read the interval); {conf} interval in brackets. " + OVERALL_NOTE + "{peers}"
+        "leans high: read the interval); {conf} interval in brackets. " + DATASETS_NOTE + "{peers}"
     ),
     "paper_vs_ours": (
         "The speed-ups {citation} reports (config/paper_reported.yaml, with where each is stated) "
@@ -48,7 +48,13 @@ CAPTIONS = {  # {conf}: the speed-ups' confidence
         "the machine did between them is in the ratio, and the {conf} paired-bootstrap interval covers the "
         "prompts only. Above 1: ours is faster.\n"
     ),
-    "speedup_vs_large": "Tokens/s over the large model's own cell (another job; prompts paired by id). " + OVERALL_NOTE,
+    "speedup_vs_large": (
+        "Not comparable: tokens/s over the large model's own cell, which ran in another job (prompts paired by id), "
+        "so not measured side by side. Whatever the machine did differently between the two jobs is in every "
+        "figure, unmarked, and the {conf} interval covers the prompts only. The null row measures that drift for "
+        "this run: the large model's runs in the null cell's job over the same model's own cell, which would read "
+        "1.00x without it. Quote speedup_vs_standard. " + DATASETS_NOTE
+    ),
     "quality": (
         "Every task metric of each cell's outputs, under its own name (pass@1, acc, ...), with its 95% interval "
         "over examples [low, high]: Wilson's for a proportion, else a bootstrap (docs/quality.md). Intervals "

@@ -33,6 +33,7 @@ from ..measure.speed import (
     speedup_ratio,
 )
 from ..records import read_record
+from .control import Control, null_control
 from .results_file import RATIOS, load_reported
 
 ROW = ["model_set", "method", "T"]
@@ -57,6 +58,7 @@ class Collected:
     drafts: pd.DataFrame  # the distilled models the grid uses: how each was trained, how well it proposes
     beside: pd.DataFrame  # what ran beside each cell's timed pairs (``beside_runs``)
     records: dict[str, dict[str, Any]]  # each finished cell's speed record and score summary, as read once
+    control: Control  # the run's control: the null cell's interval, and the line that flags the run when it misses
 
 
 def _record(path: Path, kind: str, what: str) -> Any:
@@ -144,7 +146,8 @@ def collect(results: Path, reported: dict[str, Any] | None = None) -> Collected:
     reported = reported if named else None
     derived = set(cells["id"][cells["samples_from"].notna()]) if "samples_from" in cells else set()
     beside_ = beside_runs({c: s for c, s in speeds.items() if c not in derived})  # their runs are their sources'
-    return Collected(cells, figures, scores, policy.confidence, reported, drafts(results), beside_, read)
+    control = null_control(cells, figures, policy.confidence)
+    return Collected(cells, figures, scores, policy.confidence, reported, drafts(results), beside_, read, control)
 
 
 BESIDE = ["cell", "process", "pairs", "interfered", "cpu_s"]

@@ -20,6 +20,7 @@ from .. import ROOT
 from ..experiment.layout import Results
 from ..measure.speed import SpeedSummary
 from ..provenance import git_state, machine, versions
+from .control import Control
 
 SPEED_KEYS = SpeedSummary.shown("published")
 RATIOS = ("speedup_vs_standard", "speedup_vs_large")  # computed across cells by the aggregate step
@@ -59,15 +60,19 @@ def cell_record(results: Path, row: pd.Series, read: dict[str, Any]) -> dict[str
     return {"id": row["id"], "dims": dims, "speed": record, "quality": quality, "config": cell_file.get("cell")}
 
 
-def results_document(results: Path, df: pd.DataFrame, records: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def results_document(
+    results: Path, df: pd.DataFrame, records: dict[str, dict[str, Any]], control: Control | None = None
+) -> dict[str, Any]:
     """Everything ``results.json`` holds (``df``: the cells' rows, as ``figures.per_cell`` gives them; ``records``:
-    each cell's files as the aggregate read them, ``Collected.records``)."""
+    each cell's files as the aggregate read them, ``Collected.records``; ``control``: the run's null cell, and
+    the line that flags the run when its interval misses 1.00)."""
     experiment = str(df["experiment"].iloc[0]) if "experiment" in df else None
     return _plain(
         {
             "experiment": experiment,
             "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "confidence": df.attrs.get("confidence"),
+            "control": (control or Control()).to_json(),
             "cells": [cell_record(results, row, records.get(row["id"], {})) for _, row in df.iterrows()],
             "versions": versions(),
             "git": git_state(),
@@ -76,11 +81,14 @@ def results_document(results: Path, df: pd.DataFrame, records: dict[str, dict[st
     )
 
 
-def write_results_file(results: Path, df: pd.DataFrame, records: dict[str, dict[str, Any]]) -> Path:
+def write_results_file(
+    results: Path, df: pd.DataFrame, records: dict[str, dict[str, Any]], control: Control | None = None
+) -> Path:
     from ..files import write_atomic
 
     path = Results(results).results_file
-    write_atomic(path, json.dumps(results_document(results, df, records), indent=1, allow_nan=False) + "\n")
+    document = results_document(results, df, records, control)
+    write_atomic(path, json.dumps(document, indent=1, allow_nan=False) + "\n")
     return path
 
 
@@ -99,7 +107,7 @@ def paper_vs_ours(speed: pd.DataFrame, reported: dict[str, Any]) -> pd.DataFrame
     our estimate lies in the paper's range. A figure without a number stays empty."""
     rows = []
     table = speed.reset_index()
-    datasets = [c.removesuffix("_low") for c in table.columns if c.endswith("_low") and c != "Overall_low"]
+    datasets = [c.removesuffix("_low") for c in table.columns if c.endswith("_low")]
     for fig in reported.get("figures", []):
         for _, r in table[table["method"].map(lambda m, f=fig: fnmatch.fnmatch(m, f["method"]))].iterrows():
             if fig.get("model_set") not in (None, r["model_set"]) or fig.get("T") not in (None, str(r["T"])):

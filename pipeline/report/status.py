@@ -42,13 +42,24 @@ class Status:
     unstable: dict[str, str] = field(default_factory=dict)  # cell -> its flags
 
 
+CAUSE_SEARCH = (1 << 16, 1 << 26)  # bytes from a log's end searched for its cause: its end, then its last 64 MiB
+
+
 def cause(log: Path) -> str | None:
-    """The one-line cause a failed job's log gives: its last error line (None when it names no error)."""
-    try:
-        lines = [line.strip() for line in read_tail(log, "log").splitlines() if line.strip()]
-    except UserError:  # gone, a pipe, unreadable: it names no cause
-        return None
-    return next((line[:300] for line in reversed(lines) if ERROR_LINE.search(line)), None)
+    """The one-line cause a failed job's log gives: its last error line (None when it names no error). Its end is
+    read first; where that names none, its last 64 MiB (a job that printed much after its error is still failed,
+    and a 1.5 GB log is still not read whole)."""
+    for size in CAUSE_SEARCH:
+        try:
+            text = read_tail(log, "log", size)
+        except UserError:  # gone, a pipe, unreadable: it names no cause
+            return None
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        if found := next((line[:300] for line in reversed(lines) if ERROR_LINE.search(line)), None):
+            return found
+        if len(text.encode("utf-8", errors="replace")) < size:  # the whole log was read
+            return None
+    return None
 
 
 def cell_ids(results: Path) -> list[str]:

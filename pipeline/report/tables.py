@@ -6,8 +6,8 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable
 from dataclasses import dataclass
+from html import escape
 
-import numpy as np
 import pandas as pd
 
 from ..measure.intervals import fmt_quality
@@ -26,44 +26,18 @@ PER_DATASET = {
     "_unstable": "{v}_unstable",
     "_flags": "flags",
 }
-OVERALL = "Overall"
-
-
-def overall(values, lows, highs) -> tuple[float, float | None, float | None]:
-    """Spec-Bench's Overall: the mean of a row's speed-ups over its datasets (arrays aligned by dataset). Its
-    interval treats the datasets' estimates as independent and each side of their intervals as a normal one's:
-    the mean's half-width on each side is the root of the summed squared half-widths over the number of datasets."""
-    v, lo, hi = (np.asarray(x, dtype=float) for x in (values, lows, highs))
-    ok = ~np.isnan(v)
-    v, lo, hi = v[ok], lo[ok], hi[ok]
-    mean = float(v.mean())
-    if np.isnan(lo).any() or np.isnan(hi).any():
-        return mean, None, None
-    n = len(v)
-    return mean, mean - float(np.sqrt(((v - lo) ** 2).sum())) / n, mean + float(np.sqrt(((hi - v) ** 2).sum())) / n
-
-
 def speedup_numbers(best: pd.DataFrame, value: str) -> pd.DataFrame:
     """``best``: one cell per row, indexed by model set x method x T x dataset (the last level), with the columns
-    ``PER_DATASET`` names; ``value``: the speed-up's column. Columns per dataset (``PER_DATASET``'s suffixes),
-    then ``Overall``, ``Overall_low``, ``Overall_high``, ``Overall_datasets`` (how many it averages) and
-    ``Overall_unstable`` (any of them unstable)."""
+    ``PER_DATASET`` names; ``value``: the speed-up's column. Columns per dataset (``PER_DATASET``'s suffixes). No
+    mean over datasets: Spec-Bench's Overall is its own column (every prompt of its categories pooled), and a mean
+    of different benchmarks is no benchmark's figure."""
     columns = {suffix: source.format(v=value) for suffix, source in PER_DATASET.items()}
     wide = best[list(dict.fromkeys(columns.values()))].unstack("dataset")
     datasets = sorted(best.index.get_level_values("dataset").unique())
-    num = pd.DataFrame(
+    return pd.DataFrame(
         {f"{ds}{suffix}": wide[(source, ds)] for ds in datasets for suffix, source in columns.items()},
         index=wide.index,
     )
-    means = [
-        overall(*(num.loc[i, [f"{ds}{s}" for ds in datasets]].to_numpy(float) for s in ("", "_low", "_high")))
-        for i in num.index
-    ]
-    for j, suffix in enumerate(("", "_low", "_high")):
-        num[OVERALL + suffix] = [m[j] for m in means]
-    num[OVERALL + "_datasets"] = num[datasets].notna().sum(axis=1)
-    num[OVERALL + "_unstable"] = num[[f"{ds}_unstable" for ds in datasets]].fillna(False).astype(bool).any(axis=1)
-    return num
 
 
 Shaped = tuple[pd.DataFrame, pd.DataFrame] | None  # a table's numbers and text; None: it does not apply here
@@ -87,13 +61,14 @@ def markdown(table: Table, shown: pd.DataFrame) -> str:
     return shown.reset_index().to_markdown(index=False, floatfmt=table.floatfmt) + "\n"
 
 
-def html(table: Table, shown: pd.DataFrame) -> str:
-    """A table as a small HTML page (the report shows it)."""
+def html(table: Table, shown: pd.DataFrame, flag: str | None = None) -> str:
+    """A table as a small HTML page (the report shows it); ``flag``: the line that flags the run, above it."""
     floats = f"{{:{table.floatfmt}}}".format
     body = "<p>no cells</p>" if shown.empty else shown.to_html(na_rep="-", float_format=floats)
     style = "table{border-collapse:collapse;font:13px sans-serif}td,th{border:1px solid #bbb;padding:2px 6px}"
     head = f"<!doctype html><html><head><meta charset='utf-8'><title>{table.title}</title><style>{style}</style>"
-    return f"{head}</head><body><h3>{table.title}</h3>{body}</body></html>\n"
+    banner = f"<p style='color:#a00'><b>{escape(flag.strip('*'))}</b></p>" if flag else ""
+    return f"{head}</head><body>{banner}<h3>{table.title}</h3>{body}</body></html>\n"
 
 
 def render(table: Table, found: Collected) -> dict[str, str] | None:
@@ -102,10 +77,11 @@ def render(table: Table, found: Collected) -> dict[str, str] | None:
     if (shaped := table.layout(found, table)) is None:
         return None
     numbers, shown = shaped
+    flag = found.control.line  # the run's control missed: one line above every table a person reads
     text = {
         "csv": lambda: numbers.to_csv(index=bool(table.index)),
-        "md": lambda: markdown(table, shown),
-        "html": lambda: html(table, shown),
+        "md": lambda: (f"{flag}\n\n" if flag else "") + markdown(table, shown),
+        "html": lambda: html(table, shown, flag),
     }
     return {f"{table.name}.{kind}": text[kind]() for kind in table.files}
 
@@ -138,9 +114,9 @@ def every_figure(found: Collected, table: Table) -> Shaped:
 
 
 def best(found: Collected, table: Table) -> Shaped:
-    """Rows: model set x method (x T); columns: datasets and their Overall (the mean over them); the best value
-    over gamma. Numbers: per dataset the estimate, its interval, gamma, τ, tokens/s and flags
-    (``PER_DATASET``), then the Overall's; text: the estimate with its interval and gamma."""
+    """Rows: model set x method (x T); columns: datasets (``spec_bench``: Spec-Bench's Overall, its prompts
+    pooled); the best value over gamma. Numbers: per dataset the estimate, its interval, gamma, τ, tokens/s and
+    flags (``PER_DATASET``); text: the estimate with its interval and gamma."""
     (value,) = table.columns
     d = per_cell(found, [value, "tau", "tokens_per_s"]).dropna(subset=[value])
     if d.empty:
@@ -154,10 +130,7 @@ def best(found: Collected, table: Table) -> Shaped:
 
     best = best.assign(_t=best.apply(text, axis=1))
     txt = best.pivot_table(index=ROW, columns="dataset", values="_t", aggfunc="first")
-    num = speedup_numbers(best.set_index([*ROW, "dataset"]), value)
-    columns = [OVERALL + s for s in ("", "_low", "_high", "_unstable")]
-    txt[OVERALL] = [fmt(v, lo, hi, unstable=bool(u)) for v, lo, hi, u in num[columns].itertuples(index=False)]
-    return num, txt
+    return speedup_numbers(best.set_index([*ROW, "dataset"]), value), txt
 
 
 def beside_paper(found: Collected, table: Table) -> Shaped:
@@ -278,6 +251,17 @@ def across_engines(found: Collected, table: Table) -> Shaped:
     return shown, shown
 
 
+OVERALL = "Overall"  # Spec-Bench's: every prompt of the cell pooled (the by-category table's last column)
+
+
+def categories(found: pd.Series) -> list[str]:
+    """The categories present, in Spec-Bench's order (``tasks.spec_bench.CATEGORIES``), any other after them."""
+    from tasks.spec_bench import CATEGORIES
+
+    present = set(found)
+    return [c for c in CATEGORIES if c in present] + sorted(present - set(CATEGORIES))
+
+
 def by_category(found: Collected, table: Table) -> Shaped:
     """Rows: the cells with Spec-Bench categories; columns: each category, then Overall (every prompt of the cell
     pooled); the figure: ``table.columns``: a speed-up with its interval (tokens/s without a baseline), and τ."""
@@ -297,6 +281,6 @@ def by_category(found: Collected, table: Table) -> Shaped:
         return figure + (f", τ {tau.value:.2f}" if tau is not None and pd.notna(tau.value) else "")
 
     out = found.cells[found.cells["id"].isin(figures["cell"])][["id", *CELL]].copy()
-    for c in [*sorted(set(figures["category"])), ""]:
+    for c in [*categories(figures["category"]), ""]:
         out[c or OVERALL] = [text(cell, c) for cell in out["id"]]  # Overall: the whole cell's, Spec-Bench's
     return (out.drop(columns="id").set_index(CELL),) * 2

@@ -242,7 +242,8 @@ def _log_cell(samples: Path, config: dict[str, Any], run) -> None:
 
 
 def _log_tables(files: Results, run) -> None:
-    """The experiment's run: each aggregate table (CSV) as a W&B table, the summary as text."""
+    """The experiment's run: each aggregate table (CSV) as a W&B table, the summary as text, and the run's control
+    (``control/covers``, ``control/speedup`` and its interval; ``control/line`` when it missed, the run flagged)."""
     import pandas as pd
     import wandb
 
@@ -251,3 +252,6 @@ def _log_tables(files: Results, run) -> None:
     summary = files.summary
     if summary.exists():
         run.summary["summary_md"] = summary.read_text()
+    if files.results_file.exists():  # the run's control (report/control.py): its null cell, and the flag if it missed
+        control = read_user_json(files.results_file, "results file").get("control") or {}
+        run.summary.update({f"control/{k}": v for k, v in control.items() if v is not None})
