@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import shlex
 import subprocess
@@ -30,7 +29,7 @@ from typing import Any
 
 from ..errors import UserError
 from ..files import read_user_json, write_atomic
-from ..measure.ratios import METHODS, log_ratio, ratio_interval
+from ..measure.ratios import METHODS, ratio_interval, ratio_of_totals
 from ..measure.speed import Policy
 
 SIDES = ("method", "baseline")
@@ -141,7 +140,7 @@ def interval_of(pairs: list[dict[str, Any]], method: str, run_noise: float = 0.0
     """A run's speed-up and its interval by ``method`` (``run_noise``: the t interval's allowance)."""
     data = series(pairs)
     low, high, used = ratio_interval(*data, method=method, run_noise=run_noise)
-    return math.exp(log_ratio(*data)), low, high, used
+    return ratio_of_totals(*data), low, high, used
 
 
 def coverage(record: dict[str, Any]) -> list[dict[str, Any]]:

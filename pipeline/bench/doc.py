@@ -35,8 +35,9 @@ of `python -m pipeline.bench.runners` that is kept lies under `benchmarks/runner
 is in [speed.md](speed.md); the GPU figures are in [cluster.md](cluster.md#the-h100-figures).
 
 Columns of a benchmark table: tok/s is total new tokens over total wall time of the prompts; speed-up is over
-the group's baseline (its first row), measured interleaved, with its 95% paired bootstrap interval over the
-prompts; accept is accepted over verified proposals, prompt lookup's included; τ is tokens per target forward,
+the group's baseline (its first row), measured interleaved, with its 95% interval over the prompts (a paired
+bootstrap in the records before 2026-12-05, Student's t since: speed.md); accept is accepted over verified
+proposals, prompt lookup's included; τ is tokens per target forward,
 the verifier's token included; overhead is 1 − time inside model forwards / wall time (negative for a parallel
 method, whose forwards overlap); predicted is the speed-up the counted forwards and measured one-token costs
 predict; same is the greedy outputs identical to the baseline's; `dyn` rows start a dynamic gamma at the

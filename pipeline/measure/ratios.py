@@ -39,6 +39,14 @@ def _data(series: Sequence[Sequence[float]]) -> np.ndarray:
     return np.asarray([np.asarray(x, dtype=float) for x in series])
 
 
+def ratio_of_totals(*series: Sequence[float], signs: Sequence[int] = SPEEDUP) -> float:
+    """The ratio of totals itself, ``Π_k (Σ_i x_ki)^s_k``, as products and a quotient (a series over itself is
+    exactly 1.0, which the exponential of its log-ratio need not be)."""
+    totals = _data(series).sum(axis=1)
+    up = math.prod(float(t) for t, s in zip(totals, signs) if s > 0)
+    return up / math.prod(float(t) for t, s in zip(totals, signs) if s < 0)
+
+
 def log_ratio(*series: Sequence[float], signs: Sequence[int] = SPEEDUP) -> float:
     """The log of the ratio of totals: ``Σ_k s_k log Σ_i x_ki``."""
     return float(np.dot(signs, np.log(_data(series).sum(axis=1))))

@@ -17,7 +17,7 @@ from ..records import register, schema_of
 from . import ratios
 from .acceptance import decoding_metrics, union_metrics
 from .cost import predicted_speedup
-from .ratios import SPEEDUP, SPEEDUP_OVER_SPEEDUP, log_ratio
+from .ratios import SPEEDUP, SPEEDUP_OVER_SPEEDUP, ratio_of_totals
 from .timing import Thresholds
 
 
@@ -75,7 +75,7 @@ class Policy:
 
 
 def _ratio(tm, wm, tb, wb) -> float:
-    return math.exp(log_ratio(tm, wm, tb, wb))
+    return ratio_of_totals(tm, wm, tb, wb)
 
 
 def ratio_interval(
@@ -129,7 +129,7 @@ def speedup_ratio(
     if not all(sum(x) for x in data):
         return None
     low, high, _ = _interval(data, SPEEDUP_OVER_SPEEDUP, policy)
-    return math.exp(log_ratio(*data, signs=SPEEDUP_OVER_SPEEDUP)), low, high
+    return ratio_of_totals(*data, signs=SPEEDUP_OVER_SPEEDUP), low, high
 
 
 def _interval(series, signs, policy: Policy) -> tuple[float | None, float | None, str | None]:

@@ -124,9 +124,9 @@ def aggregate(results: Path, reported: dict | None = None) -> list[Path]:
         if "experiment" in cells
         else f"# Results: {results}\n",
         f"{len(cells)} cells ({', '.join(sorted(cells['dataset'].unique()))}). Speed is total new tokens over total "
-        f"wall time of the cell's samples; every speed-up has its {found.confidence:.0%} paired-bootstrap "
-        f"interval over prompts [low, high]. {unstable} cell{'s are' if unstable != 1 else ' is'} marked "
-        "(unstable): see Flags.\n",
+        f"wall time of the cell's samples; every speed-up has its {found.confidence:.0%} interval over prompts "
+        f"[low, high] (docs/speed.md, The interval). {unstable} cell{'s are' if unstable != 1 else ' is'} "
+        "marked (unstable): see Flags.\n",
     ]
     if found.control.line:
         sections.insert(1, found.control.line + "\n")

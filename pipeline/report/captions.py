@@ -36,7 +36,7 @@ CAPTIONS = {  # {conf}: the speed-ups' confidence
     ),
     "ours_vs_peers": (
         "Ours over other engines' methods: each cell's side-by-side speed-up over its standard method "
-        "divided by the peer's over its own, prompts paired ({conf} paired-bootstrap interval): transformers' "
+        "divided by the peer's over its own, prompts paired ({conf} interval over prompts): transformers' "
         "`hf_*` over our large model's decoding, vLLM's `vllm_*` over vLLM's (`vllm`), so an engine's own "
         "kernels cancel. A peer marked `not exact` does not sample its standard method's distribution at that T "
         "(`hf_assisted_ensemble`, `vllm_sd`: docs/exactness.md, docs/vllm.md).\n"
@@ -45,7 +45,7 @@ CAPTIONS = {  # {conf}: the speed-ups' confidence
         "Ours against vLLM on the same model set, prompts and machine, in tokens/s: our `sd` over vLLM's "
         "speculation, and the large model decoded by us (its runs beside `sd`) over the same model decoded by "
         "vLLM (its runs beside its speculation). These are different jobs, not runs side by side: whatever else "
-        "the machine did between them is in the ratio, and the {conf} paired-bootstrap interval covers the "
+        "the machine did between them is in the ratio, and the {conf} interval covers the "
         "prompts only. Above 1: ours is faster.\n"
     ),
     "speedup_vs_large": (

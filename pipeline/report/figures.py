@@ -280,7 +280,7 @@ def engine_ratio(
     rows_a: list[dict], side_a: str, rows_b: list[dict], side_b: str, policy: Policy
 ) -> tuple[float, float | None, float | None] | None:
     """Tokens/s of cell a's ``side_a`` runs (``method`` or ``baseline``) over cell b's ``side_b`` runs, prompts
-    paired by id, with a paired-bootstrap interval over prompts (None without common prompts)."""
+    paired by id, with its interval over prompts (None without common prompts)."""
 
     def run(r: dict, side: str) -> dict | None:
         return r if side == "method" else r.get("baseline")

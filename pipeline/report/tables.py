@@ -129,7 +129,7 @@ def best(found: Collected, table: Table) -> Shaped:
         return fmt(r[value], low, high) + g + (" (unstable)" if r[f"{value}_unstable"] else "")
 
     best = best.assign(_t=best.apply(text, axis=1))
-    txt = best.pivot_table(index=ROW, columns="dataset", values="_t", aggfunc="first")
+    txt = best.pivot_table(index=ROW, columns="dataset", values="_t", aggfunc="first").fillna("-")  # not run: -
     return speedup_numbers(best.set_index([*ROW, "dataset"]), value), txt
 
 
