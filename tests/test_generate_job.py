@@ -200,3 +200,14 @@ def test_a_killed_suffix_recycle_cell_resumes_as_the_run_it_continues(tiny_dir, 
         for key in ("accepted", "rounds"):
             assert got["stats"][key] == want["stats"][key]
         assert got["recycled"] == want["recycled"]
+
+
+def test_a_journalled_recycled_table_is_typed_before_a_resume_takes_it():
+    """A journal line's ``recycled`` rows are ids of the vocabulary or nothing: a resume takes none of a damaged
+    line (a key of 5,000 digits, a negative or out-of-range id, a string, a row that is no list)."""
+    from pipeline.job.generate import recycled_rows
+
+    assert recycled_rows({"recycled": {"5": [1, 2], "7": []}}, 10) == {5: [1, 2], 7: []}
+    for bad in ({"9" * 5000: [1]}, {"5": [-1]}, {"5": [10]}, {"5": ["1"]}, {"x": [1]}, {"5": 3}, [1], None):
+        assert recycled_rows({"recycled": bad}, 10) is None, bad
+    assert recycled_rows({}, 10) is None

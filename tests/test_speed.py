@@ -546,3 +546,21 @@ def test_the_coverage_table_counts_a_run_whose_interval_misses_one():
     jitter = [0.01, -0.02, 0.03, 0.0, -0.01, 0.02, -0.03, 0.01, 0.0, -0.01]
     found = coverage({"runs": [run(1.0, jitter), run(1.1, jitter)]})
     assert all(c["cover"] == 1 and c["misses_below"] == 1 and c["misses_above"] == 0 for c in found), found
+
+
+@pytest.mark.parametrize(
+    "record,said",
+    [
+        ([1, 2], "not an object with a list of runs"),
+        ({"runs": [1]}, "run 0 has no list of two pairs or more"),
+        ({"runs": [{"pairs": [{"method_new_tokens": "9"}, {}]}]}, "run 0: a pair without positive numbers"),
+    ],
+)
+def test_a_coverage_record_that_is_not_one_is_one_line(record, said, tmp_path):
+    from pipeline.bench.coverage import main
+    from pipeline.errors import UserError
+
+    path = tmp_path / "record.json"
+    path.write_text(json.dumps(record))
+    with pytest.raises(UserError, match=f"coverage record {path}: {said}"):
+        main(["--from", str(path)])

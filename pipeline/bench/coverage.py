@@ -131,6 +131,26 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+PAIR_KEYS = tuple(f"{s}_{k}" for s in SIDES for k in ("new_tokens", "wall_time_s"))
+
+
+def record_problem(record: Any) -> str | None:
+    """What keeps a coverage record from being read (None: nothing): an object whose ``runs`` each hold ``pairs``
+    of positive, finite token counts and wall times, two pairs a run at least."""
+    if not isinstance(record, dict) or not isinstance(record.get("runs"), list) or not record["runs"]:
+        return "not an object with a list of runs"
+    for i, run in enumerate(record["runs"]):
+        pairs = run.get("pairs") if isinstance(run, dict) else None
+        if not isinstance(pairs, list) or len(pairs) < 2 or not all(isinstance(p, dict) for p in pairs):
+            return f"run {i} has no list of two pairs or more"
+        for p in pairs:
+            values = [p.get(k) for k in PAIR_KEYS]
+            good = all(isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < 1e12 for v in values)
+            if not good:
+                return f"run {i}: a pair without positive numbers for {', '.join(PAIR_KEYS)}"
+    return None
+
+
 def series(pairs: list[dict[str, Any]]) -> list[list[float]]:
     """A run's four per-prompt series: the method's tokens and wall time, the baseline's."""
     return [[p[f"{s}_{k}"] for p in pairs] for s in SIDES for k in ("new_tokens", "wall_time_s")]
@@ -209,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.source is not None:
         record = read_user_json(args.source, "coverage record")
+        if problem := record_problem(record):
+            raise UserError(f"coverage record {args.source}: {problem}; expected what --json writes")
         if args.json:  # the record again, its coverage computed by today's intervals
             record["coverage"] = coverage(record)
             write_atomic(args.json, json.dumps(record, indent=1) + "\n")
