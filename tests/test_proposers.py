@@ -58,7 +58,8 @@ def test_the_automaton_finds_the_longest_followed_match_and_counts_what_follows(
                 assert {t: c for t, c, _ in automaton.continuations(state)} == dict(after)
 
 
-def test_the_automaton_grown_a_token_at_a_time_counts_as_the_brute_force_and_the_latest_end_too():
+@pytest.mark.parametrize("eager", [False, True])
+def test_the_automaton_grown_a_token_at_a_time_counts_as_the_brute_force_and_the_latest_end_too(eager):
     """Counts are made when next read (``settle``), never by walking the link chain per token: read between tokens
     of one growing text (as a generation's own text is, a round at a time), they equal the brute force's, and the
     latest end position of each continuation is where it last occurred; repetitive text included."""
@@ -66,7 +67,7 @@ def test_the_automaton_grown_a_token_at_a_time_counts_as_the_brute_force_and_the
     for _ in range(60):
         vocab = rng.choice([1, 2, 3])  # one token repeated is the link chain's worst case
         text = [rng.randrange(vocab) for _ in range(rng.randrange(1, 40))]
-        automaton = SuffixAutomaton()
+        automaton = SuffixAutomaton(eager=eager)
         for i, t in enumerate(text):
             automaton.extend(t)
             context = text[max(0, i - rng.randrange(1, 6)) : i + 1]

@@ -32,12 +32,13 @@ class SuffixAutomaton:
     followed by ``c``. Growing is linear in the text: a token adds one state that ends where it ends (``end``; a
     clone ends nowhere of its own), and the counts, sums over the suffix-link tree, are made once when next read
     (``settle``), never by walking the link chain per token, which on repetitive text (a document of one token
-    repeated, a model's own looping output) is as long as the text.
+    repeated, a model's own looping output) is as long as the text. An ``eager`` automaton (a generation's own
+    text, read after every round) keeps its counts by that walk instead: a few steps a token on ordinary text.
     """
 
-    __slots__ = ("_count", "_latest", "documents", "end", "last", "length", "link", "next", "settled", "size")
+    __slots__ = ("_count", "_latest", "documents", "eager", "end", "last", "length", "link", "next", "settled", "size")
 
-    def __init__(self, documents: Iterable[Sequence[int]] = ()):
+    def __init__(self, documents: Iterable[Sequence[int]] = (), eager: bool = False):
         self.next: list[dict[int, int]] = [{}]
         self.link: list[int] = [-1]
         self.length: list[int] = [0]
@@ -45,6 +46,7 @@ class SuffixAutomaton:
         self._count: list[int] = [0]
         self._latest: list[int] = [-1]
         self.settled = True  # the counts hold for the text as it stands
+        self.eager = eager  # counts kept as each token comes (a text read after every few tokens: a generation's own)
         self.last = 0  # the state of the whole text so far
         self.size = 0  # tokens appended (separators included)
         self.documents = 0
@@ -60,13 +62,18 @@ class SuffixAutomaton:
             self.extend(int(t))
 
     def extend(self, c: int) -> None:
-        """Append one token (the online construction): amortized constant work, the counts left to ``settle``."""
+        """Append one token (the online construction): amortized constant work, the counts left to ``settle``; an
+        ``eager`` automaton keeps them by walking the new state's link chain (a generation's own text, read every
+        round: a few steps on ordinary text, where a whole settle per round would cost its length)."""
         nxt, link, length = self.next, self.link, self.length
         cur = len(nxt)
         nxt.append({})
         length.append(length[self.last] + 1)
         link.append(0)
         self.end.append(self.size)
+        if self.eager:
+            self._count.append(0)
+            self._latest.append(-1)
         p = self.last
         while p != -1 and c not in nxt[p]:
             nxt[p][c] = cur
@@ -81,13 +88,24 @@ class SuffixAutomaton:
                 length.append(length[p] + 1)
                 link.append(link[q])
                 self.end.append(-1)
+                if self.eager:
+                    self._count.append(self._count[q])
+                    self._latest.append(self._latest[q])
                 while p != -1 and nxt[p].get(c) == q:
                     nxt[p][c] = clone
                     p = link[p]
                 link[q] = link[cur] = clone
         self.last = cur
+        end = self.size
         self.size += 1
-        self.settled = False
+        if not self.eager:
+            self.settled = False
+            return
+        v = cur
+        while v > 0:  # every suffix of the text now ends here once more: short on ordinary text, read each round
+            self._count[v] += 1
+            self._latest[v] = end
+            v = link[v]
 
     def settle(self) -> None:
         """Each state's count of end positions and its latest one, summed once over the suffix-link tree (children

@@ -47,7 +47,7 @@ class SuffixProposer(NamedProposer):
             )
         self.corpus, self.min_share = corpus, min_share
         self.least = {"own": min_match, "outputs": min_match, "fixed": fixed_match}
-        self.own = SuffixAutomaton()
+        self.own = SuffixAutomaton(eager=True)  # read every round: its counts kept as tokens come
         self.stats = ModelStats()
 
     @classmethod
