@@ -67,3 +67,54 @@ def test_benchmark_runs_prints_every_method_and_records_the_run(capsys, tmp_path
     assert rows["large_model"]["speedup"] == 1.0 and rows["sd g=1"]["tau"] >= 1.0
     assert len(rows["sd g=1"]["speedup_ci"]) == 2
     assert rows["we_me"]["predicted"] > 0 and rows["we"]["predicted"] is None  # a baseline predicts nothing
+
+
+def test_heldout_prompts_are_never_the_ones_the_default_run_measures(smol):
+    """Settings are chosen on ``--heldout`` prompts: none of them is among the prompts a cell of the default
+    config takes (its HumanEval size 10, its Spec-Bench size 12, seed 0), and they come rendered as the run
+    renders them (the chat template)."""
+    from tasks import get_task, render
+
+    _, tokenizer = smol
+    for dataset, size in (("humaneval", 10), ("spec_bench", 12)):
+        task = get_task(dataset)
+        measured = {render(task, ex, tokenizer, chat=True)[0] for ex in task.load(size, seed=0, hub=False)}
+        held = bench.heldout_prompts(dataset, 20, tokenizer, chat=True)
+        assert len(set(held)) == 20 and not measured & set(held)
+        assert all(p.startswith("<|im_start|>") for p in held)
+    with pytest.raises(bench.ArgumentError, match="--prompts 1000: humaneval has 140 prompts beyond"):
+        bench.heldout_prompts("humaneval", 1000, tokenizer)
+
+
+def test_the_round_profile_splits_the_time_outside_the_forwards(smol):
+    """The bench's profile: the shares outside the forwards add up to wall minus forwards, each part measured by
+    the decoder (proposing, the acceptance rule, cache trimming); transformers' runs show their total only."""
+    from pipeline.bench.table import Totals, render_profile, round_profile
+    from pipeline.decoding.corpus import Corpus
+
+    model, tokenizer = smol
+    ids = tokenizer(bench.humaneval_prompts(1)[0]).input_ids
+    ours, theirs = Totals(), Totals()
+    kw = dict(max_new_tokens=16, eos_token_id=tokenizer.eos_token_id, temperature=1.0, seed=1)
+    ours.add(
+        generate(
+            [model, model],
+            ids,
+            "sd",
+            gamma=3,
+            method_args={"proposer": "suffix+recycle"},
+            corpus=Corpus().view("p"),
+            **kw,
+        )
+    )
+    theirs.add(generate([model, model], ids, "hf_prompt_lookup", gamma=3, **kw))
+    shares = round_profile(ours)
+    assert shares["outside"] == pytest.approx(1 - ours.forward / ours.wall)
+    parts = ("proposing", "accepting", "trimming", "rest")
+    assert sum(shares[k] for k in parts) == pytest.approx(shares["outside"])
+    assert shares["proposing"] > 0 and shares["accepting"] > 0 and shares["rest"] >= 0
+    assert set(round_profile(theirs)) == {"outside"}
+    table = render_profile(
+        [{"method": "sd", "outside_forward": shares}, {"method": "hf", "outside_forward": round_profile(theirs)}]
+    )
+    assert table.splitlines()[-1].startswith("| hf | ") and table.splitlines()[-1].endswith("| - | - | - | - |")

@@ -143,8 +143,10 @@ def test_a_registered_proposer_is_a_proposer_kind_everywhere(trio):
         )
         assert drafted.token_ids == plain.token_ids and drafted.stats.proposers["repeat"].proposed > 0
         config = load_config_file(ROOT / "config" / "default.yaml")
+        we = next(g for g in config["grids"] if g["name"] == "we")  # a grid of trees that takes the config's proposer
+        config["grids"].append({**we, "name": "trees", "methods": ["we_se"], "gamma": [2], "tree": ["2x1"]})
         with pytest.raises(UserError, match=r"tree: \"2x1\" with proposer 'repeat', which drafts one candidate"):
-            check_config({**config, "proposer": "repeat+draft"})  # the default's trees grid needs one that branches
+            check_config({**config, "proposer": "repeat+draft"})  # a trees grid needs one that branches
         chains = {**config, "grids": [g for g in config["grids"] if not g.get("tree")]}
         assert check_config({**chains, "proposer": "repeat+draft"})["proposer"] == "repeat+draft"
     finally:

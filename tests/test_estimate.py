@@ -177,7 +177,7 @@ def test_the_default_run_against_its_measured_time_in_the_docs():
     total, install, prepare = (int(took[i]) * 60 + int(took[i + 1]) for i in (1, 3, 5))
     config = check_config(load_config_file(ROOT / "config" / "default.yaml"))
     cells = expand_cells(config)
-    assert len(cells) == 30
+    assert len(cells) == 32
     infos = inspect_config(config, models_to_prepare(config, cells), "float32")
     result = estimate.forecast(config, cells, infos, estimate.GPUS["cpu"], 0.59, 0.0, estimate.ACCEPTANCE)
     forecast_wall = result["generate_hours"] * 3600 / 2

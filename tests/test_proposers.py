@@ -461,7 +461,9 @@ def test_a_tree_with_a_proposer_that_cannot_branch_is_refused_when_the_config_is
     from pipeline.experiment.config import ConfigError, check_config, load_config_file
 
     config = load_config_file(ROOT / "config" / "default.yaml")
-    trees = next(i for i, g in enumerate(config["grids"]) if g.get("tree"))
+    sd = next(g for g in config["grids"] if g["name"] == "sd")
+    config["grids"].append({**sd, "name": "trees", "tree": ["2x1"], "datasets": {"humaneval": {"size": 2}}})
+    trees = len(config["grids"]) - 1
     register_proposer("one_at_a_time")(OneAtATime)
     try:
         config["grids"][trees]["proposer"] = "suffix+one_at_a_time+draft"
@@ -552,3 +554,157 @@ def test_a_proposer_that_reads_features_needs_a_head_on_the_first_model_when_the
     finally:
         NAMED_PROPOSERS.pop("reads_features")
         NAMED_PROPOSERS.pop("reads_nothing")
+
+
+# ---- how far a chain drafts: the reach of its proposals ------------------------------------------------------------
+
+
+def scripted(confidences: list[float]) -> type:
+    """A proposer that proposes the context's last token with the given confidences, one per pending token."""
+    from pipeline.decoding.proposers import NamedProposer, Proposal
+    from pipeline.decoding.stats import ModelStats
+
+    class Scripted(NamedProposer):
+        def __init__(self):
+            self.stats = ModelStats()
+
+        def draft(self, tokens, committed):
+            k = len(tokens) - committed
+            return Proposal(tokens[-1], None, self, confidence=confidences[min(k, len(confidences) - 1)])
+
+    return Scripted
+
+
+@pytest.mark.parametrize("least_reach,per_round", [(0.0, 5), (0.3, 2), (0.95, 0)])
+def test_a_chain_stops_before_the_proposal_whose_reach_falls_below_the_methods_least_reach(
+    trio, monkeypatch, least_reach, per_round
+):
+    """Confidences 0.9, 0.5, 0.5, ...: reaches 0.9, 0.45, 0.225; at least 0.3 a round drafts 2 of its gamma 5, at
+    0.95 none (the bonus token alone), at 0 all 5. The output is the large model's at every setting."""
+    from pipeline.decoding.proposers import NAMED_PROPOSERS
+
+    monkeypatch.setitem(NAMED_PROPOSERS, "scripted", scripted([0.9, 0.5]))
+    counts, settle = [], loop.Decoder._settle
+
+    def spy(self, start, count, target):
+        counts.append(count)
+        return settle(self, start, count, target)
+
+    monkeypatch.setattr(loop.Decoder, "_settle", spy)
+    prompt = PROMPTS[0]
+    base = generate(trio[:1], prompt, "large_model", max_new_tokens=12)
+    args = {"proposer": "scripted", "least_reach": least_reach}
+    out = generate(trio[:1], prompt, "sd", gamma=5, max_new_tokens=12, method_args=args)
+    assert out.token_ids == base.token_ids and out.method_args["least_reach"] == least_reach
+    assert counts[:1] == [per_round][: len(counts)] and max(counts, default=0) == per_round  # the first round's full
+    assert out.stats.proposers["scripted"].proposed == sum(counts)
+
+
+@pytest.mark.parametrize("proposer,idx", [("suffix+recycle", [0]), ("suffix+recycle+draft", [0, 1]), ("draft", [0, 2])])
+def test_the_reach_rule_keeps_sampling_exact(small, proposer, idx):
+    """At T = 1 a chain cut by its reach (suffix's shares, recycle's recorded probabilities, a sampled draft's
+    largest probability) still samples the target: the chi-square check of the first two tokens."""
+    kw = {"gamma": 3, "method_args": {"proposer": proposer, "least_reach": 0.3}}
+    expected = exact_joint("single", [small[0]], T1, {}, REPEAT)
+    p = chi_square_pvalue(joint([small[i] for i in idx], "sd", REPEAT, **kw), expected)
+    assert p > ALPHA, f"chi-square p={p:.2e}"
+
+
+def test_the_check_fails_once_a_sampled_drafts_reach_reads_the_token_it_drew(small, monkeypatch):
+    """The reason a sampled draft's confidence is its distribution's largest probability: were it the probability
+    of the token drawn, whether a position is drafted would depend on what was drawn there (the rarer tokens never
+    drafted), the drafted token would no longer follow q, and the output would leave the target; the chi-square
+    check sees it."""
+    from pipeline.decoding.proposers.base import ModelProposer
+
+    draft = ModelProposer.draft
+
+    def by_drawn_token(self, tokens, committed):
+        proposal = draft(self, tokens, committed)
+        proposal.confidence = float(proposal.q[proposal.token])
+        return proposal
+
+    monkeypatch.setattr(ModelProposer, "draft", by_drawn_token)
+    models = [small[0], small[2]]  # a draft far from the target: the bias is large
+    counts = np.zeros((VOCAB, VOCAB))
+    for seed in range(SEEDS):
+        args = {"least_reach": 0.3}
+        out = generate(models, REPEAT, "sd", gamma=3, max_new_tokens=2, seed=seed, method_args=args, **T1)
+        counts[out.token_ids[0], out.token_ids[1]] += 1
+    p = chi_square_pvalue(counts, exact_joint("single", [small[0]], T1, {}, REPEAT))
+    assert p < ALPHA, f"chi-square p={p:.2e}: the biased rule went unseen"
+
+
+def test_suffix_and_recycling_say_how_sure_each_proposal_is():
+    """``suffix``: the share of its match's continuations the proposed token holds; ``recycle``: the target's
+    probability of it where this generation last saw the token before it (none for a row an earlier prompt left)."""
+    corpus = outputs([7, 8, 9, 1], [7, 8, 9, 1], [7, 8, 9, 1], [7, 8, 9, 2])
+    proposer = SuffixProposer(corpus.view("p"), min_share=0.5)
+    proposal = proposer.draft([0, 7, 8, 9], 4)
+    assert proposal.token == 1 and proposal.confidence == pytest.approx(0.75)
+    assert proposer.ranked([0, 7, 8, 9]) == [(1, 0.75), (2, 0.25)]
+    rows = torch.tensor([[0.1, 0.5, 0.25, 0.15]])
+    corpus = Corpus()
+    corpus.table = {3: [2, 1]}
+    recycling = TokenRecycling(corpus.view("p"), top=3)
+    assert recycling.draft([3], 1).token == 2 and recycling.draft([3], 1).confidence is None
+    recycling.observe([3], rows)
+    assert recycling.draft([3], 1).token == 1 and recycling.draft([3], 1).confidence == pytest.approx(0.5)
+
+
+def test_a_greedy_targets_rows_reach_recycling_as_probabilities(trio):
+    """At T = 0 the decoder hands the watchers the target's softmax (its logits made probabilities), so a recycled
+    confidence is a probability there too."""
+    from pipeline.decoding.proposers import NAMED_PROPOSERS
+
+    seen = []
+
+    class Spy(TokenRecycling):
+        def observe(self, before, rows):
+            seen.append(rows)
+            super().observe(before, rows)
+
+    NAMED_PROPOSERS["spy_recycle"] = Spy
+    try:
+        generate(trio[:1], PROMPTS[0], "sd", gamma=3, max_new_tokens=8, method_args={"proposer": "spy_recycle"})
+    finally:
+        NAMED_PROPOSERS.pop("spy_recycle")
+    assert seen and all(torch.allclose(r.sum(-1), torch.ones_like(r[:, 0])) and (r >= 0).all() for r in seen)
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, float("nan"), "0.3", True, None])
+def test_a_least_reach_outside_0_to_1_is_one_line_naming_it(trio, bad):
+    with pytest.raises(ArgumentError, match=r"least_reach=.* for 'sd': expected a number in 0\.\.1"):
+        generate(trio[:1], PROMPTS[0], "sd", method_args={"proposer": "suffix", "least_reach": bad})
+
+
+@pytest.mark.parametrize("mutant", ["accepted unverified", "no residual"])
+def test_the_check_fails_once_a_trees_one_hot_candidates_skip_the_multi_candidate_rule(small, monkeypatch, mutant):
+    """Several one-hot candidates at a node (suffix's ranked continuations, recycle's table) are kept with the sum of
+    their probabilities only through the rule: each tested against the residual the ones before it left. A tree
+    whose candidates are taken unverified, or tested against the target's row itself instead of the residual (the
+    second candidate under-accepted), fails the chi-square check that the rule as written passes (``SAMPLED``)."""
+    import pipeline.decoding.tree.verify as tree_verify
+
+    if mutant == "accepted unverified":
+        monkeypatch.setattr(tree_verify, "accept_one", lambda target, q, token, generator: True)
+    else:
+        monkeypatch.setattr(tree_verify, "residual", lambda target, q, token: target.clone())
+    expected = exact_joint("single", small[:1], T1, {}, REPEAT)
+    counts = np.zeros((VOCAB, VOCAB))
+    for seed in range(600):
+        args = {"proposer": "suffix+recycle"}
+        out = generate(
+            small[:1],
+            REPEAT,
+            "sd",
+            gamma=2,
+            max_new_tokens=2,
+            seed=seed,
+            tree="3x1",
+            method_args=args,
+            corpus=small_corpus().view("p"),
+            **T1,
+        )
+        counts[out.token_ids[0], out.token_ids[1]] += 1
+    assert chi_square_pvalue(counts, expected) < ALPHA, mutant

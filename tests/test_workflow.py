@@ -207,7 +207,8 @@ def test_method_arguments_are_checked_against_each_model_set():
 def test_peer_cells_run_beside_their_standard_method_on_a_full_head_pair():
     cells = expand_cells(check_config(DEFAULT))
     peers = {k: v.cell.to_json() for k, v in cells.items() if v.dims.kind == "peer"}
-    assert sorted(peers) == [f"humaneval/smol+l1/{m}-T1-g3" for m in ("hf_assisted_ensemble", "hf_prompt_lookup")]
+    at_t1 = [f"humaneval/smol+l1/{m}-T1-g3" for m in ("hf_assisted_ensemble", "hf_prompt_lookup")]
+    assert sorted(peers) == sorted([*at_t1, "humaneval/smol+l1/hf_prompt_lookup-T0-g8"])
     ensemble = peers["humaneval/smol+l1/hf_assisted_ensemble-T1-g3"]
     assert ensemble["baseline"] == "we" and ensemble["method_args"] == ensemble["baseline_args"] == {"lambda": 0.5}
     lookup = peers["humaneval/smol+l1/hf_prompt_lookup-T1-g3"]
@@ -216,6 +217,10 @@ def test_peer_cells_run_beside_their_standard_method_on_a_full_head_pair():
     ours = cells["humaneval/smol+l1/sd-T1-g3"].cell.to_json()
     assert ours["models"] == lookup["models"] and ours["gamma"] == lookup["gamma"] == 3
     assert ours["method_args"]["proposer"] == "suffix+recycle" and ours["temperature"] == lookup["temperature"]
+    # and at T = 0, with sd-greedy's proposer, at the peers' gamma
+    greedy, ours = peers["humaneval/smol+l1/hf_prompt_lookup-T0-g8"], cells["humaneval/smol+l1/sd-T0-g8"].cell.to_json()
+    assert ours["models"] == greedy["models"] and ours["temperature"] == greedy["temperature"] == 0.0
+    assert ours["gamma"] == greedy["gamma"] == 8 and ours["method_args"]["proposer"] == "suffix+recycle"
     peers_grid = next(i for i, g in enumerate(DEFAULT["grids"]) if g["name"] == "peers")
     restricted = with_change(f"grids.{peers_grid}.model_sets", {"l2": ["smollm2-135m-instruct", "smollm2-draft-l2"]})
     with pytest.raises(ConfigError, match=r"set 'l2': 'hf_assisted_ensemble' runs transformers' generate, which"):
@@ -247,9 +252,9 @@ def test_dry_run_of_the_default_grid_lists_exactly_its_jobs(tmp_path):
     run = snakemake(tmp_path, "-n")
     assert run.returncode == 0, run.stderr[-2000:]
     n = len(expand_cells(check_config(DEFAULT)))
-    # 5 + 2 + 2 + 4 + 7 + 1 + 2 + 4 + 2 cells per grid (sd and sd-greedy on HumanEval and Spec-Bench), one gamma
+    # 5 + 2 + 2 + 4 + 7 + 1 + 4 + 4 + 2 cells per grid (sd and sd-greedy on HumanEval and Spec-Bench), one gamma
     # each (none for we/we_me/cd), the null cell
-    assert n == 30
+    assert n == 32
     assert job_counts(run.stdout + run.stderr) == {
         "all": 1,
         "cell": n,
@@ -257,8 +262,8 @@ def test_dry_run_of_the_default_grid_lists_exactly_its_jobs(tmp_path):
         "timing": 1,
         "prepare_model": 4,  # the bundled model, two drafts and a student distilled from it: nothing to fetch
         "vllm_env": 1,  # vLLM's own environment, for the vllm* cells (found in the cache once built)
-        "generate": n - 4,
-        "derive": 4,  # we on smol+l2 and on smol+v4k, cd, vllm: the side-by-side runs of their speculative cells
+        "generate": n - 5,
+        "derive": 5,  # we on smol+l2 and on smol+v4k, cd, vllm at T = 1 and 0: the side-by-side runs of their cells
         "speed": n,
         "score": n,
         "likelihood": 1,  # mmlu_mc under the grid's distinct distributions

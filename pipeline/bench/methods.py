@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from pipeline.bench.table import best_against_best, measure, render_table, table, tree_costs
+from pipeline.bench.table import best_against_best, measure, render_profile, render_table, table, tree_costs
 from pipeline.bench.variants import Variant, select, variants
 from pipeline.decoding import generate
 from pipeline.decoding.corpus import Corpus
@@ -63,6 +63,23 @@ def humaneval_prompts(n: int, tokenizer=None, chat: bool = False) -> list[str]:
 
     task = get_task("humaneval")
     return [render(task, ex, tokenizer, chat=True)[0] for ex in task.examples(chosen)]
+
+
+MEASURED = 24  # the first prompts of a task's seed-0 order: the default run's (10 HumanEval, 12 Spec-Bench) and more
+
+
+def heldout_prompts(dataset: str, n: int, tokenizer, chat: bool = False) -> list[str]:
+    """``n`` prompts of ``dataset`` (humaneval, spec_bench) that no run of the default config measures: those
+    after the first ``MEASURED`` of the order its cells take them in (seed 0), rendered as the run renders them;
+    settings are chosen on these, so the figures the run reports are not the ones they were tuned on."""
+    from tasks import get_task, render
+
+    task = get_task(dataset)
+    examples = task.load("full", hub=False)
+    order = task.choose(examples, len(examples), 0)[MEASURED:]
+    if len(order) < n:
+        raise ArgumentError(f"--prompts {n}: {dataset} has {len(order)} prompts beyond the run's first {MEASURED}")
+    return [render(task, ex, tokenizer, chat=chat)[0] for ex in order[:n]]
 
 
 def bench_corpus(draft_layers: int, vocab: int):
@@ -151,6 +168,11 @@ def uses_full_draft(v: Variant) -> bool:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipeline.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=6, help="number of HumanEval prompts (default 6)")
+    ap.add_argument(
+        "--heldout",
+        choices=["humaneval", "spec_bench"],
+        help="prompts of this task that the default run never measures (heldout_prompts), to choose settings on",
+    )
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--gamma", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--draft", default="distilled", help="distilled (default), truncated, or a model directory")
@@ -180,6 +202,15 @@ def main(argv: list[str] | None = None) -> int:
         nargs="*",
         default=[1],
         help="starting gammas of dynamic-gamma variants (default 1; none: leave them out)",
+    )
+    ap.add_argument(
+        "--least-reach",
+        type=float,
+        nargs="+",
+        default=[0.0],
+        metavar="RHO",
+        help="the speculative methods' least_reach (docs/algorithms.md, 'How far a chain drafts'); several: each "
+        "method once with each, interleaved",
     )
     ap.add_argument("--parallel", action="store_true", help="also the parallel ensembles we_p and cd_p")
     ap.add_argument(
@@ -258,7 +289,15 @@ def main(argv: list[str] | None = None) -> int:
         cpu_kernels.pack_linears(target)
         cpu_kernels.pack_linears(draft)
         kernels = "oneDNN prepacked"
-    prompts = humaneval_prompts(args.prompts, tokenizer, args.chat)
+    try:
+        prompts = (
+            heldout_prompts(args.heldout, args.prompts, tokenizer, args.chat)
+            if args.heldout
+            else humaneval_prompts(args.prompts, tokenizer, args.chat)
+        )
+    except ArgumentError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     corpus = None
     if args.corpus != "none":
         corpus = bench_corpus(args.draft_layers, len(tokenizer)) if args.corpus == "teacher" else Corpus()
@@ -269,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         parallel=args.parallel,
         sd_temperature=args.sd_temperature,
         trees=args.tree,
+        reaches=list(dict.fromkeys(args.least_reach)),
     )
     vs = select(every, args.groups, args.methods)
     if args.runner != "eager":
@@ -278,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         f"target: bundled SmolLM2-135M-Instruct (float32, {args.device}, {torch.get_num_threads()} threads); "
         f"draft: {draft_desc}; proposer: {' / '.join(args.proposer)}; linear kernels: {kernels}"
     )
-    print(f"{len(prompts)} HumanEval prompts x {args.max_new_tokens} new tokens; EOS stops")
+    which = f"{args.heldout} prompts the default run never measures" if args.heldout else "HumanEval prompts"
+    print(f"{len(prompts)} {which} x {args.max_new_tokens} new tokens; EOS stops")
     start = time.perf_counter()
     eos = tokenizer.eos_token_id
     runs = [(v.label, lambda ids, n, seed, v=v: run_variant(v, target, draft, ids, n, eos, seed, corpus)) for v in vs]
@@ -308,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
             "the draft has a restricted head, which transformers cannot take: hf_* (and cd) run it with its "
             "teacher's full head, ours with the restricted one (--full-head gives both sides the same draft)"
         )
+    print("\nwhere the time outside the models' forwards went (shares of each variant's wall time):")
+    print(render_profile(rows))
     for line in tree_costs(vs, totals, target, draft):
         print(line)
     best = best_against_best(vs, totals)

@@ -27,6 +27,10 @@ class Totals:
     accepted: int = 0
     target_calls: int = 0
     model_forward: list = field(default_factory=lambda: [0.0, 0.0])  # seconds inside the target's, the draft's forwards
+    proposing: float = 0.0  # seconds the named proposers spent (no network of the set: lookups, tables, automata)
+    accepting: float = 0.0  # seconds in the acceptance rule and the target's draws
+    trimming: float = 0.0  # seconds cutting the caches back after rejections
+    profiled: bool = True  # our decoder's runs (another engine's stats split nothing outside its forwards)
     outputs: list = field(default_factory=list)  # the new tokens of each prompt, in prompt order
     per_prompt: list = field(default_factory=list)  # (tokens, wall) of each prompt, in prompt order
     stats: list = field(default_factory=list)  # the decoder's stats of each prompt, in prompt order
@@ -42,6 +46,10 @@ class Totals:
         self.target_calls += s.models[0].forward_calls
         for j, m in enumerate(s.models[:2]):
             self.model_forward[j] += m.forward_time_s
+        self.proposing += sum(p.propose_time_s for p in s.proposers.values())
+        self.profiled = self.profiled and s.rounds is not None  # transformers' generate counts no rounds
+        self.accepting += s.accept_time_s
+        self.trimming += s.trim_time_s
         self.per_prompt.append((len(r.token_ids), s.wall_time_s))
         self.stats.append(s.to_dict())
         self.outputs.append(r.token_ids)
@@ -108,6 +116,7 @@ def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
             "acceptance": t.accepted / t.verified if t.verified else None,
             "tau": t.tokens / t.target_calls if t.target_calls else None,
             "overhead": 1 - t.forward / t.wall,
+            "outside_forward": round_profile(t),
             "time_split": {"target": t.model_forward[0] / t.wall, "draft": t.model_forward[1] / t.wall},
             "predicted": None if t is base[v.group] else predicted_speedup(pairs),  # counted forwards, measured costs
             "per_prompt": t.per_prompt,  # (tokens, wall s) per prompt: any two rows' ratio with its interval
@@ -115,7 +124,7 @@ def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
             **{k: metrics[k] for k in ("ceiling", "proposal_cost")},
         }
         named = f"{parse_method(v.method).ours} g={v.gamma}"  # in a sweep of proposers: the first one's
-        ours = next((label for label in totals if label == named or label.startswith(f"{named} [")), None)
+        ours = next((label for label in totals if label == named or label.startswith(f"{named} ")), None)
         if ours is not None:  # a peer: our method doing the same job, same gamma, over it
             row["ours_vs_hf"], row["ours_vs_hf_ci"] = _speedup(totals[ours], t)
         chain = same_budget_chain(v, vs)
@@ -129,6 +138,33 @@ def table(vs: list[Variant], totals: dict[str, Totals]) -> list[dict]:
             row["vs_best_fixed"] = {"fixed": best.label, "ratio": ratio, "ci": ci}
         rows.append(row)
     return rows
+
+
+def round_profile(t: Totals) -> dict[str, float]:
+    """Where a run's time outside the models' forwards went, each as a share of its wall time: proposing (the
+    named proposers), the acceptance rule and the target's draws, cutting caches back, and the rest (the loop's
+    own bookkeeping, stop checks, the targets' rows gathered and warped)."""
+    outside = t.wall - t.forward
+    if not t.profiled:  # another engine's generate: only its total outside the forwards is known
+        return {"outside": outside / t.wall}
+    parts = {"proposing": t.proposing, "accepting": t.accepting, "trimming": t.trimming}
+    shares = {k: v / t.wall for k, v in parts.items()}
+    shares["rest"] = (outside - sum(parts.values())) / t.wall
+    shares["outside"] = outside / t.wall
+    return shares
+
+
+def render_profile(rows: list[dict]) -> str:
+    """The share of each variant's wall time outside the models' forwards, and where it went."""
+    out = [
+        "| variant | outside the forwards | proposing | acceptance and draws | cache trimming | rest of the loop |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        p = r["outside_forward"]
+        cells = [f"{p[k]:.1%}" if k in p else "-" for k in ("outside", "proposing", "accepting", "trimming", "rest")]
+        out.append(f"| {r['method']} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
 
 
 def tree_costs(

@@ -35,12 +35,14 @@ def variants(
     parallel: bool = False,
     sd_temperature: float = 0.0,
     trees: list[str] = (),
+    reaches: list[float] = (0.0,),
 ) -> list[Variant]:
     """Every method of the table, transformers' own (``hf_*``) included; ``proposer``: one, or several (each
     speculative variant once per proposer, its label ending in ``[proposer]``: a sweep of proposers measured
     interleaved in one run); ``dynamic``: starting gammas of dynamic-gamma variants; ``parallel``: we_p, cd_p;
     ``sd_temperature``: of the first group; ``trees``: each speculative method with each token tree, beside a
-    chain of as many nodes (``tree_variants``)."""
+    chain of as many nodes (``tree_variants``); ``reaches``: each speculative variant once per ``least_reach``
+    (several: its label ending in ``ρ=...``)."""
     we = {"lambda": 0.5}
     proposers = [proposer] if isinstance(proposer, str) else list(proposer)
     t = sd_temperature
@@ -50,8 +52,9 @@ def variants(
         """Each method at each fixed gamma, then from each dynamic start (``*_se``: the small model's gamma 1),
         with each proposer."""
         out = []
-        for p in proposers:
-            tag_p, with_p = (f" [{p}]" if len(proposers) > 1 else ""), {**args, "proposer": p}
+        for p, rho in product(proposers, reaches):
+            tag_p = (f" [{p}]" if len(proposers) > 1 else "") + (f" ρ={rho:g}" if len(reaches) > 1 else "")
+            with_p = {**args, "proposer": p, **({"least_reach": rho} if rho else {})}
             mine = []
             for schedule, starts, tag in (("fixed", gammas, ""), ("dynamic", dynamic, " dyn")):
                 for m, g in product(methods, starts):

@@ -95,6 +95,7 @@ class Decoder:
     fixed_turns: frozenset[int] = frozenset()  # turns that keep their gamma under a dynamic schedule (and a tree)
     mixture: Tensor | None = None  # [1, len(targets)]: the weights of a mixture method (one member per position)
     watchers: list = field(default_factory=list)  # proposers that read the target's rows (NamedProposer.watches)
+    least_reach: float = 0.0  # a chain stops before a proposal whose reach is below this (``_draft``); 0: never
 
     def run(
         self,
@@ -133,18 +134,24 @@ class Decoder:
         if self.sampling.greedy:
             if self.target_fn is single_model:  # argmax softmax(l) = argmax l: skip the softmax
                 out = check_output(rows[0], single_model, step, stop - start, vocab, logits=True)
+                self._show(start, stop, out, logits=True)
             else:
                 out = self.target_fn(rows, Sampling.identity())
                 out = check_output(out, self.target_fn, step, stop - start, vocab, inputs=rows)
-            self._show(start, stop, out)
+                self._show(start, stop, out)
             return out.argmax(dim=-1)
         out = self.target_fn(rows, self.sampling)
         out = check_output(out, self.target_fn, step, stop - start, vocab, inputs=rows, sampling=self.sampling)
         self._show(start, stop, out)
         return out
 
-    def _show(self, start: int, stop: int, rows: Tensor) -> None:
-        """The target's rows at positions [start, stop) to the proposers that watch them (before acceptance)."""
+    def _show(self, start: int, stop: int, rows: Tensor, logits: bool = False) -> None:
+        """The target's probabilities at positions [start, stop) to the proposers that watch them (before
+        acceptance); ``logits``: ``rows`` are the target's logits (greedy, one model), made probabilities here."""
+        if not self.watchers:
+            return
+        if logits:
+            rows = rows.softmax(dim=-1)
         for watcher in self.watchers:
             watcher.observe(self.tokens[start - 1 : stop - 1], rows)
 
@@ -158,7 +165,10 @@ class Decoder:
     def _draw_target(self) -> int:
         dist = self._target(self.committed, self.committed + 1)
         self.stats.record_ceiling(None if self.sampling.greedy else dist, 1)
-        return int(dist[0] if self.sampling.greedy else sample(dist, self.generator)[0])
+        clock = time.perf_counter()
+        token = int(dist[0] if self.sampling.greedy else sample(dist, self.generator)[0])
+        self.stats.accept_time_s += time.perf_counter() - clock
+        return token
 
     # ---- committing ---------------------------------------------------------------
 
@@ -256,15 +266,29 @@ class Decoder:
     def _draft(
         self, proposer: Proposer, gamma: int, turn: int = -1, allowed: Callable[[int], bool] | None = None
     ) -> None:
-        """Append up to ``gamma`` proposals (fewer if the proposer runs out, proposes EOS or reaches a position
-        it is not ``allowed`` to propose for); ``turn``: the schedule's turn that drafts them."""
+        """Append up to ``gamma`` proposals (fewer if the proposer runs out, proposes EOS, reaches a position
+        it is not ``allowed`` to propose for, or its reach falls below what a drafted token costs); ``turn``: the
+        schedule's turn that drafts them.
+
+        The reach of a proposal is the product of the ``confidence`` of the turn's proposals up to it: the
+        proposers' own estimate that the round keeps it (every one before it kept too). A proposal whose reach is
+        below the method's ``least_reach`` (what one more verified position costs, in tokens) is not drafted, nor
+        anything after it. A confidence is a function of the context and of rows already computed, never of the
+        token drawn at its position (a sampled draft's is its distribution's largest probability, not the drawn
+        token's): so whether a position is drafted never depends on what is drawn there nor on the draws that
+        accept it, and every method stays exact."""
         budget = self.stopper.max_new_tokens - (len(self.tokens) - self.prompt_len)
+        reach = 1.0
         for _ in range(min(gamma, budget)):
             if allowed is not None and not allowed(len(self.tokens)):
                 break
             proposal = proposer.draft(self.tokens, self.committed)
             if proposal is None:
                 break
+            if proposal.confidence is not None:
+                reach *= proposal.confidence
+                if reach < self.least_reach:
+                    break
             proposal.turn = turn
             self.tokens.append(proposal.token)
             self.pending.append(proposal)
@@ -288,10 +312,12 @@ class Decoder:
         pending = self.pending[:count]
         if self.audit is not None:
             self.audit.check_proposals(self.tokens, start, pending, self.sampling)
+        clock = time.perf_counter()
         if self.sampling.greedy:
             accepted, fix = verify_greedy(target, proposed)
         else:
             accepted, fix = verify_sampled(target, proposed, [p.q for p in pending], self.generator)
+        self.stats.accept_time_s += time.perf_counter() - clock
         self.stats.record_round(count, accepted)
         if self.mixture is None:  # the positions this round commits (a mixture's target is no one distribution)
             n = min(accepted + 1, count)
@@ -308,8 +334,10 @@ class Decoder:
         del self.tokens[start + accepted :]
         self.tokens.append(fix)
         self.pending.clear()
+        clock = time.perf_counter()
         for m in self.members:
             m.rewind(start + accepted)
+        self.stats.trim_time_s += time.perf_counter() - clock
         self.commit(accepted + 1)
         return True
 

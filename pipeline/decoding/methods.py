@@ -177,7 +177,9 @@ def _proposers(
     watching = [named[s] for s, c in kinds.items() if capabilities(c).watches]
 
     def one(s: str | int) -> Proposer:
-        return named[s] if isinstance(s, str) else ModelProposer(s, members[s], setup.sampling, setup.generator, audit)
+        if isinstance(s, str):
+            return named[s]
+        return ModelProposer(s, members[s], setup.sampling, setup.generator, audit, setup.least_reach > 0)
 
     turns = [(one(turn[0]) if len(turn) == 1 else Chain([one(s) for s in turn]), gamma) for turn, gamma in schedule]
     return turns, watching
@@ -373,10 +375,11 @@ def decode(
         dynamic=dynamic,
         fixed_turns=fixed_turns(plan.schedule, sizes) if dynamic or shape else frozenset(),
         mixture=None if plan.mixture is None else torch.tensor([plan.mixture], dtype=torch.float64, device=device),
+        least_reach=resolved.get("least_reach", 0.0),
     )
     schedule = None
     if plan.schedule:
-        setup = ProposerSetup(members, sampling, generator, s.corpus)
+        setup = ProposerSetup(members, sampling, generator, s.corpus, decoder.least_reach)
         schedule, decoder.watchers = _proposers(plan.schedule, members, setup, stats, audit, shape is not None)
     events = None
     if device.type == "cuda":  # device time too: CUDA events around the whole decode

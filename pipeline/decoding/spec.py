@@ -138,6 +138,7 @@ class MethodSpec:
         accepted |= self.engine.method_args  # vLLM's: eager (docs/vllm.md: eager fits the budgets here)
         if self.proposer_kinds:
             accepted["proposer"] = DRAFT
+            accepted["least_reach"] = 0.0
             if self.ensemble:
                 accepted["first_proposer"] = None
         return accepted
@@ -225,6 +226,12 @@ class MethodSpec:
             )
         if not isinstance(resolved.get("eager", True), bool):  # "no" is not False: bool("no") would run eager
             raise ArgumentError(f"eager={resolved['eager']!r} for {self.name!r}: expected true or false")
+        least = resolved.get("least_reach", 0.0)
+        if isinstance(least, bool) or not isinstance(least, (int, float)) or not 0.0 <= least <= 1.0:  # NaN fails
+            raise ArgumentError(
+                f"least_reach={least!r} for {self.name!r}: expected a number in 0..1 (a chain stops before a proposal "
+                "whose reach, the product of its proposers' confidences, falls below it; 0: never)"
+            )
         first = resolved.get("first_proposer")
         if first is not None and (not is_int(first) or not 0 <= first < n):
             raise ArgumentError(f"first_proposer={first!r} for {self.name!r}: expected 0..{n - 1} (a model index)")

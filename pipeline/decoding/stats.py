@@ -35,6 +35,8 @@ class GenerationStats:
     position_verified: list[int] = field(default_factory=list)  # [j]: blocks whose (j+1)-th proposal was checked
     position_accepted: list[int] = field(default_factory=list)  # [j]: ... and accepted
     tree_nodes: int = 0  # token trees (tree/loop.py): nodes verified, all rounds together
+    accept_time_s: float = 0.0  # the acceptance rule: its tests, the residual's and the bonus token's draws
+    trim_time_s: float = 0.0  # the models' caches cut back to the accepted tokens after a rejection
     wall_time_s: float = 0.0  # with the device synchronised before the clock is read
     device_time_s: float | None = None  # on a GPU: CUDA events around the whole decode
     time_to_first_token_s: float | None = None

@@ -30,6 +30,10 @@ class Proposal:
     q: Tensor | None  # [V]: the distribution the token was drawn from; None: one-hot
     by: Proposer
     turn: int = -1  # the schedule's turn that drafted it (set by the decoder)
+    # the proposer's own estimate of the chance the token is kept (None: none), a function of the context only; a
+    # chain drafts on while the product of its proposals' estimates stays at or above ``least_reach``
+    # (``loop.Decoder._draft``)
+    confidence: float | None = None
 
 
 class Proposer(Protocol):
@@ -52,6 +56,7 @@ class ProposerSetup:
     sampling: Sampling
     generator: torch.Generator | None
     corpus: object = None
+    least_reach: float = 0.0  # the method's ``least_reach``: above 0, the models say how sure each proposal is
 
 
 class NamedProposer:
@@ -219,13 +224,22 @@ def parse_proposer(text: object) -> ProposerKind:
 
 
 class ModelProposer:
-    """A model of the ensemble: samples the next token from its own warped logits (argmax if greedy)."""
+    """A model of the ensemble: samples the next token from its own warped logits (argmax if greedy).
+    ``confident``: each proposal carries the largest probability of the model's distribution there as its
+    confidence (the method's ``least_reach`` is above 0: a chain stops where the model is unsure, EAGLE-2's rule
+    on a chain)."""
 
     def __init__(
-        self, index: int, member: Member, sampling: Sampling, generator: torch.Generator | None, audit: Audit | None
+        self,
+        index: int,
+        member: Member,
+        sampling: Sampling,
+        generator: torch.Generator | None,
+        audit: Audit | None,
+        confident: bool = False,
     ):
         self.index, self.member, self.sampling, self.generator, self.audit = index, member, sampling, generator, audit
-        self.stats = member.stats
+        self.stats, self.confident = member.stats, confident
 
     def feed(self, tokens: list[int], committed: int) -> None:
         self.member.catch_up(tokens, committed)
@@ -236,10 +250,15 @@ class ModelProposer:
         row = self.member.span(pos, pos + 1)
         if self.audit is not None:
             self.audit.check(tokens, pos, pos + 1, [row], [self.index], single_model, self.sampling)
+        sure = self.confident
         if self.sampling.greedy:
-            return Proposal(int(row[0].argmax()), None, self)
+            top = row[0].softmax(dim=-1).max() if sure else None
+            return Proposal(int(row[0].argmax()), None, self, confidence=None if top is None else float(top))
         q = probs(row, self.sampling)
-        return Proposal(int(sample(q, self.generator)[0]), q[0], self)
+        # its largest probability, never that of the token drawn: whether a position is drafted may not depend on
+        # what is drawn there, or the drafted token would no longer follow q and the acceptance rule's proof fails
+        top = float(q[0].max()) if sure else None
+        return Proposal(int(sample(q, self.generator)[0]), q[0], self, confidence=top)
 
 
 class Chain:

@@ -34,6 +34,9 @@ class TokenRecycling(NamedProposer):
     def __init__(self, corpus: CorpusView | None = None, top: int = TOP):
         self.corpus, self.top = corpus, top
         self.table: dict[int, list[int]] = corpus.table() if corpus is not None else {}
+        # the target's probability of each token's first candidate where this generation saw it (its confidence;
+        # none for a row the job's earlier prompts left)
+        self.sure: dict[int, float] = {}
         self.stats = ModelStats()
 
     @classmethod
@@ -42,15 +45,18 @@ class TokenRecycling(NamedProposer):
 
     def observe(self, before: list[int], rows: Tensor) -> None:
         start = time.perf_counter()
-        top = rows.topk(min(self.top, rows.shape[-1]), dim=-1).indices.tolist()
-        for token, ranked in zip(before, top):
+        top = rows.topk(min(self.top, rows.shape[-1]), dim=-1)
+        for token, ranked, first in zip(before, top.indices.tolist(), top.values[:, 0].tolist()):
             if token >= 0:  # a prompt token no proposal names (joined.py) is followed by nothing here
                 self.table[token] = ranked
+                self.sure[token] = first
         self.stats.propose_time_s += time.perf_counter() - start
 
     def draft(self, tokens: list[int], committed: int) -> Proposal | None:
         found = self.continuations(tokens, 1)
-        return Proposal(found[0], None, self) if found else None
+        if not found:
+            return None
+        return Proposal(found[0], None, self, confidence=self.sure.get(tokens[-1]))
 
     def continuations(self, context: list[int], limit: int) -> list[int]:
         start = time.perf_counter()

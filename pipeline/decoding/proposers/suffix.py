@@ -38,7 +38,11 @@ class SuffixProposer(NamedProposer):
     reads_corpus = True  # the job's corpus beside the context
 
     def __init__(
-        self, corpus: CorpusView | None = None, min_match: int = 2, min_share: float = 0.75, fixed_match: int = 6
+        self,
+        corpus: CorpusView | None = None,
+        min_match: int = 2,
+        min_share: float = 0.75,
+        fixed_match: int = 6,
     ):
         if min_match < 1 or fixed_match < 1 or not 0.0 <= min_share <= 1.0:
             raise ArgumentError(
@@ -65,10 +69,16 @@ class SuffixProposer(NamedProposer):
 
     def draft(self, tokens: list[int], committed: int) -> Proposal | None:
         self.feed(tokens, committed)
-        found = self.continuations(tokens, 1)
-        return Proposal(found[0], None, self) if found else None
+        found = self.ranked(tokens)
+        if not found:
+            return None
+        token, share = found[0]
+        return Proposal(token, None, self, confidence=share)
 
     def continuations(self, context: list[int], limit: int) -> list[int]:
+        return [token for token, _ in self.ranked(context)[:limit]]
+
+    def ranked(self, context: list[int]) -> list[tuple[int, float]]:
         """Up to ``limit`` distinct tokens after the context's longest match: the longer match's source first
         (on a tie: the context's own text, then the done prompts' outputs, then the fixed documents), each source's
         most frequent first. A source drafts only from a match of its least length (``min_match``; the fixed
@@ -86,8 +96,10 @@ class SuffixProposer(NamedProposer):
             following = automaton.continuations(state)
             if following[0][1] >= self.min_share * sum(count for _, count, _ in following):
                 matches.append((-length, rank, following))
-        found: list[int] = []
+        found: dict[int, float] = {}
         for _, _, following in sorted(matches, key=lambda m: m[:2]):
-            found += [token for token, _, _ in following if token not in found]
+            total = sum(count for _, count, _ in following)
+            for token, count, _ in following:
+                found.setdefault(token, count / total)
         self.stats.propose_time_s += time.perf_counter() - start
-        return found[:limit]
+        return list(found.items())

@@ -10,6 +10,7 @@ and ``tree/verify.py`` (the acceptance rule, walking down from the root). See ``
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -83,7 +84,9 @@ def verify_round(dec: Decoder, tree: Tree, caches: dict[int, TreeCache]) -> tupl
     if dec.audit is not None:
         audit_tree(dec, tree, rows)
     dec._show_tree(tree, target)
+    clock = time.perf_counter()
     path, token = accept_tree(tree, target, greedy, dec.generator)
+    dec.stats.accept_time_s += time.perf_counter() - clock
     dec.stats.record_round(tree.depth, len(path))
     committed = [0, *(n + 1 for n in path)]  # the rows of the positions this round commits
     dec.stats.record_ceiling(None if greedy else target[committed], len(committed))
