@@ -1,20 +1,25 @@
 """Result files written whole or not at all (a temporary file beside them, then a rename) with the permissions the
-user's umask gives a new file; user files read with one-line errors (``UserError`` naming the file); JSONL;
-writable-directory checks; an exclusive lock held by one process at a time; a generated page's ``main``.
+user's umask gives a new file; user files read with one-line errors (``UserError`` naming the file), a result never
+through a symbolic link; JSON read bounded (``parse_json``: nesting and integer length), tensors read without a pickle
+(``read_tensors``); JSONL; writable-directory checks; an exclusive lock held by one process at a time; a generated
+page's ``main``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import fcntl
 import json
 import os
+import re
 import socket
 import stat
 import sys
 import tempfile
 from collections.abc import Callable
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -74,14 +79,21 @@ def write_atomic(path: Path, data: str | bytes) -> None:
 
 
 MAX_USER_FILE = 2**30  # bytes: a user file larger than this is refused, never read into memory
+READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC  # a pipe in a file's place must not block the reader
+# A file of a results directory (a journal, grid.json, a cell file, a result) is read as itself, never through a
+# symbolic link (its last part: ``links=False``, mirroring ``open_own``), so one linked to a file outside the results
+# directory is one line and nothing of it is read or copied in. A model's files are followed (``links=True``): a
+# Hugging Face cache is made of links.
+NO_LINK = os.O_NOFOLLOW
 
 
 @contextlib.contextmanager
-def _user_file(path: Path, what: str, limit: int):
-    """``path`` opened for reading (a pipe never blocks), once it is a regular file of at most ``limit`` bytes;
-    a one-line UserError naming it otherwise, or when it is missing or unreadable."""
+def _user_file(path: Path, what: str, limit: int, links: bool):
+    """``path`` opened for reading (a pipe never blocks; ``links`` False: a symbolic link is not followed), once it
+    is a regular file of at most ``limit`` bytes; a one-line UserError naming it otherwise, or when it is missing or
+    unreadable."""
     try:
-        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:  # a pipe must not block
+        with os.fdopen(os.open(path, READ_FLAGS if links else READ_FLAGS | NO_LINK), "rb") as f:
             info = os.fstat(f.fileno())
             if not stat.S_ISREG(info.st_mode):
                 kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file (a device or a pipe)"
@@ -92,20 +104,29 @@ def _user_file(path: Path, what: str, limit: int):
     except IsADirectoryError:
         raise UserError(f"{what} {path} is a directory; expected a file") from None
     except OSError as err:
-        raise UserError(f"{what} {path}: {err.strerror or type(err).__name__}") from None
+        raise _unreadable(path, what, err) from None
 
 
-def read_user_bytes(path: Path, what: str = "file", limit: int = MAX_USER_FILE) -> bytes:
-    """The bytes of a file the user gave (``what`` it is, for the message); a one-line UserError naming it
-    when it is missing, not a regular file (a directory, a device, a pipe), unreadable or over ``limit``."""
-    with _user_file(Path(path), what, limit) as f:
+def _unreadable(path: Path, what: str, err: OSError) -> UserError:
+    """The one line of a file that cannot be opened: a symbolic link (never followed: what it points to, maybe
+    outside the results directory, is not read), or the system's reason."""
+    if err.errno == errno.ELOOP and os.path.islink(path):
+        return UserError(f"{what} {path} is a symbolic link; links are not followed (put the file itself there)")
+    return UserError(f"{what} {path}: {err.strerror or type(err).__name__}")
+
+
+def read_user_bytes(path: Path, what: str = "file", limit: int = MAX_USER_FILE, links: bool = False) -> bytes:
+    """The bytes of a file (``what`` it is, for the message), by default one the project keeps (a journal: a
+    symbolic link in its place is not followed); a one-line UserError naming it when it is missing, a link, not a
+    regular file (a directory, a device, a pipe), unreadable or over ``limit``."""
+    with _user_file(Path(path), what, limit, links) as f:
         return f.read()
 
 
-def user_file(path: Path, what: str = "file", limit: int = MAX_USER_FILE) -> Path:
-    """``path``, checked as ``read_user_bytes`` checks it, for a reader that takes a path itself (safetensors,
-    torch.load): a pipe or a device in its place is one line, never a wait."""
-    with _user_file(Path(path), what, limit):
+def user_file(path: Path, what: str = "file", limit: int = MAX_USER_FILE, links: bool = True) -> Path:
+    """``path``, checked as ``read_user_bytes`` checks it (a link followed unless ``links`` is False), for a reader
+    that takes a path itself (safetensors, torch.load): a pipe or a device in its place is one line, never a wait."""
+    with _user_file(Path(path), what, limit, links):
         return Path(path)
 
 
@@ -114,19 +135,20 @@ def read_tail(path: Path, what: str = "file", size: int = 1 << 16) -> str:
     whole); a one-line UserError naming it when it is missing, not a regular file (a pipe: no wait) or unreadable."""
     path = Path(path)
     try:
-        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+        with os.fdopen(os.open(path, READ_FLAGS), "rb") as f:
             info = os.fstat(f.fileno())
             if not stat.S_ISREG(info.st_mode):
                 raise UserError(f"{what} {path} is not a regular file (a directory, a device or a pipe)")
             f.seek(max(0, info.st_size - size))
             return f.read(size).decode("utf-8", errors="replace")
     except OSError as err:
-        raise UserError(f"{what} {path}: {err.strerror or type(err).__name__}") from None
+        raise _unreadable(path, what, err) from None
 
 
-def read_user_text(path: Path, what: str = "file", limit: int = MAX_USER_FILE) -> str:
-    """``read_user_bytes`` decoded as UTF-8; a file that is not UTF-8 is a one-line UserError naming it."""
-    data = read_user_bytes(path, what, limit)
+def read_user_text(path: Path, what: str = "file", limit: int = MAX_USER_FILE, links: bool = True) -> str:
+    """``read_user_bytes`` decoded as UTF-8 (a link followed unless ``links`` is False: a result is read with
+    False); a file that is not UTF-8 is a one-line UserError naming it."""
+    data = read_user_bytes(path, what, limit, links)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -136,26 +158,118 @@ def read_user_text(path: Path, what: str = "file", limit: int = MAX_USER_FILE) -
         ) from None
 
 
-def read_user_json(path: Path, what: str = "JSON file", limit: int = MAX_USER_FILE) -> Any:
-    """A JSON file's content (at most ``limit`` bytes); a one-line UserError naming the file (``what`` it is) when
-    it cannot be read."""
+MAX_JSON_DEPTH = 100  # levels of arrays and objects in a JSON value read: json's parser recurses, the checks too
+MAX_JSON_DIGITS = 100  # digits of a JSON integer read (no record holds more than 20): int() refuses past 4,300
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)  # a JSON string, escapes included: its brackets are text
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_DIGITS = bytes(48 if 48 <= c <= 57 else 32 for c in range(256))  # an ASCII digit "0", every other byte a space
+_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+class JSONError(UserError, json.JSONDecodeError):
+    """JSON that is not read (not JSON, not UTF-8, nested too deep, an integer too long): one line naming where
+    it came from. A ``json.JSONDecodeError`` too (``msg``: the reason alone), so a reader that sets a bad line
+    aside (a journal's) sets this one aside as well."""
+
+    def __init__(self, where: str, reason: str, doc: str = "", pos: int | None = None):
+        json.JSONDecodeError.__init__(self, reason, doc, pos or 0)
+        said = reason if pos is None else f"{reason}: line {self.lineno} column {self.colno} (char {pos})"
+        self.args, self._made = (f"{where}: {said}",), (where, reason, doc, pos)
+        self.syntax = pos is not None  # not JSON at all; else JSON past a bound (depth, digits, a constant)
+
+    def __reduce__(self):  # pickled (to another process) as it was made, not from its one line
+        return type(self), self._made
+
+
+class _LongInteger(Exception):
+    def __init__(self, digits: str):
+        self.digits = digits
+
+
+def _integer(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_JSON_DIGITS:
+        raise _LongInteger(digits)
+    return int(digits)
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def json_depth(text: str) -> int:
+    """The deepest nesting of arrays and objects in JSON ``text``, counted without parsing (no recursion)."""
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
+
+
+def parse_json(data: str | bytes, where: str, constants: bool = True) -> Any:
+    """The value of JSON ``data`` (bytes: UTF-8, or UTF-16/32 as ``json.loads`` detects it), bounded: at most
+    ``MAX_JSON_DEPTH`` levels of nesting and integers of at most ``MAX_JSON_DIGITS`` digits, so no value read makes
+    a RecursionError or int()'s ValueError. Anything else (``constants`` False: NaN and Infinity too) is a one-line
+    ``JSONError`` naming ``where`` (a file, a line of one, a process); it quotes no more than 20 digits."""
     try:
-        return json.loads(read_user_text(Path(path), what, limit))
+        text = data.decode(json.detect_encoding(data), "surrogatepass") if isinstance(data, bytes) else data
+    except UnicodeDecodeError as err:
+        raise JSONError(where, f"not UTF-8 text (byte {err.start})") from None
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and json_depth(text) > MAX_JSON_DEPTH:
+        raise JSONError(where, f"nested deeper than {MAX_JSON_DEPTH} levels (at most {MAX_JSON_DEPTH} are read)")
+    hooks: dict[str, Any] = {} if constants else {"parse_constant": _no_constant}
+    if b"0" * (MAX_JSON_DIGITS + 1) in text.encode("utf-8", "surrogatepass").translate(_DIGITS):
+        hooks["parse_int"] = _integer  # only where a run of digits is as long (an integer maybe): a hook costs time
+    try:
+        return json.loads(text, **hooks)
+    except _LongInteger as err:
+        digits = len(err.digits.lstrip("-"))
+        raise JSONError(
+            where, f"holds an integer of {digits:,} digits ({err.digits[:20]}...; at most {MAX_JSON_DIGITS} are read)"
+        ) from None
     except json.JSONDecodeError as err:
-        raise UserError(f"{what} {path}: {err}") from None
+        raise JSONError(where, err.msg, err.doc, err.pos) from None
+    except (ValueError, RecursionError) as err:  # a constant refused; a depth past the check's (a bug: one line)
+        raise JSONError(where, str(err)[:200] or type(err).__name__) from None
 
 
-def read_jsonl(path: Path, what: str = "JSONL file") -> list[dict[str, Any]]:
-    """Every record of a JSONL file (blank lines skipped); a one-line UserError naming the file and line
-    of the first record that is not JSON."""
+def read_user_json(path: Path, what: str = "JSON file", limit: int = MAX_USER_FILE, links: bool = True) -> Any:
+    """A JSON file's content (at most ``limit`` bytes, read bounded: ``parse_json``; a link followed unless
+    ``links`` is False: a result is read with False); a one-line UserError naming the file (``what`` it is) when it
+    cannot be read."""
+    return parse_json(read_user_text(Path(path), what, limit, links), f"{what} {path}")
+
+
+def read_jsonl(path: Path, what: str = "JSONL file", links: bool = True) -> list[dict[str, Any]]:
+    """Every record of a JSONL file (blank lines skipped, each read bounded: ``parse_json``; a link followed unless
+    ``links`` is False: a result is read with False); a one-line UserError naming the file and line of the first
+    record that is not JSON."""
     rows = []
-    for n, line in enumerate(read_user_text(path, what).split("\n"), 1):  # not splitlines: U+2028 is text
+    for n, line in enumerate(read_user_text(path, what, links=links).split("\n"), 1):  # not splitlines: U+2028 is text
         if line.strip():
             try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
+                rows.append(parse_json(line, f"{what} {path} line {n}"))
+            except JSONError as err:
                 raise UserError(f"{what} {path} line {n} is not valid JSON: {err.msg}") from None
     return rows
+
+
+def read_tensors(path: Path, what: str = "tensor file", limit: int | None = None, mmap: bool = False) -> Any:
+    """The tensors (and plain containers of them) a ``torch.save`` file holds, loaded on the CPU by torch's safe
+    loader (``weights_only=True``): a pickle of anything else is never run but refused, in one line naming the file
+    (``what`` it is), as is a file that is missing, not a regular file, over ``limit`` bytes (None: a cache's own
+    file, any size) or damaged."""
+    import pickle
+
+    import torch
+
+    user_file(path, what, sys.maxsize if limit is None else limit)  # a pipe in its place: one line, never a wait
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as err:
+        first = (str(err).strip().splitlines() or [""])[0][:160]
+        raise UserError(
+            f"{what} {path} holds more than tensors, refused unread (torch's safe loader: {first})"
+        ) from None
+    except Exception as err:  # a damaged file: torch's and zipfile's errors, many kinds, each a multi-line story
+        first = (str(err).strip().splitlines() or [""])[0][:160]
+        raise UserError(f"{what} {path} cannot be read ({type(err).__name__}: {first})") from None
 
 
 def open_own(path: Path, mode: str, what: str):

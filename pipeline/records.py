@@ -3,7 +3,8 @@
 Every record type a job, a cache, a user or another process hands the project (``RECORDS``) has one JSON Schema
 here, derived from its type where it has one (``SpeedSummary``, ``Dims``: a field's annotation is its schema).
 ``read_record`` reads the file through the I/O layer (``files.read_user_json``: no link followed into a pipe, no
-file over its limit read, not UTF-8 or not JSON one line) and checks it against its schema where it enters, so a
+file over its limit read, not UTF-8, not JSON or past JSON's bounds one line; a result's file never through a link:
+``LINKED`` names the records that may be links) and checks it against its schema where it enters, so a
 record of the right format and the wrong content is one line naming the file, the field and what is accepted,
 never a traceback minutes later. ``tests/test_records.py`` runs Hypothesis over every schema.
 """
@@ -40,20 +41,49 @@ COUNT = {"type": "integer", "minimum": 0, "accepted": "a count, an integer >= 0"
 SECONDS = {"type": "number", "minimum": 0, "accepted": "seconds, a number >= 0"}  # JSON has no NaN or infinity
 
 POSITIVE = {"type": "integer", "minimum": 1}
+
+
+def whole(maximum: int) -> dict[str, Any]:
+    """A config.json size: a real integer (not true, 2.0, "2" or NaN) from 1 to ``maximum``."""
+    return {**POSITIVE, "maximum": maximum, "accepted": f"a whole number from 1 to {maximum:,}"}
+
+
+def whole_or_null(maximum: int) -> dict[str, Any]:
+    return {"anyOf": [whole(maximum), {"type": "null"}], "accepted": f"a whole number from 1 to {maximum:,}, or null"}
+
+
+# the activations of transformers' ACT2FN a model of this project may name (its decoders: Llama's, Qwen's, Gemma's)
+ACTIVATIONS = ("silu", "swish", "gelu", "gelu_new", "gelu_fast", "gelu_accurate", "gelu_pytorch_tanh", "quick_gelu")
+ACTIVATIONS += ("relu", "relu2", "tanh", "sigmoid")
+TORCH_DTYPES = ("float32", "float16", "bfloat16", "float64", "float", "half", "double", "auto")  # torch's names
+DTYPE_NAME = {
+    "anyOf": [{"enum": list(TORCH_DTYPES)}, {"type": "null"}],
+    "accepted": f"one of {', '.join(TORCH_DTYPES)}",
+}
+POSITIVE_NUMBER = {"type": "number", "exclusiveMinimum": 0, "accepted": "a finite number > 0"}
 CONFIG_JSON = {  # what the preflight reads of a model's config.json, checked before anything is built from it
     "type": "object",
     "required": ["model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"],
     "properties": {
         "model_type": {"type": "string", "minLength": 1},
-        "vocab_size": {**POSITIVE, "maximum": 10_000_000},
-        "hidden_size": {**POSITIVE, "maximum": 1_000_000},
-        "num_hidden_layers": {**POSITIVE, "maximum": 1_000},
-        "num_attention_heads": {**POSITIVE, "maximum": 10_000},
-        "num_key_value_heads": {"anyOf": [{**POSITIVE, "maximum": 10_000}, {"type": "null"}]},
-        "intermediate_size": {"anyOf": [{**POSITIVE, "maximum": 10_000_000}, {"type": "null"}]},
-        "head_dim": {"anyOf": [{**POSITIVE, "maximum": 100_000}, {"type": "null"}]},
-        "max_position_embeddings": {"anyOf": [{**POSITIVE, "maximum": 100_000_000}, {"type": "null"}]},
+        "vocab_size": whole(10_000_000),
+        "hidden_size": whole(1_000_000),
+        "num_hidden_layers": whole(1_000),
+        "num_attention_heads": whole(10_000),
+        "num_key_value_heads": whole_or_null(10_000),
+        "intermediate_size": whole_or_null(10_000_000),
+        "head_dim": whole_or_null(100_000),
+        "max_position_embeddings": whole_or_null(100_000_000),
         "tie_word_embeddings": {"type": "boolean"},
+        "hidden_act": {"enum": list(ACTIVATIONS), "accepted": f"one of {', '.join(ACTIVATIONS)}"},
+        "torch_dtype": DTYPE_NAME,
+        "dtype": DTYPE_NAME,  # transformers 5's name for it
+        "rope_theta": {"anyOf": [POSITIVE_NUMBER, {"type": "null"}], "accepted": "a finite number > 0, or null"},
+        "rms_norm_eps": {**POSITIVE_NUMBER, "maximum": 1, "accepted": "a number > 0 and at most 1"},
+        "rope_scaling": {
+            "anyOf": [{"type": "null"}, {"type": "object", "properties": {"factor": POSITIVE_NUMBER}}],
+            "accepted": "null or an object whose factor is a number > 0",
+        },
     },
 }
 
@@ -205,6 +235,11 @@ RECORDS: dict[str, dict[str, Any]] = {
 }  # and, registered by their types' modules: "speed record", "grid.json", "cell file"
 
 
+# the records read from a model's files or an environment, where a link is followed (a Hugging Face cache is made of
+# them); every other record is a result of the project's, read as itself: a link in its place is one line
+LINKED = frozenset({"config.json", "tokenizer_config.json", "head_tokens.json", "draft.json", "env.json"})
+
+
 def record_problems(kind: str, value: Any, where: str) -> list[str]:
     """One line per part of ``value`` that record type ``kind``'s schema does not accept, naming ``where``."""
     return schema_problems(records()[kind], value, where)
@@ -213,11 +248,11 @@ def record_problems(kind: str, value: Any, where: str) -> list[str]:
 def read_record(path: Path | str, kind: str, what: str | None = None, limit: int = MAX_USER_FILE) -> Any:
     """Record ``path`` of type ``kind`` (``records()``), read through the I/O layer and checked against its schema;
     a ``RecordError`` (one line: ``what`` it is, the file, the first field refused and what is accepted) when it
-    is missing, not a plain file, over ``limit`` bytes, not JSON or not of its type."""
+    is missing, not a plain file, over ``limit`` bytes, not JSON or not of its type; a link, unless ``LINKED``."""
     if kind not in RECORDS:  # a type registered by its module: the reader imports that module
         raise KeyError(f"record type {kind!r} is not registered; import the module of its type first")
     path, what = Path(path), what or kind
-    value = read_user_json(path, what, limit)
+    value = read_user_json(path, what, limit, links=kind in LINKED)
     if problems := record_problems(kind, value, f"{what} {path}"):
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise RecordError(problems[0] + more)

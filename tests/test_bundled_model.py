@@ -118,3 +118,24 @@ def test_the_round_profile_splits_the_time_outside_the_forwards(smol):
         [{"method": "sd", "outside_forward": shares}, {"method": "hf", "outside_forward": round_profile(theirs)}]
     )
     assert table.splitlines()[-1].startswith("| hf | ") and table.splitlines()[-1].endswith("| - | - | - | - |")
+
+
+def test_the_positions_study_prints_how_often_each_proposer_holds_the_token(capsys, smol):
+    """``python -m pipeline.bench.positions``: every row a share of the replayed positions, the union rows at least
+    their parts (a chain's proposal among them), on held-out prompts."""
+    from pipeline.bench import positions
+
+    assert positions.main(["--prompts", "2", "--max-new-tokens", "12", "--corpus", "outputs"]) == 0
+    out = capsys.readouterr().out
+    assert "2 humaneval prompts no default cell measures, " in out
+    shares = {
+        line.split(" | ")[0][2:]: float(line.split(" | ")[1].rstrip("% |"))
+        for line in out.splitlines()
+        if line.startswith("| ") and line.endswith("% |")
+    }
+    assert set(shares) == {label for label, _ in positions.ROWS}
+    assert shares["suffix, any of 3"] >= shares["suffix, first candidate"]
+    assert shares["suffix's first and recycle's 4"] >= shares["suffix+recycle (the chain's proposal)"]
+    assert all(0 <= v <= 100 for v in shares.values()) and shares["recycle, any of 4"] > 0
+    assert positions.main(["--prompts", "1000"]) == 2
+    assert "--prompts 1000: humaneval has 140 prompts beyond" in capsys.readouterr().err

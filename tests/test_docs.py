@@ -18,6 +18,7 @@ from pipeline.bench import automaton as automaton_bench
 from pipeline.bench import coverage as coverage_study
 from pipeline.bench import doc as benchmarks_doc
 from pipeline.bench import methods as bench
+from pipeline.bench import positions as positions_bench
 from pipeline.bench import runners as runner_bench
 
 from .conftest import without_null
@@ -121,6 +122,10 @@ PROGRAMS = {
     "pipeline.bench.automaton": (
         automaton_bench.main,
         "tests/test_proposers.py::test_the_automaton_benchmark_prints_its_table",
+    ),
+    "pipeline.bench.positions": (
+        positions_bench.main,
+        "tests/test_bundled_model.py::test_the_positions_study_prints_how_often_each_proposer_holds_the_token",
     ),
     "pipeline.bench.coverage": (
         coverage_study.main,

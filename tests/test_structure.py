@@ -590,3 +590,77 @@ def test_the_layout_rule_finds_a_path_by_hand():
         "    results=RESULTS,\n    journal=lambda w: str(LAYOUT.journal(str(Path(w.cell).parent))),"
     )
     assert rule_results_lines(rules) == [2, 4]
+
+
+# ---- one JSON and tensor reader (pipeline/files.py) ---------------------------------------------------------------
+# JSON and torch.save files are read through the I/O layer's bounded readers (``parse_json``, ``read_user_json``,
+# ``read_jsonl``, ``read_record``: nesting and integer length bounded; ``read_tensors``: no pickle run): a reference
+# to ``json.loads``, ``json.load`` or ``torch.load`` (a call, ``type=json.loads``, ``from json import loads``)
+# elsewhere in pipeline/ or tasks/, or in a rule file, fails this test unless LOADS_ALLOWED names it with its reason.
+LOADS = {"json.loads", "json.load", "torch.load"}
+LOADS_ALLOWED = {
+    ("pipeline/decoding/union.py", "convention", "json.loads"): "a tokenizer's own JSON, made in this process",
+    ("pipeline/bench/union.py", "sentencepiece_twin", "json.loads"): "a tokenizer's own JSON, made in this process",
+    ("pipeline/models/feature_head.py", "__init__", "json.loads"): "the target's config, made here by transformers",
+    ("pipeline/models/eagle3.py", "__init__", "json.loads"): "the target's config, made here by transformers",
+    ("pipeline/vllm/worker.py", "main", "json.loads"): "runs in vLLM's environment, where the project is not",
+    ("tasks/sandbox_child.py", "receive", "json.loads"): "standard library only (python -I -S); MAX_DEPTH its own",
+    ("tasks/sandbox_judge.py", "main", "json.loads"): "standard library only (python -I -S); the scorer's own line",
+    ("tasks/sandbox.py", "_judge", "json.loads"): "standard library only (copied out, run alone); the judge's line",
+}
+
+
+def raw_loads(tree: ast.AST) -> list[tuple[str, str, int]]:
+    """(enclosing function, what, line) for each reference to a raw JSON or tensor loader in ``tree``."""
+    found = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = child.name if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef) else function
+            if isinstance(child, ast.Attribute) and ast.unparse(child) in LOADS:
+                found.append((function, ast.unparse(child), child.lineno))
+            elif isinstance(child, ast.ImportFrom) and child.module in ("json", "torch"):
+                for alias in child.names:
+                    if f"{child.module}.{alias.name}" in LOADS:
+                        found.append((function, f"{child.module}.{alias.name}", child.lineno))
+            visit(child, inner)
+
+    visit(tree, "<module>")
+    return found
+
+
+def test_json_and_tensors_are_read_only_through_the_io_layer():
+    """Every JSON value and tensor file read is bounded by pipeline/files.py: no raw loader elsewhere."""
+    seen, unexplained = set(), []
+    for package in PACKAGES:
+        for file in sorted((ROOT / package).rglob("*.py")):
+            rel = file.relative_to(ROOT).as_posix()
+            if rel == "pipeline/files.py":
+                continue
+            for function, what, line in raw_loads(ast.parse(file.read_text())):
+                if (rel, function, what) in LOADS_ALLOWED:
+                    seen.add((rel, function, what))
+                else:
+                    unexplained.append(f"{rel}:{line} ({function}): {what}")
+    rules = [ROOT / "Snakefile", *sorted(ROOT.glob("workflow/**/*.smk")), *sorted(ROOT.glob("workflow/**/*.py"))]
+    for file in rules:
+        for n, line in enumerate(file.read_text().splitlines(), 1):
+            if re.search(r"\b(json\.loads?|torch\.load)\b", line.split("#")[0]):
+                unexplained.append(f"{file.relative_to(ROOT)}:{n}: {line.strip()[:80]}")
+    assert not unexplained, "raw JSON or tensor loads outside pipeline/files.py:\n" + "\n".join(unexplained)
+    assert not set(LOADS_ALLOWED) - seen, f"allowed but not found (remove them): {sorted(set(LOADS_ALLOWED) - seen)}"
+
+
+def test_the_loads_rule_finds_every_raw_loader():
+    code = (
+        "from json import loads\ndef f(p, parser):\n    json.loads(p)\n    json.load(open(p))\n"
+        "    torch.load(p, weights_only=True)\n    parser.add_argument('--x', type=json.loads)\n"
+        "    parse_json(p, 'w')\n    json.dumps(p)\n"
+    )
+    assert [(w, n) for _, w, n in raw_loads(ast.parse(code))] == [
+        ("json.loads", 1),
+        ("json.loads", 3),
+        ("json.load", 4),
+        ("torch.load", 5),
+        ("json.loads", 6),
+    ]

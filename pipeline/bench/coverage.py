@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from ..files import read_user_json, write_atomic
+from ..files import read_jsonl, read_user_json, write_atomic
 from ..measure.ratios import METHODS, ratio_interval, ratio_of_totals
 from ..measure.speed import Policy
 
@@ -76,8 +76,7 @@ def run_once(entry, seed: int, work: Path, timing: dict[str, Any]) -> list[dict[
     if done.returncode:
         raise UserError(f"pipeline generate (seed {seed}) failed: {done.stderr.strip().splitlines()[-1:]}")
     pairs = []
-    for i, line in enumerate(out.read_text().splitlines()):
-        row = json.loads(line)
+    for i, row in enumerate(read_jsonl(out, "the samples pipeline generate wrote")):
         timing = row["timing"]["attempts"][row["timing"]["counted"]]
         sides = {"method": row["stats"], "baseline": row["baseline"]["stats"]}
         pairs.append(

@@ -17,7 +17,12 @@ import json
 from pathlib import Path
 
 from ..errors import UserError
-from ..files import write_atomic
+from ..files import parse_json, write_atomic
+
+
+def method_args(text: str) -> dict:
+    """``--method-args``: bounded JSON (a JSONError is a ValueError: argparse's one-line usage error)."""
+    return parse_json(text, "--method-args")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--method", default="we", help="the ensemble (default we)")
     parser.add_argument("--members", nargs="+", default=["smollm2-draft-l2"], help="its other members (default config)")
     parser.add_argument(
-        "--method-args", type=json.loads, default={"lambda": 0.5}, help='JSON (default {"lambda": 0.5})'
+        "--method-args", type=method_args, default={"lambda": 0.5}, help='JSON (default {"lambda": 0.5})'
     )
     parser.add_argument(
         "--layouts", nargs="+", default=["ours"], help="the heads' layouts, each trained alike (default ours)"

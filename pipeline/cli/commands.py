@@ -4,7 +4,6 @@ and how the command runs one (``build``, ``run``); the subcommands themselves ar
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections.abc import Callable, Sequence
@@ -12,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UserError
+from ..files import JSONError, parse_json
 
 
 @dataclass(frozen=True)
@@ -62,9 +62,9 @@ def subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentPa
 def inline_json(text: str, what: str) -> Any:
     """An argument given as inline JSON; one line naming it (``what`` it is) when it is not JSON."""
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise UserError(f"{what} {text[:80]!r}: not JSON ({err})") from None
+        return parse_json(text, what)  # bounded: nesting, integers' length
+    except JSONError as err:
+        raise UserError(f"{what} {text[:80]!r}: not JSON ({err.msg})") from None
 
 
 def number(low: float, high: float = math.inf, low_open: bool = False, high_open: bool = False):

@@ -161,15 +161,15 @@ def cmd_grid(args: argparse.Namespace) -> int:
 def cmd_preflight(args: argparse.Namespace) -> int:
     """The models table, then every problem (one line each); 1 when any."""
     from ..experiment.checks import load_checked, local_problems
-    from ..experiment.estimate import host_problems, profile_generate, profile_gpu
+    from ..experiment.estimate import host_problems, profile_gpu, profile_mem_mb
     from ..experiment.preflight import table
 
     config, cells = load_checked(args.config)
     profile = args.profile if args.profile and args.profile.exists() else None
     gpu = args.gpu or (profile_gpu(profile) if profile else None)
+    mem_mb = profile_mem_mb(profile) if profile else None  # the profile's values first: a wrong one costs nothing
     infos, problems = local_problems(config, cells, gpu)
-    mem_mb = profile_generate(profile).get("mem_mb") if profile else None
-    if isinstance(mem_mb, int | float):
+    if mem_mb is not None:
         problems += host_problems(cells, infos, mem_mb)
     print("\n".join(table(infos)))
     sets = len({tuple(c.dims.models) for c in cells.values()})

@@ -49,6 +49,8 @@ class Cell:
     timing: dict[str, Any] = field(default_factory=dict)  # speed.Policy: how samples are timed and judged
 
     def __post_init__(self):  # the decoder's own checks, before anything loads
+        check_args("method_args", self.method_args)
+        check_args("baseline_args", self.baseline_args)
         specs = [parse_method(m) for m in (self.method, self.baseline) if m is not None]
         check_sampling(self.temperature, self.top_k, self.top_p, self.max_new_tokens)
         check_gamma_schedule(self.gamma_schedule)
@@ -86,6 +88,16 @@ class Cell:
         unset |= {"baseline_args": self.baseline is None, "tree": self.tree is None, "timing": not self.timing}
         data = {f.name: getattr(self, f.name) for f in fields(self) if not unset.get(f.name)}
         return {**data, "models": [model_json(m) for m in self.models]}
+
+
+def check_args(key: str, value: Any) -> None:
+    """A method's arguments, as a cell holds them: an object of named values (``{"lambda": 0.5}``), one line
+    naming the value otherwise (a list or a number names no argument)."""
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        shown = json.dumps(value, default=str)[:60]
+        raise UserError(
+            f'{key}={shown} is not accepted; expected an object of named arguments, such as {{"lambda": 0.5}}'
+        )
 
 
 def model_json(spec: ModelSpec) -> dict[str, Any]:
@@ -162,9 +174,10 @@ class CellFile:
     @classmethod
     def read(cls, path: Path | str, timing_file: Path | str | None = None) -> CellFile:
         """A cell file; with ``timing_file`` (the config's ``timing`` section), its cell timed and judged by it."""
-        data = read_user_json(Path(path), "cell file")
+        data = read_user_json(Path(path), "cell file", links=False)  # a result: never through a link
         if timing_file and isinstance(data, dict) and isinstance(data.get("cell"), dict):
-            data = {**data, "cell": {**data["cell"], "timing": read_user_json(Path(timing_file), "timing file")}}
+            timing = read_user_json(Path(timing_file), "timing file", links=False)
+            data = {**data, "cell": {**data["cell"], "timing": timing}}
         return cls.from_json(data, f"cell file {path}")
 
     def write(self, path: Path | str) -> None:

@@ -37,13 +37,13 @@ def model_dir(spec: ModelSpec) -> Path | None:
 
 def context_limit(path: Path, error: type[UserError] = UserError) -> int | None:
     """``max_position_embeddings`` from ``path/config.json`` (None when it gives none)."""
-    from ..files import read_user_text
+    from ..files import read_user_json
 
     try:
-        limit = json.loads(read_user_text(path / "config.json", "model config")).get("max_position_embeddings")
-    except UserError as err:
+        limit = read_user_json(path / "config.json", "model config").get("max_position_embeddings")
+    except UserError as err:  # not JSON, past its bounds: one line naming the file
         raise error(str(err)) from None
-    except (json.JSONDecodeError, AttributeError):
+    except AttributeError:
         raise error(f"model config {path / 'config.json'} is not a JSON object") from None
     return limit if isinstance(limit, int) and not isinstance(limit, bool) else None
 

@@ -7,6 +7,7 @@ acceptance rate; the parameter counts are the preflight's (config.json shapes, n
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -112,7 +113,26 @@ def profile_gpu(profile: Path) -> str | None:
             f"profile {profile}: set-resources.generate.gpu_model={json.dumps(model, default=str)[:40]} is not a GPU "
             "name (e.g. a100, h100)"
         )
-    return match_gpu(model)
+    if (key := match_gpu(model)) is None:  # a name the table lacks is said, never read as no gpu_model at all
+        raise UserError(
+            f"profile {profile}: set-resources.generate.gpu_model={json.dumps(model)[:40]} is not a GPU of the "
+            f"table; accepted: {', '.join(GPUS)} (or give --gpu)"
+        )
+    return key
+
+
+def profile_mem_mb(profile: Path) -> int | float | None:
+    """The host memory a SLURM profile gives generation jobs (``mem_mb``), when it gives some: a number of
+    megabytes above 0, or a one-line error (``"lots"`` or ``true`` is no amount, never read as none)."""
+    mem_mb = profile_generate(profile).get("mem_mb")
+    if mem_mb is None:
+        return None
+    if isinstance(mem_mb, bool) or not isinstance(mem_mb, int | float) or not 0 < mem_mb < math.inf:
+        raise UserError(
+            f"profile {profile}: set-resources.generate.mem_mb={json.dumps(mem_mb, default=str)[:40]} is not "
+            "accepted (megabytes, a number above 0)"
+        )
+    return mem_mb
 
 
 def memory_problems(

@@ -82,7 +82,7 @@ def derive_cell(cell_file: Path, source_samples: Path, out: Path) -> int:
     source = entry.dims.samples_from if entry.dims else None
     if source is None:
         raise UserError(f"cell file {cell_file}: its dims name no samples_from cell to derive its samples from")
-    source_meta = read_user_json(beside(source_samples, "meta"), f"cell {source}'s meta file")
+    source_meta = read_user_json(beside(source_samples, "meta"), f"cell {source}'s meta file", links=False)
     ran = source_meta.get("cell") if isinstance(source_meta, dict) else None
     if not isinstance(ran, dict) or "environment" not in source_meta:
         raise UserError(f"{beside(source_samples, 'meta')}: not a generation job's meta file (no cell or environment)")
@@ -99,7 +99,7 @@ def derive_cell(cell_file: Path, source_samples: Path, out: Path) -> int:
         )
     if differ := sorted(k for k, v in mine.items() if ran[k] != v):
         raise UserError(f"cell {source} ran with other {', '.join(differ)} than cell {entry.dims.id}")
-    rows = [derived_row(r, source) for r in read_jsonl(source_samples)]
+    rows = [derived_row(r, source) for r in read_jsonl(source_samples, links=False)]
     rows = in_prompt_order(rows, prompt_ids(entry.cell), source, entry.dims.id)
     meta = {"environment": source_meta["environment"], "cell": entry.cell.described(), "samples_from": source}
     write_atomic(beside(out, "meta"), json.dumps(meta, indent=2, default=str) + "\n")

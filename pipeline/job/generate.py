@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
@@ -25,12 +26,13 @@ from ..decoding.runner import runner_of
 from ..decoding.spec import parse_method
 from ..decoding.static import compile_ahead
 from ..decoding.tree.loop import parse_tree
+from ..decoding.union import check_joinable
 from ..errors import UserError
 from ..experiment.cell import Cell
 from ..experiment.layout import beside
-from ..files import writable_dir, write_atomic
+from ..files import parse_json, writable_dir, write_atomic
 from ..measure.timing import Probe
-from ..models import decode_vocabulary, load_members
+from ..models import decode_vocabulary, load_members, tokenizer_rows
 from ..models.corpus import teacher_documents
 from ..provenance import environment, provenance, run_record
 from .journal import Journal, journal_lock
@@ -58,6 +60,44 @@ def sample_check(cell: Cell):
         return stats_problem(row["stats"], "")
 
     return check
+
+
+def resumed_check(cell: Cell, vocab: int, text: Callable[[list[int]], str]) -> Callable[[dict[str, Any]], str | None]:
+    """What a journal line must be to be resumed as one of this cell's samples, once its runs are ready:
+    ``sample_check``'s fields, then token ids of the runs' vocabulary (``0 <= id < vocab``) and an output that is
+    their ``text``, as the job writes a sample (the baseline's record likewise)."""
+    fields = sample_check(cell)
+
+    def check(row: dict[str, Any]) -> str | None:
+        if problem := fields(row):
+            return problem
+        records = [("", row), *([("baseline.", row["baseline"])] if cell.baseline else [])]
+        return next((p for where, record in records if (p := ids_problem(record, where, vocab, text))), None)
+
+    return check
+
+
+def ids_problem(record: dict[str, Any], where: str, vocab: int, text: Callable[[list[int]], str]) -> str | None:
+    """Why ``record``'s ``token_ids`` and ``output`` are not a sample the runs could have made (None: they are)."""
+    ids = record.get("token_ids")
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        return f"'{where}token_ids' is not a list of token ids ({type(ids).__name__})"
+    if (outside := next((t for t in ids if not 0 <= t < vocab), None)) is not None:
+        return f"'{where}token_ids' holds {str(outside)[:40]}, outside the vocabulary (0 to {vocab - 1})"
+    if record.get("output") != text(ids):
+        return f"'{where}output' is not the text of its token_ids (as this job decodes them)"
+    return None
+
+
+def sample_decoding(run: Any, tokenizer: Any) -> tuple[int, Callable[[list[int]], str]]:
+    """The vocabulary a sample of the job's runs holds ids of and the text it writes of them (its ``output``):
+    the union of the set's vocabularies where its models' tokenizers differ (``our_runs``), else the first
+    model's tokenizer's ids (the rows they reach, or the runs' own ``vocab``), decoded with special tokens
+    skipped."""
+    if tokenizers := getattr(run, "tokenizers", None):
+        union = check_joinable(tokenizers)
+        return union.size, union.text
+    return getattr(run, "vocab", None) or tokenizer_rows(tokenizer), partial(tokenizer.decode, skip_special_tokens=True)
 
 
 def cell_key(cell: Cell) -> str:
@@ -97,6 +137,8 @@ def _run_cell(cell: Cell, out: Path, progress: bool, journal: Path, speed: bool)
     with ExitStack() as stack:
         runs = parse_method(cell.method).engine.runner()  # the engine's (engines.py): ours, or vLLM's workers
         run, tokenizer, prepared = runs(cell, stack)
+        if done:  # each resumed line a sample of these runs: ids of their vocabulary, the output their text
+            done = log.refuse(done, resumed_check(cell, *sample_decoding(run, tokenizer)))
         return _generate(cell, out, progress, journal, speed, task, examples, log, done, run, tokenizer, prepared)
 
 
@@ -134,6 +176,7 @@ def our_runs(cell: Cell, stack: ExitStack):
         compile_ahead(models, [len(p) + cell.max_new_tokens + 1 for p in prompts.values()], tree_tokens=nodes)
         return provenance(next(models[0].parameters()).device, {runner_of(m)[0] for m in models})
 
+    run.tokenizers = vocabulary.get("tokenizers")  # where they differ: a sample's ids are the union's
     run.corpus = job_corpus(cell, "tokenizers" in vocabulary, len(tokenizer)) if reads_corpus(cell) else None
     return run, tokenizer, prepared
 
@@ -186,7 +229,7 @@ def _generate(cell, out, progress, journal, speed, task, examples, log, done, ru
     todo = [r for r in rendered if r[0].id not in done]
     if done and progress:
         print(f"resuming {journal}: {len(done)} of {len(rendered)} samples already generated", flush=True)
-        timed_on = {json.dumps(json.loads(line).get("provenance"), sort_keys=True) for line in done.values()}
+        timed_on = {json.dumps(parse_json(r, str(journal)).get("provenance"), sort_keys=True) for r in done.values()}
         if timed_on != {json.dumps(here, sort_keys=True)}:
             print(f"warning: {journal} holds samples timed elsewhere; the cell will be flagged", flush=True)
 
@@ -237,7 +280,7 @@ def _generate(cell, out, progress, journal, speed, task, examples, log, done, ru
         for i, (ex, _, stops) in enumerate(rendered):  # in the task's order: the corpus grows the same on a resume
             left = None
             if ex.id in done:
-                row = json.loads(done[ex.id])
+                row = parse_json(done[ex.id], str(journal))
                 left = recycled_rows(row, len(tokenizer)) if corpus is not None else None
             else:
                 row = measure(i, ex, stops)

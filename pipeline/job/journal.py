@@ -14,7 +14,16 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from ..files import ResultsError, exclusive, open_own, read_user_bytes, writable_dir, write_atomic
+from ..files import (
+    JSONError,
+    ResultsError,
+    exclusive,
+    open_own,
+    parse_json,
+    read_user_bytes,
+    writable_dir,
+    write_atomic,
+)
 
 Check = Callable[[dict[str, Any]], str | None]  # a sample's problem in words, or None when it is valid
 
@@ -32,14 +41,16 @@ class Journal:
         self._known = set(self.ids)
         self.check = check
         self.rejected = Path(f"{self.path}.rejected")
+        self.rows: dict[str, dict[str, Any]] = {}  # the good samples of the last recovery, as read
         writable_dir(self.path.parent)
 
     def _judge(self, line: bytes, seen: dict[str, bytes], torn: bool) -> tuple[str | None, str | None]:
         """(id, None) for a good sample, (None, reason) for a line to reject."""
         try:
-            row = json.loads(line)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            return None, "a line torn by a crash mid-write" if torn else "not valid JSON"
+            row = parse_json(line, f"the journal {self.path}")  # bounded: too deep, too long a number
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            bounded = isinstance(err, JSONError) and not err.syntax  # JSON, past the reader's bounds
+            return None, "a line torn by a crash mid-write" if torn else err.msg if bounded else "not valid JSON"
         if not isinstance(row, dict):
             return None, f"a JSON {type(row).__name__}, not an object"
         sample_id = row.get("id")
@@ -49,11 +60,14 @@ class Journal:
             return None, f"id {sample_id!r} is not an example of this cell"
         if sample_id in seen:
             return None, f"a second line for id {sample_id!r} (the first is kept)"
-        problem = self.check(row)
-        return (None, problem) if problem else (sample_id, None)
+        if problem := self.check(row):
+            return None, problem
+        self.rows[sample_id] = row
+        return sample_id, None
 
     def recover(self) -> dict[str, bytes]:
         """The good samples by id (each line's bytes, without its newline); the journal is repaired in place."""
+        self.rows = {}
         if not self.path.exists():
             return {}
         data = read_user_bytes(self.path, "the journal")  # a pipe, a device, a link to one: one line, no wait
@@ -77,6 +91,24 @@ class Journal:
             self._set_aside(rejects)
             write_atomic(self.path, b"".join(line + b"\n" for line in kept.values()))
         return kept
+
+    def refuse(self, kept: dict[str, bytes], check: Check) -> dict[str, bytes]:
+        """``kept`` (``recover``'s samples, the journal as it left it) less the lines ``check`` refuses once the job
+        can judge a line as a sample of its own (its models loaded: token ids of their vocabulary, an output that
+        is the ids' text): each moved to ``<journal>.rejected`` with one warning line, its prompt generated again."""
+        order = list(kept)
+        rejects = [
+            (n, kept[i], f"{why}; its prompt is generated again")
+            for n, i in enumerate(order, 1)
+            if (why := check(self.rows[i]))
+        ]
+        if not rejects:
+            return kept
+        refused = {order[n - 1] for n, _, _ in rejects}
+        self._set_aside(rejects)
+        left = {i: line for i, line in kept.items() if i not in refused}
+        write_atomic(self.path, b"".join(line + b"\n" for line in left.values()))
+        return left
 
     def _set_aside(self, rejects: list[tuple[int, bytes, str]]) -> None:
         if not rejects:
@@ -123,4 +155,4 @@ class Journal:
             raise ResultsError(f"{self.path}: {len(missing)} samples missing (first: {missing[0]!r})")
         ordered = [kept[i] for i in self.ids]
         write_atomic(out, b"".join(line + b"\n" for line in ordered))
-        return [json.loads(line) for line in ordered]
+        return [parse_json(line, f"the journal {self.path}") for line in ordered]

@@ -41,7 +41,7 @@ def write_speed(
 ) -> dict[str, Any]:
     """Judge a finished cell's samples (``speed.summarize``, exactness at T=0) into ``<out>.speed.json``."""
     out = Path(out)
-    rows = read_jsonl(out) if rows is None else rows
+    rows = read_jsonl(out, links=False) if rows is None else rows
     exact = None
     if cell.baseline and cell.temperature == 0:
         from .exactness import check

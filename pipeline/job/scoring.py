@@ -16,7 +16,7 @@ from typing import Any
 from tasks import TaskError, get_task
 
 from ..experiment.layout import beside
-from ..files import read_user_text, schema_problems, write_atomic
+from ..files import JSONError, parse_json, read_user_text, schema_problems, write_atomic
 from ..measure.intervals import interval, per_example
 
 GENERATION_ROW = {  # what the scorer reads of a generations file's line
@@ -30,13 +30,13 @@ def read_generations(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         raise TaskError(f"generations file {path} not found")
     rows = []
-    for n, line in enumerate(read_user_text(path, "generations file").split("\n"), 1):
+    for n, line in enumerate(read_user_text(path, "generations file", links=False).split("\n"), 1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            raise TaskError(f"{path}:{n} is not valid JSON") from None
+            row = parse_json(line, f"{path}:{n}")
+        except JSONError as err:
+            raise TaskError(f"{path}:{n} is not valid JSON ({err.msg})") from None
         if problems := schema_problems(GENERATION_ROW, row, f"{path}:{n}"):
             raise TaskError(problems[0])
         rows.append(row)

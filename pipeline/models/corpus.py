@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
+from ..files import read_tensors
 from .cache import cache_dir
 from .recipe import Recipe
 from .resolve import recipe_for
@@ -53,7 +52,7 @@ def teacher_documents(specs: list[ModelSpec], vocab: int) -> tuple[list[list[int
     documents: list[list[int]] = []
     for path in files:
         try:
-            saved = torch.load(path, weights_only=True, mmap=True)  # the ids only are read; never "held"
+            saved = read_tensors(path, "teacher data", mmap=True)  # the ids only are read; never "held"
             examples = saved["examples"] if isinstance(saved, dict) else None
             if not isinstance(examples, list) or not all(isinstance(e, tuple | list) and e for e in examples):
                 raise ValueError("no examples of token ids")

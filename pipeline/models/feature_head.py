@@ -37,6 +37,7 @@ from ..decoding.proposers.feature import LAYOUTS, attach, read_features
 from ..provenance import weights_versions
 from . import eagle3_training
 from .cache import META, write_dir
+from .config_json import read_config_json
 from .cpu_kernels import pack_linears
 from .eagle3 import is_eagle3, load_eagle3, to_target
 from .head_target import distribution, ensemble_target, for_ensemble
@@ -403,6 +404,9 @@ TARGET_KEYS = (
 )  # where a head's config must be its target's
 
 
+CHECKPOINT_CONFIG = "feature head checkpoint config"  # a checkpoint's config.json, as its messages name it
+
+
 def load_head(path: str | Path, target: nn.Module) -> FeatureHead:
     """A feature head for ``target`` from ``path``: one this project trained (``feature_head.json`` and
     ``feature_head.safetensors``), or a published EAGLE checkpoint (``config.json`` and ``model.safetensors``
@@ -432,9 +436,10 @@ def load_head(path: str | Path, target: nn.Module) -> FeatureHead:
                 f"feature head {path}: neither this project's feature_head.json nor an EAGLE checkpoint "
                 f"(config.json and {' or '.join(EAGLE_WEIGHTS)})"
             )
+        checkpoint = read_config_json(path / "config.json", CHECKPOINT_CONFIG, complete=False)  # before weights
         raw = _read(weights)
         if is_eagle3(raw):  # EAGLE-3's layout: three layers' features fused, a midlayer, a draft vocabulary
-            head = load_eagle3(path, raw, _json_object(path / "config.json"), target)
+            head = load_eagle3(path, raw, checkpoint, target)
             attach(target, head)
             return head
         if "fc.weight" not in raw or not any(k.startswith("layers.0.") for k in raw):
@@ -487,7 +492,7 @@ def head_dir_problem(path: str | Path) -> str | None:
             f"{' or '.join(EAGLE_WEIGHTS)})"
         )
     try:
-        _json_object(path / "config.json")
+        read_config_json(path / "config.json", CHECKPOINT_CONFIG, complete=False)
     except ModelError as err:
         return str(err)
     return None
@@ -538,7 +543,7 @@ def _json_object(file: Path) -> dict:
 def _check_target_config(file: Path, target: nn.Module, layers: int) -> None:
     """A checkpoint's ``config.json`` (the model it was trained for, of the head's ``layers``) against ``target``'s,
     where they must agree."""
-    theirs, ours = dict(_json_object(file)), target.config.to_dict()
+    theirs, ours = dict(read_config_json(file, CHECKPOINT_CONFIG, complete=False)), target.config.to_dict()
     for config in (theirs, ours):  # rope_theta: at the top (transformers 4, EAGLE's releases) or in rope_parameters
         rope = config.get("rope_parameters")
         if "rope_theta" not in config and isinstance(rope, dict) and "rope_theta" in rope:
@@ -560,7 +565,7 @@ def _read(file: Path) -> dict[str, torch.Tensor]:
     """A weight file's tensors; one that cannot be read (not a regular file, damaged, a pickle torch's safe loader
     refuses): one line."""
     from ..errors import UserError
-    from ..files import user_file
+    from ..files import read_tensors, user_file
 
     try:
         user_file(file, "feature head weights", WEIGHTS_LIMIT)
@@ -572,7 +577,7 @@ def _read(file: Path) -> dict[str, torch.Tensor]:
 
             state = load_file(file)
         else:
-            state = torch.load(file, map_location="cpu", weights_only=True)
+            state = read_tensors(file, "feature head weights", WEIGHTS_LIMIT)  # a pickle: refused unread
     except Exception as err:  # safetensors' and torch's errors: many kinds, each a multi-line story
         first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
         raise ModelError(f"feature head weights {file} cannot be read ({type(err).__name__}: {first})") from None

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import UserError, one_line
-from ..files import read_user_bytes
-from ..records import read_record, record_problems
+from ..files import read_user_json
+from ..records import read_record
+from .config_json import config_json_problems
 from .spec import BUNDLED, DTYPES, ModelError, ModelSpec, config_entry, teacher_spec
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -88,20 +88,11 @@ def count_parameters(config: dict[str, Any]) -> tuple[int, int]:
     return sum(p.numel() for p in model.parameters()), 0 if embedding is head else embedding.numel()
 
 
-# what the preflight reads of a model's config.json: its schema is records.CONFIG_JSON
-
-
-def config_json_problems(config: Any, where: str) -> list[str]:
-    """One line per value of a config.json the preflight cannot use (``CONFIG_JSON``: type, sign, range),
-    naming the file, the key and what is accepted."""
-    return record_problems("config.json", config, where)
-
-
 def read_dir(info: ModelInfo, path: Path) -> ModelInfo:
     """Read a model directory's config.json and tokenizer files into ``info``."""
     info.path = path
     try:
-        config = json.loads(read_user_bytes(path / "config.json", "model config"))
+        config = read_user_json(path / "config.json", "model config")  # bounded; a link followed (a HF cache)
     except (UserError, ValueError) as err:  # ValueError: not JSON, or not UTF-8
         info.problems.append(f"config key models.{info.name}: {path}/config.json cannot be read ({one_line(err)})")
         return info

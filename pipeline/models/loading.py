@@ -10,6 +10,7 @@ import torch
 
 from ..errors import UserError, one_line
 from .cache import META
+from .config_json import read_config_json
 from .sources import bundled_dir
 from .spec import ModelError
 
@@ -37,6 +38,8 @@ def load(
     from ..decoding.runner import set_runner
 
     path = Path(path)
+    if (path / "config.json").exists():  # its values typed before anything is built (none: load_tokenizer says)
+        read_config_json(path / "config.json", "model config")
     tokenizer = load_tokenizer(path)  # first: it costs less than the weights
     from safetensors import SafetensorError
     from transformers.utils import logging as hf_logging

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..files import atomic_path
+from ..files import atomic_path, read_tensors
 from ..provenance import weights_versions
 from .cache import cache_lock
 from .recipe import Recipe
@@ -241,7 +241,7 @@ def stored_teacher_data(teacher, tokenizer, recipe: Recipe, store: Path | None) 
         if store.exists():
             t0 = time.perf_counter()
             try:
-                examples, kept, coverage, held = read_teacher_data(torch.load(store, weights_only=True), len(tokenizer))
+                examples, kept, coverage, held = read_teacher_data(read_tensors(store, "teacher data"), len(tokenizer))
             except Exception as err:  # a damaged file, or one of another content: made again below
                 why = str(err) if isinstance(err, ValueError) else type(err).__name__
                 print(f"warning: {store} cannot be read ({why}); the teacher's data is made again")

@@ -38,10 +38,10 @@ def agreement(results: Path, theirs: dict[str, Any], ours: dict[str, Any], near_
     from ..experiment.cell import CellFile
     from ..job.exactness import check
 
-    rows_ours = {r["id"]: r for r in read_jsonl(cell_path(results, ours["id"]))}
+    rows_ours = {r["id"]: r for r in read_jsonl(cell_path(results, ours["id"]), links=False)}
     rows = [
         {"id": r["id"], "token_ids": r["token_ids"], "baseline": rows_ours[r["id"]]}
-        for r in read_jsonl(cell_path(results, theirs["id"]))
+        for r in read_jsonl(cell_path(results, theirs["id"]), links=False)
         if r["id"] in rows_ours
     ]
     prompts = {r["id"]: rows_ours[r["id"]]["prompt_ids"] for r in rows}  # the same prompts: ours carry them

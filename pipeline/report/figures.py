@@ -124,7 +124,7 @@ def collect(results: Path, reported: dict[str, Any] | None = None) -> Collected:
             continue
         speed = speeds[dims["id"]] = speed_record(beside(base, "speed"))
         policy = Policy.from_dict(speed.get("policy"))  # the cells' own: one config judged them all
-        samples[dims["id"]] = read_jsonl(base)
+        samples[dims["id"]] = read_jsonl(base, links=False)
         summary = beside(base, "summary")
         quality = _record(summary, "score summary", "the score summary") if summary.exists() else {}
         read[dims["id"]] = {"speed": speed, "quality": quality}

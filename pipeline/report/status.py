@@ -168,7 +168,7 @@ def _samples_from(results: Path, cell: str, cells: set[str]) -> str | None:
     path = Results(results).cell_file(cell)
     if not path.exists():
         return None
-    data = read_user_json(path, "cell file")
+    data = read_user_json(path, "cell file", links=False)
     dims = data.get("dims") if isinstance(data, dict) else None
     source = dims.get("samples_from") if isinstance(dims, dict) else None
     if not isinstance(data, dict) or not isinstance(dims, dict | None):

@@ -165,7 +165,7 @@ def _forget_fallback(failed: Path, wandb_dir: Path) -> None:
     if not failed.exists():
         return
     with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
-        copy = Path(read_user_json(failed, "W&B failure record").get("offline_copy"))
+        copy = Path(read_user_json(failed, "W&B failure record", links=False).get("offline_copy"))
         own = copy.parent.resolve() == (wandb_dir / "wandb").resolve() and copy.name.startswith("offline-run-")
         if own and not copy.is_symlink():
             shutil.rmtree(copy, ignore_errors=True)
@@ -214,9 +214,9 @@ def _log_cell(samples: Path, config: dict[str, Any], run) -> None:
     of samples, the summary metrics."""
     import wandb
 
-    rows = read_jsonl(samples)
+    rows = read_jsonl(samples, links=False)
     scores_path = beside(samples, "scores")
-    scores = {r["id"]: r for r in read_jsonl(scores_path)} if scores_path.exists() else {}
+    scores = {r["id"]: r for r in read_jsonl(scores_path, links=False)} if scores_path.exists() else {}
     run.config.update(config, allow_val_change=True)
     table = wandb.Table(columns=["id", "output", "new_tokens", "tokens_per_s", "tau", "baseline_output", "score"])
     for row in rows:
@@ -253,5 +253,5 @@ def _log_tables(files: Results, run) -> None:
     if summary.exists():
         run.summary["summary_md"] = summary.read_text()
     if files.results_file.exists():  # the run's control (report/control.py): its null cell, and the flag if it missed
-        control = read_user_json(files.results_file, "results file").get("control") or {}
+        control = read_user_json(files.results_file, "results file", links=False).get("control") or {}
         run.summary.update({f"control/{k}": v for k, v in control.items() if v is not None})

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from ..files import read_user_json, user_file
+from ..files import read_tensors, read_user_json, user_file
 from ..models.eagle3 import is_eagle3
 from ..models.feature_head import EAGLE_WEIGHTS, HEAD_CONFIG, WEIGHTS_LIMIT, HeadRecipe, head_config
 from ..models.resolve import recipe_of
@@ -134,6 +134,4 @@ def _names(weights: Path) -> set[str]:
 
         with safe_open(weights, "pt") as f:
             return set(f.keys())
-    import torch
-
-    return set(torch.load(weights, map_location="cpu", weights_only=True))
+    return set(read_tensors(weights, "feature head weights", WEIGHTS_LIMIT))  # a pickle: one line, refused unread

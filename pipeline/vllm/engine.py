@@ -35,6 +35,7 @@ from ..decoding.peers import cut_at_stop
 from ..decoding.spec import DRAFT, parse_method
 from ..decoding.stats import GenerationStats, ModelStats
 from ..errors import UserError
+from ..files import parse_json
 from ..records import read_record, record_problems
 
 WORKER = Path(__file__).with_name("worker.py")
@@ -95,10 +96,6 @@ def worker_env(threads: int, build: str = "cpu") -> dict[str, str]:
 
 START_S = 1800.0  # seconds a worker may take to load its engine (a CPU build compiles kernels on first use)
 ANSWER_S = 900.0  # seconds one generation may take before the worker is taken for hung
-
-
-def _not_json(constant: str) -> None:
-    raise ValueError(f"{constant} is not JSON")
 
 
 def reply_problem(reply: dict[str, Any], kind: str = "vLLM worker answer") -> str | None:
@@ -167,7 +164,7 @@ class Worker:
         if line is None:
             self._exited()
         try:
-            value = json.loads(line, parse_constant=_not_json)  # NaN and Infinity are not JSON
+            value = parse_json(line, "vLLM's worker", constants=False)  # bounded; NaN and Infinity are not JSON
         except ValueError:
             value = None
         if not isinstance(value, dict):

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from ..files import write_atomic
+from ..files import parse_json, write_atomic
 from ..models.cache import cache_dir, cache_lock
 from ..records import read_record
 
@@ -192,7 +192,8 @@ def ensure(kind: str | None = None, log=print) -> dict[str, Any]:
             said = (check.stderr.strip().splitlines() or ["no output"])[-1][:300]
             raise VLLMEnvError(f"vLLM's environment was built but 'import vllm' fails in it: {said}")
         frozen = _pip(python, "freeze", timeout=120).stdout.split()  # what was installed (gpu: resolved by pip)
-        record = {"build": kind, "python": str(python), "lock": lock_file(kind).name, **json.loads(check.stdout)}
+        found = parse_json(check.stdout, "vLLM's import check")  # its versions, bounded
+        record = {"build": kind, "python": str(python), "lock": lock_file(kind).name, **found}
         record["packages"] = frozen
         write_atomic(marker(where), json.dumps(record, indent=1) + "\n")
     log(f"vLLM {record['vllm']} ready: {record['python']}")

@@ -14,7 +14,7 @@ rule cell:
     params:
         entry=lambda w: json.dumps(CELLS[w.cell].to_json(), sort_keys=True),
     run:
-        write_json(output[0], json.loads(params.entry), log[0])
+        write_json(output[0], parse_json(params.entry, "cell entry"), log[0])
 
 
 rule grid:
@@ -26,4 +26,4 @@ rule grid:
         str(LAYOUT.log("grid")),
     localrule: True
     run:
-        write_json(output[0], [json.loads(Path(f).read_text())["dims"] for f in input], log[0])
+        write_json(output[0], [read_user_json(f, "cell file", links=False)["dims"] for f in input], log[0])

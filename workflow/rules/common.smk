@@ -20,6 +20,7 @@ from pipeline.experiment.grid import expand_cells
 from pipeline.experiment.layout import Results
 from pipeline.experiment.preflight import models_to_prepare
 from pipeline.experiment.checks import check_local
+from pipeline.files import parse_json, read_jsonl, read_user_json
 from pipeline.job.likelihood import job_specs
 
 try:
@@ -147,9 +148,10 @@ def speed_mem_mb(wildcards, input):
     if cell.temperature != 0 or not cell.baseline:
         return base
     if Path(input.samples).exists():
-        with open(input.samples) as lines:
-            rows = [json.loads(line) for line in lines if line.strip()]
+        rows = read_jsonl(input.samples, "samples file", links=False)  # bounded, never through a link
         if all(r["token_ids"] == r.get("baseline", r)["token_ids"] for r in rows):
             return base
-    largest = max(json.loads(Path(m).read_text()).get("parameters", 0) for m in input.models)
+    if missing := [m for m in input.models if not Path(m).exists()]:
+        raise FileNotFoundError(2, "No such file or directory", missing[0])  # Snakemake sizes the job once it is
+    largest = max(read_user_json(m, "model record", links=False).get("parameters", 0) for m in input.models)
     return base + int(largest * 8 * 1.25 / 1e6)

@@ -14,7 +14,7 @@ rule timing:
     params:
         timing=TIMING,
     run:
-        write_json(output[0], json.loads(params.timing), log[0])
+        write_json(output[0], parse_json(params.timing, "timing"), log[0])
 
 
 rule speed:
