@@ -19,7 +19,7 @@ from pipeline.decoding.audit import Audit
 from pipeline.decoding.proposers.feature import FEATURE_HEAD
 from pipeline.models import ModelError
 from pipeline.models.eagle3 import Eagle3Head
-from pipeline.models.feature_head import head_dir_problem, load_head
+from pipeline.models.head_files import head_dir_problem, load_head
 
 from .conftest import perturbed, tiny_llama
 from .test_feature_head import EAGLE_CASES

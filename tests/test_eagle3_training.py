@@ -16,7 +16,9 @@ from pipeline.decoding.proposers.feature import attach
 from pipeline.models import ModelError
 from pipeline.models.eagle3 import Eagle3Head
 from pipeline.models.eagle3_training import layer_scales, new_head, ttt_loss, ttt_outputs
-from pipeline.models.feature_head import HeadRecipe, load_head, save_head, target_features, train_head
+from pipeline.models.feature_head import HeadRecipe
+from pipeline.models.head_files import load_head, save_head
+from pipeline.models.head_training import target_features, train_head
 from pipeline.models.teacher import Example, TeacherData
 
 from .conftest import tiny_llama
@@ -225,7 +227,8 @@ def test_chain_drafts_are_what_drafting_each_chain_from_scratch_drafts(deep, tra
     trained EAGLE-3 head and one of this project's layout, judged by the teacher and on the head's own
     continuations (every chain then reaches its second draft, from the head's own feature); ``chain_acceptance``
     counts them, and its first depth is ``head_acceptance``'s agreement."""
-    from pipeline.models.feature_head import FeatureHead, chain_acceptance, chain_drafts, head_acceptance
+    from pipeline.models.feature_head import FeatureHead
+    from pipeline.models.head_training import chain_acceptance, chain_drafts, head_acceptance
 
     data, eagle3, _, _ = trained
     second = 0
@@ -256,7 +259,7 @@ def test_each_layers_noise_is_in_its_own_scale_without_the_first_position():
 def test_an_ensembles_choice_off_the_continuation_ends_a_chain_unjudged(deep, trained):
     """Where the judge (an ensemble) keeps a token the continuation does not have, its later rows were computed
     on the continuation, so the chain is not judged past it: every chain that keeps that token ends there."""
-    from pipeline.models.feature_head import chain_drafts
+    from pipeline.models.head_training import chain_drafts
 
     data, head, _, _ = trained
     prompt, cont, logp = own_judge(head, deep, data.held[:1])[0]

@@ -15,8 +15,9 @@ import torch
 from pipeline.decoding import generate
 from pipeline.decoding.proposers.feature import FEATURE_HEAD, attach
 from pipeline.models import ModelError
-from pipeline.models.feature_head import HeadRecipe, head_loss, target_features, train_head
+from pipeline.models.feature_head import HeadRecipe
 from pipeline.models.head_target import distribution, ensemble_target, for_ensemble
+from pipeline.models.head_training import head_loss, target_features, train_head
 from pipeline.models.teacher import Example, TeacherData
 
 from .conftest import tiny_llama
@@ -225,7 +226,7 @@ def test_a_member_of_the_target_is_given_with_its_own_source():
 
 
 def test_a_recipe_with_the_wrong_members_is_refused(trio):
-    from pipeline.models.feature_head import distill_head
+    from pipeline.models.head_training import distill_head
 
     target, _, _ = trio
     with pytest.raises(ModelError, match="is trained with 1 other members, got 0"):

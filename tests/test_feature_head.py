@@ -19,7 +19,9 @@ from pipeline.decoding.sampling import Sampling
 from pipeline.errors import ArgumentError
 from pipeline.measure.acceptance import decoding_metrics
 from pipeline.models import ModelError
-from pipeline.models.feature_head import FeatureHead, load_head, save_head, target_features
+from pipeline.models.feature_head import FeatureHead
+from pipeline.models.head_files import load_head, save_head
+from pipeline.models.head_training import target_features
 
 from .conftest import perturbed, tiny_llama
 from .test_sampling_lossless import SETTINGS, TWO, check_case, make_models
@@ -508,7 +510,8 @@ def test_a_heads_recipe_loss_is_the_loss_its_head_trains_on(pair):
     """``eagle: {loss: ...}`` names the next token's part of the head's loss (as a draft's ``loss``): ``kl`` is
     EAGLE's forward KL to the teacher at each labelled row after the first, ``ce`` and ``tvd`` are the draft's
     losses seen one position on; three recipes, three losses (they once trained one head under three names)."""
-    from pipeline.models.feature_head import HeadRecipe, head_loss
+    from pipeline.models.feature_head import HeadRecipe
+    from pipeline.models.head_training import head_loss
     from pipeline.models.teacher import Example
 
     target = copy.deepcopy(pair[1])

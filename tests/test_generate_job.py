@@ -139,6 +139,24 @@ def test_a_standard_cell_derived_from_side_by_side_runs_has_its_own_jobs_samples
     assert derive_cell(tmp_path / "cell.json", tmp_path / "bad.jsonl", tmp_path / "x.jsonl") == 2  # in its own order
     assert [json.loads(x)["id"] for x in (tmp_path / "x.jsonl").read_text().splitlines()] == [r["id"] for r in made]
     (tmp_path / "x.jsonl").unlink()
+    (tmp_path / "x.meta.json").unlink()
+    import pipeline.job.derive as derive_module
+
+    write = derive_module.write_atomic
+    for full in ("x.jsonl", "x.meta.json"):  # a full disk at either file: one line, neither left behind
+
+        def on_a_full_disk(path, text, full=full):
+            if path.name == full:
+                raise OSError(28, "No space left on device")
+            write(path, text)
+
+        derive_module.write_atomic = on_a_full_disk
+        try:
+            with pytest.raises(UserError, match=r"^cannot write cell humaneval/trio/we-T1's samples .*No space left"):
+                derive_cell(tmp_path / "cell.json", tmp_path / "source.jsonl", tmp_path / "x.jsonl")
+        finally:
+            derive_module.write_atomic = write
+        assert not (tmp_path / "x.jsonl").exists() and not (tmp_path / "x.meta.json").exists()
     (tmp_path / "source.meta.json").write_text("{not json")
     with pytest.raises(UserError, match="source.meta.json"):
         derive_cell(tmp_path / "cell.json", tmp_path / "source.jsonl", tmp_path / "x.jsonl")

@@ -119,7 +119,7 @@ def test_pipeline_prepare_alone_refuses_a_model_of_minus_two_layers(tiny_dir, tm
 def test_an_eagle_checkpoints_config_json_is_typed_before_its_weights_are_read(tmp_path, change, says):
     """Its directory is refused when a config names it (``head_dir_problem``), and by the loader before a tensor
     is read (the weight file here is no weight file at all)."""
-    from pipeline.models.feature_head import head_dir_problem, load_head
+    from pipeline.models.head_files import head_dir_problem, load_head
 
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 16, "num_attention_heads": 2, **change}))
     (tmp_path / "model.safetensors").write_bytes(b"not a weight file")
@@ -260,3 +260,94 @@ def test_a_profiles_gpu_model_and_mem_mb_are_one_line_never_read_as_absent(tmp_p
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: profile {profile}: set-resources.generate.") and says in err, err
     assert "\n" not in err
+
+
+# ---- full disks and shared caches: a cache directory written whole, with the umask's permissions ----------------
+
+
+def _stopped_by(err: BaseException):
+    def write(tmp):
+        (tmp / "model.safetensors").write_bytes(b"half")
+        raise err
+
+    return write
+
+
+@pytest.mark.parametrize(
+    "err",
+    [
+        OSError(28, "No space left on device"),
+        OSError(122, "Disk quota exceeded"),
+        RuntimeError(
+            'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
+        ),
+    ],
+    ids=["enospc", "quota", "a-librarys-own-error"],
+)
+def test_a_full_disk_while_a_model_is_saved_is_one_line_and_leaves_no_temporary_directory(tmp_path, err):
+    """safetensors reports a full disk with an error of its own (not an OSError): it too is one line, and neither
+    the temporary directory nor a half-written model is left in the cache."""
+    from pipeline.models.cache import write_dir
+    from pipeline.models.spec import ModelError
+
+    out = tmp_path / "cache" / "draft"
+    with pytest.raises(ModelError) as caught:
+        write_dir(out, _stopped_by(err), {"draft.json": "{}"})
+    assert str(caught.value).count("\n") == 0 and "no space left on its device" in str(caught.value)
+    assert list((tmp_path / "cache").iterdir()) == []
+
+
+def test_an_interrupted_save_leaves_no_temporary_directory_and_is_not_mistaken_for_a_full_disk(tmp_path):
+    from pipeline.models.cache import write_dir
+
+    with pytest.raises(KeyboardInterrupt):
+        write_dir(tmp_path / "draft", _stopped_by(KeyboardInterrupt()))
+    with pytest.raises(ValueError, match="a bug"):
+        write_dir(tmp_path / "draft", _stopped_by(ValueError("a bug")))
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("mask, mode", [(0o002, 0o775), (0o022, 0o755), (0o077, 0o700)])
+def test_a_cache_directory_takes_the_umasks_permissions_so_a_group_can_share_it(tmp_path, mask, mode):
+    import os
+
+    from pipeline.models.cache import write_dir
+
+    old = os.umask(mask)
+    try:
+        write_dir(tmp_path / "draft", lambda tmp: (tmp / "config.json").write_text("{}"))
+    finally:
+        os.umask(old)
+    assert (tmp_path / "draft").stat().st_mode & 0o777 == mode
+
+
+# ---- a published head given as a model's eagle: prepared as the workflow prepares it ------------------------------
+
+
+@pytest.mark.parametrize("layout", ["eagle3", "eagle"])
+def test_a_published_checkpoint_given_as_eagle_is_prepared_with_no_draft_json_of_ours(
+    tmp_path, smol_tokenizer, capsys, layout
+):
+    """``pipeline prepare`` (the workflow's ``prepare_model``) on a model whose ``eagle`` is a published EAGLE-3 or
+    EAGLE-1 checkpoint: the head is loaded against the model (every check), and the record says what it is, where
+    it read a ``draft.json`` only a head trained here has, and told the user to delete their download."""
+    from pipeline.cli import main
+    from pipeline.models import load
+
+    from .conftest import save_tiny
+    from .test_eagle3 import eagle3_checkpoint
+    from .test_feature_head import eagle_checkpoint
+
+    model_dir = save_tiny(tmp_path / "model", smol_tokenizer, layers=4)
+    target = load(model_dir, pack=False)[0]
+    head = tmp_path / "head"
+    if layout == "eagle3":
+        eagle3_checkpoint(head, target, aux=[3, 0, 1])
+    else:
+        eagle_checkpoint(head, target)
+    out = tmp_path / "record.json"
+    spec = {"name": "m", "source": str(model_dir), "eagle": str(head)}
+    assert main(["prepare", json.dumps(spec), str(out)]) == 0, capsys.readouterr().err
+    record = json.loads(out.read_text())
+    assert record["feature_head"] == {"path": str(head), "kind": "published head", "layout": layout}
+    assert not (head / "draft.json").exists()  # nothing written into the user's download

@@ -417,7 +417,8 @@ def test_a_registered_proposer_drafts_trees_through_the_protocol(small, register
 
 
 def test_a_registered_proposer_without_candidates_is_refused_in_a_tree(small, registered):
-    with pytest.raises(ArgumentError, match="proposer 'single' drafts one candidate per position and cannot draft"):
+    says = "a token tree with proposer 'single', which drafts one candidate per position and cannot draft"
+    with pytest.raises(ArgumentError, match=says):
         generate(small[:2], [1, 4, 2], "sd", 3, 8, method_args={"proposer": "single+draft"}, tree="3x2")
     chain = generate(small[:2], [1, 4, 2], "sd", 3, 8, method_args={"proposer": "single+draft"})
     assert chain.token_ids == generate(small[:2], [1, 4, 2], "large_model", max_new_tokens=8).token_ids

@@ -25,7 +25,7 @@ from pipeline.errors import ArgumentError, UserError
 from pipeline.measure.acceptance import decoding_metrics
 from pipeline.measure.speed import Policy
 from pipeline.measure.timing import Probe
-from pipeline.models.feature_head import save_head
+from pipeline.models.head_files import save_head
 from pipeline.report.figures import engine_ratio
 from pipeline.vllm import env as vllm_env
 from pipeline.vllm.engine import NGRAM, speculative_config, stats_of
@@ -496,7 +496,7 @@ def test_vllms_eagle3_drafts_what_ours_drafts_from_one_eagle3_head(vllm_ready, t
     import torch
 
     from pipeline.decoding.proposers.feature import attach
-    from pipeline.models.feature_head import load_head
+    from pipeline.models.head_files import load_head
     from pipeline.vllm.eagle import checkpoint
 
     target = tiny_llama(7, vocab=512, hidden=64, layers=8, init=0.06).to(torch.float32)

@@ -45,8 +45,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from ..models import BUNDLED, ModelError, ModelSpec, load_spec
     from ..models.distill import read_meta
-    from ..models.feature_head import chain_acceptance, head_acceptance, load_head
+    from ..models.head_files import load_head
     from ..models.head_target import distribution, ensemble_target, for_ensemble
+    from ..models.head_training import chain_acceptance, head_acceptance
     from ..models.resolve import ensemble_members, ensure_head, head_recipe
     from ..models.spec import default_entries
     from ..models.teacher import TeacherData, heldout_prompts, teacher_continuations

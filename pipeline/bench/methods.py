@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
 
             args.feature_head = ensure_head(ModelSpec(BUNDLED, eagle={}))  # the default recipe, cached after
         if args.feature_head is not None:
-            from ..models.feature_head import load_head
+            from ..models.head_files import load_head
 
             load_head(args.feature_head, target)
             draft_desc += f"; feature head {args.feature_head}"

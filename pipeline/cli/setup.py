@@ -108,6 +108,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     from ..files import write_atomic
     from ..models import ModelError, ModelSpec, load_spec, read_meta, resolve
     from ..models.cache import META
+    from ..models.head_files import load_head
     from ..models.resolve import ensure_head
     from ..models.spec import check_renamed
 
@@ -131,9 +132,11 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     }
     if (path / META).exists():  # a distilled draft or student: how it was trained and how well it proposes
         record["distilled"] = read_meta(path)
-    if spec.eagle is not None:  # its feature head, likewise
+    if spec.eagle is not None:  # its feature head, likewise; a published checkpoint has no draft.json of ours
         head = ensure_head(spec)
-        record["feature_head"] = {"path": str(head), **read_meta(head)}
+        loaded = load_head(head, model)  # every check against this model, before a cell reads it
+        about = read_meta(head) if (head / META).exists() else {"kind": "published head", "layout": loaded.layout}
+        record["feature_head"] = {"path": str(head), **about}
     write_atomic(args.out, json.dumps(record, indent=2) + "\n")
     print(json.dumps(record, indent=2))
     return 0

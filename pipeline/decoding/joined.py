@@ -52,14 +52,22 @@ def join(models: Sequence[torch.nn.Module], tokenizers: Any, spec: MethodSpec, n
     if same_vocabulary(tokenizers):
         return None
     union = check_joinable(tokenizers, names)
-    if spec.ensemble is not None and spec.ensemble.full_vocab:
+    if why := one_tokenizer_problem(spec):
         raise ArgumentError(
-            f"{spec.name!r} cannot join models with different tokenizers: contrastive decoding needs the amateur "
-            "to score every token of the expert's vocabulary; use we or gac"
+            f"{spec.name!r} needs one shared tokenizer but these models tokenize differently ({why}); the other "
+            "methods run over the union of their vocabularies"
         )
-    if not spec.engine.unions:
-        raise ArgumentError(f"{spec.name!r} runs {spec.engine.title}, which needs one tokenizer for all models")
     return union
+
+
+def one_tokenizer_problem(spec) -> str | None:
+    """Why a method cannot run over a set of different tokenizers (None: it can, over their union), in the words
+    ``generate``, the config check and the preflight all say it."""
+    if spec.ensemble is not None and spec.ensemble.full_vocab:
+        return "contrastive decoding needs the amateur to score every token of the expert's vocabulary"
+    if not spec.engine.unions:
+        return f"{spec.engine.title} runs one shared tokenizer"
+    return None
 
 
 class Joined:

@@ -44,14 +44,15 @@ from .proposers import (
     build,
     capabilities,
     close,
-    drafts_trees,
     parse_proposer,
     parts,
+    tree_proposer_problem,
 )
 from .spec import MethodSpec, is_int, parse_method
 from .static import make_runner
 from .stats import GenerationStats, ModelStats
 from .tree.loop import check_tree_models, parse_tree, tree_loop
+from .tree.shape import mixed_tokenizers_problem
 
 Turn = tuple[tuple[str | int, ...], int]  # (proposers, chained: names or model indices; gamma)
 
@@ -163,15 +164,11 @@ def _proposers(
     """The schedule's proposers, and those of them that watch the target's verified rows (``NamedProposer``'s
     ``watches``): one instance of each named proposer, built by its ``for_decoder(setup)`` (a class written to the
     protocol alone and without one: without arguments), its stats recorded by name. A token tree takes only
-    proposers that can draft several candidates per node (``proposers.drafts_trees``): another is refused in one
-    line, never dropped."""
+    proposers that can draft several candidates per node (``proposers.tree_proposer_problem``): another is
+    refused in one line, never dropped."""
     kinds = {s: NAMED_PROPOSERS[s] for turn, _ in schedule for s in turn if isinstance(s, str)}
-    for name, cls in kinds.items():
-        if tree and not drafts_trees(cls):
-            raise ArgumentError(
-                f"proposer {name!r} drafts one candidate per position and cannot draft a token tree (it has "
-                "neither continuations nor logits): use it without tree, or a tree with another proposer"
-            )
+    if tree and (why := tree_proposer_problem(kinds)):
+        raise ArgumentError(f"a token tree with {why}")
     named = {s: build(c, setup) for s, c in kinds.items()}
     stats.proposers.update({name: p.stats for name, p in named.items()})
     watching = [named[s] for s, c in kinds.items() if capabilities(c).watches]
@@ -318,10 +315,7 @@ def decode(
     if shape is not None:
         check_tree_models(models, spec)
         if union is not None:
-            raise ArgumentError(
-                f"tree={s.tree!r} with models of different tokenizers: token trees run over one shared vocabulary; "
-                "drop tree= (chains run over the union) or use models of one tokenizer"
-            )
+            raise ArgumentError(f"tree={s.tree!r} with {mixed_tokenizers_problem()}")
         resolved["tree"] = shape.label
     prompt = prompt_list(prompt_ids, vocab)
     if s.stop_strings and s.tokenizer is None and union is None:

@@ -232,7 +232,7 @@ def check_config(config: dict[str, Any], schema: dict[str, Any] | None = None) -
     """Validate ``config`` (schema, then names); return it with every default filled in. Raises ConfigError."""
     from tasks import TASKS
 
-    from ..decoding.proposers import capabilities, parse_proposer
+    from ..decoding.proposers import parse_proposer, tree_proposer_problem
     from ..decoding.spec import accepted_args, method_names, parse_method
 
     schema = schema or load_schema()
@@ -250,12 +250,8 @@ def check_config(config: dict[str, Any], schema: dict[str, Any] | None = None) -
     for i, grid in enumerate(config["grids"]):  # a token tree needs proposers that give several candidates
         kind = parse_proposer(grid.get("proposer", config["proposer"]))
         trees = [t for t in grid.get("tree", config.get("tree") or [None]) if t is not None]
-        cannot = [n for n, c in zip(kind.named, kind.classes()) if not capabilities(c).branches]
-        if trees and cannot:
-            raise ConfigError(
-                f"config key grids[{i}].tree: {json.dumps(trees[0])} with proposer {cannot[0]!r}, which drafts one "
-                "candidate per position and cannot draft a token tree; drop the tree or use another proposer"
-            )
+        if trees and (why := tree_proposer_problem(kind.named)):
+            raise ConfigError(f"config key grids[{i}].tree: {json.dumps(trees[0])} with {why}")
     models = config["models"]
     methods_ok = method_names()
     for i, grid in enumerate(config["grids"]):
@@ -334,9 +330,10 @@ def _check_results_dir(results: str) -> None:
 
 def _check_heads(models: dict[str, Any]) -> None:
     """Every model's ``eagle`` entry, as far as the config shows: a recipe's keys and values (``HeadRecipe``), or
-    a head's directory and its own config (``feature_head.head_dir_problem``); the target's side when it loads."""
+    a head's directory and its own config (``head_files.head_dir_problem``); the target's side when it loads."""
     from pipeline.models import BUNDLED, ModelError
-    from pipeline.models.feature_head import HeadRecipe, head_dir_problem
+    from pipeline.models.feature_head import HeadRecipe
+    from pipeline.models.head_files import head_dir_problem
     from pipeline.models.head_target import ensemble_target
     from pipeline.models.resolve import recipe_of
 

@@ -10,11 +10,13 @@ from collections.abc import Iterator
 from dataclasses import fields
 from typing import Any
 
+from ..decoding.joined import one_tokenizer_problem
 from ..decoding.spec import MethodSpec, parse_method
+from ..decoding.tree.shape import mixed_tokenizers_problem
 from ..models import ModelSpec
 from .cell import CONFIG, Cell, CellFile, Dims
 from .config import ConfigError, model_entry
-from .preflight import mixed_tokenizers, one_tokenizer_only, own_tokenizer
+from .preflight import mixed_tokenizers, own_tokenizer
 
 # what a grid may set for itself (and the Cell settings marked CONFIG), else the config's top-level value
 GRID_KEYS = "datasets gamma gamma_schedule temperature method_args proposer se_large_gamma tree".split()
@@ -123,7 +125,7 @@ def _cells(config, grid: str, g: dict, settings: dict, set_name: str, members, s
     if "proposer" in spec.accepted_args():  # not the peers (transformers' own methods)
         args.setdefault("proposer", g["proposer"])
     mixed = mixed_tokenizers(config["models"], names)
-    if mixed and (why := one_tokenizer_only(spec)):
+    if mixed and (why := one_tokenizer_problem(spec)):
         raise ConfigError(
             f"{where}: {spec.name!r} needs one shared tokenizer but {', '.join(map(repr, names))} tokenize "
             f"differently ({why}); the other methods run over the union of their vocabularies"
@@ -138,11 +140,7 @@ def _cells(config, grid: str, g: dict, settings: dict, set_name: str, members, s
     schedules = g["gamma_schedule"] if spec.own_loop else ["fixed"]
     trees = _trees(g["tree"], spec, grid)
     if any(trees) and mixed:
-        raise ConfigError(
-            f"{where}: config key tree: {g['tree']} on a set whose members tokenize differently "
-            f"({', '.join(map(repr, names))}); token trees run over one shared vocabulary: use tree: [null] for "
-            "this grid (chains run over the union)"
-        )
+        raise ConfigError(f"{where}: config key tree: {g['tree']} with {mixed_tokenizers_problem(names)}")
     for dataset, dopts in g["datasets"].items():
         for t in g["temperature"]:
             try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..decoding.joined import one_tokenizer_problem
 from ..models.files import ModelInfo, inspect_config
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ def set_problems(config: dict[str, Any], cells: dict[str, CellFile], infos: dict
         names = dims.models
         where = f"grid {dims.grid!r}, set {dims.model_set!r}"
         differ = different_tokenizers(config, names, infos)
-        if differ and (why := one_tokenizer_only(dims.spec)):
+        if differ and (why := one_tokenizer_problem(dims.spec)):
             problems[
                 f"{where}: {dims.method!r} needs one shared tokenizer but {differ} ({why}); the other methods "
                 "run over the union of their vocabularies"
@@ -81,15 +82,6 @@ def mixed_tokenizers(models: dict[str, Any], names: list[str]) -> bool:
     """Whether the config alone shows that a set's members tokenize differently: a student with a tokenizer of
     its own beside any other model (other sets are told apart by their files, in the preflight)."""
     return len(set(names)) > 1 and any(own_tokenizer(models[n]) for n in names)
-
-
-def one_tokenizer_only(spec) -> str | None:
-    """Why a method cannot run over a set of different tokenizers (None: it can, over their union)."""
-    if spec.ensemble is not None and spec.ensemble.full_vocab:
-        return "contrastive decoding subtracts the members' log-probabilities token by token, over one vocabulary"
-    if not spec.engine.unions:
-        return f"{spec.engine.title} runs one shared tokenizer"
-    return None
 
 
 def different_tokenizers(config: dict[str, Any], names: list[str], infos: dict[str, ModelInfo]) -> str | None:

@@ -21,7 +21,7 @@ from ..errors import UserError
 from ..experiment.cell import CellFile
 from ..experiment.grid import OWN_SETTINGS
 from ..experiment.layout import beside
-from ..files import read_jsonl, read_user_json, write_atomic
+from ..files import ResultsError, read_jsonl, read_user_json, write_atomic
 
 CARRIED = ("id", "prompt_ids", "category", "provenance", "run")  # a source row's fields that are the sample's too
 
@@ -102,6 +102,16 @@ def derive_cell(cell_file: Path, source_samples: Path, out: Path) -> int:
     rows = [derived_row(r, source) for r in read_jsonl(source_samples, links=False)]
     rows = in_prompt_order(rows, prompt_ids(entry.cell), source, entry.dims.id)
     meta = {"environment": source_meta["environment"], "cell": entry.cell.described(), "samples_from": source}
-    write_atomic(beside(out, "meta"), json.dumps(meta, indent=2, default=str) + "\n")
-    write_atomic(Path(out), "".join(json.dumps(r) + "\n" for r in rows))
+    written = [(Path(out), "".join(json.dumps(r) + "\n" for r in rows))]  # the samples first, the meta after them
+    written.append((beside(out, "meta"), json.dumps(meta, indent=2, default=str) + "\n"))
+    try:
+        for path, text in written:
+            write_atomic(path, text)
+    except OSError as err:  # a full disk, a quota: neither file is left, so no meta stands without its samples
+        for path, _ in written:
+            path.unlink(missing_ok=True)
+        raise ResultsError(
+            f"cannot write cell {entry.dims.id}'s samples beside {out.parent}: {err.strerror or err}; nothing of it "
+            "was kept (free some space, run again)"
+        ) from None
     return len(rows)

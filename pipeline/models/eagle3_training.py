@@ -1,5 +1,5 @@
 """EAGLE-3-style heads trained here (a head recipe's ``layout: eagle3``): the published layout of ``eagle3.py``,
-trained on the same teacher data as any head (``feature_head.train_head``) by EAGLE-3's training-time test.
+trained on the same teacher data as any head (``head_training.train_head``) by EAGLE-3's training-time test.
 
 The head (``new_head``) fuses the inputs of three of the target's decoder layers (EAGLE-3's rule: ``eagle3.aux_layers``)
 through ``fc``; its draft vocabulary is the teacher data's kept ids (``d2t``), its ``lm_head`` starts as the target's
@@ -16,7 +16,7 @@ chain of ``ttt`` tokens. Step j's loss (the recipe's ``loss`` against the teache
 weighs 0.8^j (EAGLE-3's weights), normalised to sum to one. The recipe's ``noise`` (EAGLE's augmentation, kept
 here beside the test) perturbs the three layers' inputs uniformly, in units of each layer's own scale
 (``layer_scales``). ``save`` writes it as an EAGLE-3 checkpoint, which
-``feature_head.load_head`` reads back through ``eagle3.load_eagle3`` as it reads a published one (over the whole
+``head_files.load_head`` reads back through ``eagle3.load_eagle3`` as it reads a published one (over the whole
 vocabulary, with no ``d2t``: vLLM takes one only for a reduced vocabulary).
 """
 

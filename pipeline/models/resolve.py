@@ -9,8 +9,9 @@ from typing import Any
 from ..decoding.checks import head_rows
 from .cache import META, cache_dir, cache_lock
 from .distill import digest, distill, draft_name
-from .feature_head import HeadRecipe, distill_head
+from .feature_head import HeadRecipe
 from .head_target import ensemble_target, member_spec
+from .head_training import distill_head
 from .loading import check_tokenizers, first_different, load
 from .recipe import Recipe
 from .sources import bundled_dir, cache_stem, gguf_dir, hub_dir, locate
@@ -56,7 +57,7 @@ def load_spec(spec: ModelSpec):
         resolve(spec), spec.resolved_dtype(), spec.resolved_device(), spec.full_head, spec.pack, spec.runner
     )
     if spec.eagle is not None:
-        from .feature_head import load_head
+        from .head_files import load_head
 
         load_head(ensure_head(spec), model)
     return model, tokenizer

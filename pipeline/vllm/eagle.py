@@ -3,7 +3,7 @@
 vLLM's EAGLE for Llama models (``EagleLlamaForCausalLM``, speculator ``eagle``) reads the target's features after
 its final norm, puts its predictions straight into the target's output head over the whole vocabulary, and has an
 ``fc`` without bias. A head of EAGLE's layout trained here (``eagle: {layout: eagle, head_tokens: 0}``) is saved as
-such a checkpoint (``models/feature_head.save_head``), and a published EAGLE-1 checkpoint is one; a head of this
+such a checkpoint (``models/head_files.save_head``), and a published EAGLE-1 checkpoint is one; a head of this
 project's own layout (features before the norm) or over part of the vocabulary would draft other tokens in vLLM
 than here, so it is refused in one line, when the config is read where its recipe shows it, else before the job
 starts.
@@ -23,7 +23,8 @@ from typing import Any
 from ..errors import UserError
 from ..files import read_tensors, read_user_json, user_file
 from ..models.eagle3 import is_eagle3
-from ..models.feature_head import EAGLE_WEIGHTS, HEAD_CONFIG, WEIGHTS_LIMIT, HeadRecipe, head_config
+from ..models.feature_head import EAGLE_WEIGHTS, HEAD_CONFIG, WEIGHTS_LIMIT, HeadRecipe
+from ..models.head_files import head_config
 from ..models.resolve import recipe_of
 
 TRAIN_FOR_VLLM = "eagle: {layout: eagle, head_tokens: 0}"  # a recipe whose head vLLM's EAGLE runs as ours does

@@ -28,6 +28,7 @@ from .base import (
     parse_proposer,
     parts,
     register_proposer,
+    tree_proposer_problem,
 )
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "parse_proposer",
     "parts",
     "register_proposer",
+    "tree_proposer_problem",
 ]
 
 

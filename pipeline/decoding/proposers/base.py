@@ -7,7 +7,7 @@ of the context). The speculative loop knows proposers only through
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
@@ -146,6 +146,18 @@ def close(proposer: Proposer) -> None:
 def parts(proposer: Proposer) -> list[Proposer]:
     """A turn's proposers in the order they are asked (a chain's, or the one)."""
     return list(proposer.proposers) if isinstance(proposer, Chain) else [proposer]
+
+
+def tree_proposer_problem(named: Iterable[str]) -> str | None:
+    """Why proposers of these names cannot draft a token tree (None: they can), in the words the config check and
+    ``generate`` both say it: the first that gives one candidate per position."""
+    cannot = [n for n in named if not capabilities(NAMED_PROPOSERS[n]).branches]
+    if not cannot:
+        return None
+    return (
+        f"proposer {cannot[0]!r}, which drafts one candidate per position and cannot draft a token tree (it has "
+        "neither continuations nor logits); drop the tree or use another proposer"
+    )
 
 
 def drafts_trees(proposer: object) -> bool:

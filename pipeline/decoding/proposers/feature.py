@@ -116,7 +116,7 @@ class FeatureProposer(NamedProposer):
             return cls(member.runner, head, sampling, generator)
         raise ArgumentError(
             "proposer 'eagle' needs a feature head attached to a model of the set "
-            "(pipeline.models.feature_head.load_head, or a model's eagle entry in a config)"
+            "(pipeline.models.head_files.load_head, or a model's eagle entry in a config)"
         )
 
     def close(self) -> None:

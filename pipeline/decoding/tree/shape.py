@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +85,16 @@ def tree_problem(spec: MethodSpec) -> str | None:
         return None
     forms = ["sd", *(f"*{f.suffix}" for f in FORMS if f.own_loop and f.suffix)]
     return f"a tree is for the {', '.join(forms[:-1])} and {forms[-1]} methods; {spec.name!r} is of kind {spec.kind!r}"
+
+
+def mixed_tokenizers_problem(names: Sequence[str] = ()) -> str:
+    """Why a token tree cannot run on members that tokenize differently, in the words the config check and
+    ``generate`` both say it (``names``: the members, where known)."""
+    which = f" ({', '.join(map(repr, names))})" if names else ""
+    return (
+        f"models of different tokenizers{which}: token trees run over one shared vocabulary; drop the tree (chains "
+        "run over the union) or use models of one tokenizer"
+    )
 
 
 def check_tree_models(models: list, spec: MethodSpec) -> None:
