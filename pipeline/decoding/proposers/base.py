@@ -1,8 +1,11 @@
-"""Proposers: each proposes the next token and the distribution it was drawn from.
+"""Proposers: each proposes the next token, the distribution it was drawn from, and how sure it is.
 
-The distribution is ``None`` for a one-hot proposal (a deterministic function
-of the context). The speculative loop knows proposers only through
-:class:`Proposer`: a model, prompt lookup (``lookup.py``) or a chain of them.
+The distribution is ``None`` for a one-hot proposal (a deterministic function of the context); the confidence,
+where a proposer gives one, a function of the context alone (``Proposal.confidence``: how far a chain drafts). The
+speculative loop knows proposers only through :class:`Proposer`: a model of the set (``ModelProposer``), a named
+proposer registered by its module in this folder (``lookup.py``, ``suffix.py``, ``recycle.py``, ``feature.py``:
+``register_proposer``, ``NamedProposer``'s declarations), or a chain of them (``Chain``), parsed once from a
+``proposer`` value (``parse_proposer``).
 """
 
 from __future__ import annotations
