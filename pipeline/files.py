@@ -132,10 +132,12 @@ def user_file(path: Path, what: str = "file", limit: int = MAX_USER_FILE, links:
 
 def read_tail(path: Path, what: str = "file", size: int = 1 << 16) -> str:
     """The last ``size`` bytes of a plain file as text (a log's cause is at its end: a 1.5 GB log is not read
-    whole); a one-line UserError naming it when it is missing, not a regular file (a pipe: no wait) or unreadable."""
+    whole); a one-line UserError naming it when it is missing, a symbolic link (never followed, as a result is
+    not: what it points to, maybe outside the results directory, is not read), not a regular file (a pipe: no
+    wait) or unreadable."""
     path = Path(path)
     try:
-        with os.fdopen(os.open(path, READ_FLAGS), "rb") as f:
+        with os.fdopen(os.open(path, READ_FLAGS | NO_LINK), "rb") as f:
             info = os.fstat(f.fileno())
             if not stat.S_ISREG(info.st_mode):
                 raise UserError(f"{what} {path} is not a regular file (a directory, a device or a pipe)")
@@ -293,39 +295,6 @@ def open_own(path: Path, mode: str, what: str):
         raise ResultsError(f"cannot write {what} {path}: it is {kind}; remove it (only plain files are written)")
     os.set_blocking(fd, True)
     return os.fdopen(fd, mode, encoding="utf-8", errors="replace")  # a damaged file reads, it never raises
-
-
-def schema_validator(schema: dict[str, Any]):
-    """A JSON Schema's validator for what a user gives, with "integer" meaning a real int (JSON Schema alone
-    accepts 4.0 and True): the config's schema and a model's config.json (``records.CONFIG_JSON``)."""
-    import jsonschema
-
-    cls = jsonschema.validators.validator_for(schema)
-    checker = cls.TYPE_CHECKER.redefine("integer", lambda _, x: isinstance(x, int) and not isinstance(x, bool))
-    return jsonschema.validators.extend(cls, type_checker=checker)(schema)
-
-
-def shown_key(part: Any) -> str:
-    """A key of a path into a record as one line shows it: as it is, or escaped (JSON's escapes, quoted) where it
-    holds a character that is not printable, such as a newline."""
-    text = str(part)
-    return text if text.isprintable() else json.dumps(text)
-
-
-def schema_problems(schema: dict[str, Any], value: Any, where: str) -> list[str]:
-    """One line per part of ``value`` that ``schema`` does not accept, naming ``where`` (a file, a line), the key,
-    the value (shortened) and what is accepted (a subschema's ``accepted`` where it says it in words)."""
-    lines = []
-    for error in sorted(schema_validator(schema).iter_errors(value), key=lambda e: list(map(str, e.absolute_path))):
-        key = ".".join(map(shown_key, error.absolute_path)) or "(top level)"
-        shown = json.dumps(error.instance, default=str)
-        shown = shown if len(shown) <= 40 else shown[:37] + "..."
-        if error.validator == "required":
-            lines.append(f"{where}: {error.message}")
-        else:
-            said = error.schema.get("accepted") if isinstance(error.schema, dict) else None  # the schema's words
-            lines.append(f"{where}: {key}={shown} is not accepted ({said or error.message.split(' is ')[-1][:80]})")
-    return lines
 
 
 class LockHeld(UserError):

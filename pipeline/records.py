@@ -12,20 +12,70 @@ never a traceback minutes later. ``tests/test_records.py`` runs Hypothesis over 
 from __future__ import annotations
 
 import dataclasses
+import json
 import types
 import typing
 from pathlib import Path
 from typing import Any
 
 from .errors import UserError
-from .files import MAX_USER_FILE, read_user_json, schema_problems
+from .files import MAX_USER_FILE, read_user_json
 
-__all__ = ["ID", "RecordError", "read_record", "record_problems", "records", "register", "schema_of"]
+__all__ = [
+    "ID",
+    "RecordError",
+    "read_record",
+    "record_problems",
+    "records",
+    "register",
+    "schema_of",
+    "schema_problems",
+    "schema_validator",
+    "shown_key",
+]
 
 
 class RecordError(UserError):
     """A record that is not what its type says (one line: the file, the field, what is accepted)."""
 
+
+# ---- a schema's checks: one line per part of a value it does not accept -------------------------------------------
+
+
+def schema_validator(schema: dict[str, Any]):
+    """A JSON Schema's validator for what a user gives, with "integer" meaning a real int (JSON Schema alone
+    accepts 4.0 and True): the config's schema and a model's config.json (``records.CONFIG_JSON``)."""
+    import jsonschema
+
+    cls = jsonschema.validators.validator_for(schema)
+    checker = cls.TYPE_CHECKER.redefine("integer", lambda _, x: isinstance(x, int) and not isinstance(x, bool))
+    return jsonschema.validators.extend(cls, type_checker=checker)(schema)
+
+
+def shown_key(part: Any) -> str:
+    """A key of a path into a record as one line shows it: as it is, or escaped (JSON's escapes, quoted) where it
+    holds a character that is not printable, such as a newline."""
+    text = str(part)
+    return text if text.isprintable() else json.dumps(text)
+
+
+def schema_problems(schema: dict[str, Any], value: Any, where: str) -> list[str]:
+    """One line per part of ``value`` that ``schema`` does not accept, naming ``where`` (a file, a line), the key,
+    the value (shortened) and what is accepted (a subschema's ``accepted`` where it says it in words)."""
+    lines = []
+    for error in sorted(schema_validator(schema).iter_errors(value), key=lambda e: list(map(str, e.absolute_path))):
+        key = ".".join(map(shown_key, error.absolute_path)) or "(top level)"
+        shown = json.dumps(error.instance, default=str)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        if error.validator == "required":
+            lines.append(f"{where}: {error.message}")
+        else:
+            said = error.schema.get("accepted") if isinstance(error.schema, dict) else None  # the schema's words
+            lines.append(f"{where}: {key}={shown} is not accepted ({said or error.message.split(' is ')[-1][:80]})")
+    return lines
+
+
+# ---- the records -------------------------------------------------------------------------------------------------
 
 NAME = {"type": "string", "minLength": 1}
 # a cell's id: a relative path under the results directory, no '.' or '..' part (its files are named by it)

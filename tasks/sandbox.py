@@ -164,7 +164,7 @@ def _bubblewrap_problem() -> str | None:
 def _runner_command(mode: str) -> dict:
     """How the judge starts the runner: bubblewrap's arguments, or the interpreter alone under the guard."""
     if mode == GUARD_ONLY:
-        return {"argv_head": [], "binds": [], "argv_tail": [sys.executable, *_python_runner()]}
+        return {"argv_head": [], "binds": [], "argv_tail": [sys.executable, *_python_argv()]}
     python = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
     argv = [shutil.which("bwrap") or "bwrap", *BWRAP_OPTIONS, "--ro-bind", "/usr", "/usr"]
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
@@ -179,7 +179,7 @@ def _runner_command(mode: str) -> dict:
         "binds": [] if prefix == "/usr" or prefix.startswith("/usr/") else [prefix],  # the interpreter's own
         "argv_tail": [
             *("--proc", "/proc", "--dev", "/dev", *_tmp_size(argv[0]), "--tmpfs", "/tmp"),
-            *("--chdir", "/tmp", python, *_python_runner()),
+            *("--chdir", "/tmp", python, *_python_argv()),
         ],
         **({"drop_to": NOBODY} if os.geteuid() == 0 else {}),
     }
@@ -202,7 +202,7 @@ BWRAP_OPTIONS = [
 ]
 
 
-def _python_runner() -> list[str]:
+def _python_argv() -> list[str]:
     return ["-I", "-S", "-c", CHILD.read_text(encoding="utf-8"), "runner"]
 
 

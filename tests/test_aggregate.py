@@ -229,7 +229,7 @@ def test_a_null_cell_whose_interval_misses_one_flags_the_whole_run_in_one_line(t
     control = json.loads((results / "results.json").read_text())["control"]
     assert control["covers"] is False and control["line"].strip("*").startswith(line)
     assert control["cell"] == "d/a/large_model-T0-null" and control["low"] == 0.95
-    from pipeline.experiment.layout import Results
+    from pipeline.experiment.paths import Results
     from pipeline.report.tracking import _log_tables
 
     run = types.SimpleNamespace(log=lambda *a, **k: None, summary={})  # the experiment's W&B run, as it is filled

@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.decoding import generate
 from pipeline.decoding.audit import Audit, AuditError
-from pipeline.decoding.ensemble import conformance_ensembles
+from pipeline.decoding.ensembles import conformance_ensembles
 from pipeline.decoding.member import Member
 from pipeline.decoding.proposers.feature import attach
 from pipeline.decoding.runner import HFRunner

@@ -12,7 +12,8 @@ from pipeline.decoding.methods import plan_method
 from pipeline.decoding.spec import method_names, parse_method
 from pipeline.errors import UserError
 from pipeline.experiment.cell import Cell, CellFile, Dims
-from pipeline.experiment.config import check_config, load_config_file
+from pipeline.experiment.config import check_config
+from pipeline.experiment.config_file import load_config_file
 from pipeline.experiment.grid import expand_cells
 
 ROOT = Path(__file__).resolve().parent.parent

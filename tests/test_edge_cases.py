@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pipeline.decoding import generate, register_ensemble
-from pipeline.decoding.ensemble import ENSEMBLES
+from pipeline.decoding.ensembles import ENSEMBLES
 
 from .conftest import perturbed, tiny_llama
 

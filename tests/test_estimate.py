@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from pipeline.errors import UserError
 from pipeline.experiment import estimate
-from pipeline.experiment.config import check_config, load_config_file
+from pipeline.experiment.config import check_config
+from pipeline.experiment.config_file import load_config_file
 from pipeline.experiment.grid import expand_cells
 from pipeline.experiment.preflight import inspect_config, models_to_prepare
 from tests.test_preflight import LLAMA, PUBLIC_CONFIGS, PUBLIC_PARAMETERS, model_dir

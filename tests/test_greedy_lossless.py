@@ -7,7 +7,7 @@ import random
 import pytest
 
 from pipeline.decoding import generate
-from pipeline.decoding.ensemble import ENSEMBLES, conformance_ensembles
+from pipeline.decoding.ensembles import ENSEMBLES, conformance_ensembles
 from pipeline.decoding.spec import method_names, parse_method
 
 PROMPTS = [[random.Random(i).randrange(32) for _ in range(n)] for i, n in enumerate([1, 3, 8, 17, 5, 2])]

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from pipeline.decoding import generate
 from pipeline.decoding.spec import method_names, parse_method
 from pipeline.errors import ArgumentError, UserError
-from pipeline.experiment.config import check_config, load_config_file, load_schema
+from pipeline.experiment.config import check_config, load_schema
+from pipeline.experiment.config_file import load_config_file
 from pipeline.experiment.grid import expand_cells
 
 from .conftest import perturbed, tiny_llama

@@ -37,7 +37,7 @@ def pair():
 def test_every_name_parsing_and_reserved_suffix_comes_from_the_forms_table():
     """forms.FORMS is the one table: each ensemble's names are its forms' suffixes (a mixture's only for a mixture
     ensemble), each parses back to its form, and no ensemble can be registered under a name ending in one."""
-    from pipeline.decoding.ensemble import ENSEMBLES
+    from pipeline.decoding.ensembles import ENSEMBLES
     from pipeline.decoding.forms import FORMS, SUFFIXES
     from pipeline.decoding.spec import method_names
 
@@ -186,7 +186,7 @@ def test_dynamic_gamma_cells_are_named_apart():
 
 
 def test_the_gate_picks_the_lead_model_where_it_is_confident():
-    from pipeline.decoding.ensemble import ENSEMBLES
+    from pipeline.decoding.ensembles import ENSEMBLES
     from pipeline.decoding.sampling import Sampling
 
     gac = ENSEMBLES["gac"].fn
@@ -218,7 +218,7 @@ def test_the_docs_example_is_the_registered_code():
     readme = (ROOT / "docs" / "extending.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
     example = next(b for b in blocks if "def gated_ensemble(" in b)
-    source = (ROOT / "pipeline" / "decoding" / "ensemble.py").read_text()
+    source = (ROOT / "pipeline" / "decoding" / "ensembles" / "gac.py").read_text()
     assert example.strip() in source
 
 

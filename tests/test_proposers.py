@@ -2,13 +2,16 @@
 
 What each proposes (the suffix automaton against a brute-force search; the recycled table), that a prompt never
 reads its own earlier output (the corpus's rule, the job's order, the teacher data's held-out set never read),
-and that neither changes what a method generates: greedy identity in float64 over every speculative method, in
-chains and trees, and the chi-square check of the first two tokens at T = 1; each check fails once proposals are
-taken unverified. The ceiling (the mean of max p over the emitted positions) against an independent recompute.
+and that neither, nor any registered proposer, changes what a method generates: greedy identity in float64 over
+every speculative method, in chains and trees, and the chi-square check of the first two tokens at T = 1, for every
+kind the registrations declare (``register_proposer(test_args=)``, no list here); each check fails once proposals
+are taken unverified. The ceiling (the mean of max p over the emitted positions) against an independent recompute.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import random
 from collections import Counter
@@ -19,7 +22,7 @@ import torch
 
 from pipeline.decoding import generate, loop
 from pipeline.decoding.corpus import Corpus, CorpusLeak, SuffixAutomaton
-from pipeline.decoding.proposers import parse_proposer
+from pipeline.decoding.proposers import conformance_kinds, conformance_proposers, parse_proposer
 from pipeline.decoding.proposers.recycle import TokenRecycling
 from pipeline.decoding.proposers.suffix import SuffixProposer
 from pipeline.errors import ArgumentError
@@ -274,8 +277,34 @@ def trio():
     return [target, perturbed(target, 0.1, seed=81), tiny_llama(82, vocab=24)]
 
 
+@functools.cache
+def headed(models: tuple) -> list:
+    """The models, the first a copy with a random feature head attached (what a kind that reads the target's
+    features needs, ``reads_features``: ``eagle``'s head; peaked, so it proposes, sometimes rightly)."""
+    from pipeline.decoding.proposers.feature import attach
+    from pipeline.models.feature_head import FeatureHead
+
+    target = copy.deepcopy(models[0])
+    torch.manual_seed(0)
+    head = FeatureHead(target, None)
+    with torch.no_grad():
+        head.fc.weight.mul_(4)
+    return [attach(target, head), *models[1:]]
+
+
+def models_for(models: list, kind: str) -> list:
+    """The models a case of ``kind`` runs on: with a feature head on the first where a part of it reads one."""
+    return headed(tuple(models)) if parse_proposer(kind).reads_features else list(models)
+
+
 PROMPTS = [[3, 1, 4, 1, 5, 9, 2, 6, 3, 1, 4], [2, 2, 5, 2, 2, 5, 2]]
-KINDS = ["suffix", "recycle", "suffix+recycle+draft"]
+# every registered proposer's kinds, as each declared them (``register_proposer(test_args=)``): alone, chained and
+# before the draft model; registering one puts it under these suites and the tree suite, no test edited
+REGISTERED = conformance_kinds()
+KIND_ARGS = {k.kind: dict(k.method_args) for k in REGISTERED}
+KINDS = [k.kind for k in REGISTERED if k.role != "chain"]  # suffix, recycle, suffix+recycle+draft, lookup, eagle...
+# each kind in a chain, and in the trees where every part branches (a proposer that cannot is refused by a tree)
+SHAPES = [(k, tree) for k in KINDS for tree in (None, "3x2", "d6") if tree is None or parse_proposer(k).branches]
 METHODS = [("sd", 2, {}), ("we_sd", 3, {"weights": [0.5, 0.3, 0.2]}), ("we_se", 3, {"weights": [0.5, 0.3, 0.2]})]
 METHODS += [("cd_sd", 2, {"alpha": 0.3}), ("cd_se", 2, {"alpha": 0.3})]
 
@@ -292,11 +321,10 @@ def corpus_for(trio_models, prompt: list[int], base: str, args: dict) -> Corpus:
 
 
 @pytest.mark.spread("tree")  # make test: each method and kind with one shape (a chain or a tree), in turn
-@pytest.mark.parametrize("tree", [None, "3x2", "d6"])
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind,tree", SHAPES, ids=[f"{k}-{t}" for k, t in SHAPES])
 @pytest.mark.parametrize("method,n,args", METHODS, ids=[m for m, _, _ in METHODS])
 def test_greedy_outputs_equal_the_standard_methods(trio, method, n, args, kind, tree):
-    models = trio[:n]
+    models = models_for(trio, kind)[:n]
     base = "large_model" if method == "sd" else method.split("_")[0]
     named = parse_proposer(kind).named
     proposed = 0
@@ -310,7 +338,7 @@ def test_greedy_outputs_equal_the_standard_methods(trio, method, n, args, kind, 
             method,
             gamma,
             30,
-            method_args={**args, "proposer": kind},
+            method_args={**args, **KIND_ARGS[kind], "proposer": kind},
             corpus=corpus.view("p"),
             **({"tree": tree} if tree else {}),
         )
@@ -355,40 +383,50 @@ def joint(models, method, prompt, seeds=SEEDS, **kw) -> np.ndarray:
     counts = np.zeros((VOCAB, VOCAB))
     named = parse_proposer(kw["method_args"]["proposer"]).named
     accepted = Counter()
+    kw = {"max_new_tokens": 2, **kw}
     for seed in range(seeds):
         corpus = small_corpus()
-        out = generate(models, prompt, method, max_new_tokens=2, seed=seed, corpus=corpus.view("p"), **T1, **kw)
+        out = generate(models, prompt, method, seed=seed, corpus=corpus.view("p"), **T1, **kw)
         counts[out.token_ids[0], out.token_ids[1]] += 1
         accepted.update({n: out.stats.proposers[n].accepted for n in named})
     assert all(accepted[n] > 0 for n in named), accepted
     return counts
 
 
-SAMPLED = [  # (method, models, reference, its args, generate's kwargs)
-    ("sd", [0], "single", {}, {"gamma": 2, "method_args": {"proposer": "suffix"}}),
-    ("sd", [0], "single", {}, {"gamma": 2, "method_args": {"proposer": "recycle"}}),
-    ("sd", [0, 1], "single", {}, {"gamma": 2, "method_args": {"proposer": "recycle"}, "tree": "3x1"}),
-    (
-        "we_se",
-        [0, 1],
-        "we",
-        {"weights": [0.5, 0.5]},
-        {"gamma": [1, 2], "method_args": {"lambda": 0.5, "proposer": "suffix+recycle+draft"}},
-    ),
-    (
-        "cd_sd",
-        [0, 1],
-        "cd",
-        {"alpha": 0.3},
-        {"gamma": 2, "method_args": {"alpha": 0.3, "proposer": "suffix+recycle"}, "tree": "2x2"},
-    ),
-]
+def sampled(registered) -> list[tuple]:
+    """The chi-square cases of the registered proposers' kinds (``conformance_kinds``): each proposer alone in
+    ``sd``, and in a tree there where it branches and declares no chain; its chain (``suffix+recycle``) in
+    ``cd_sd``, in a tree where every part branches; before the draft model in ``we_se``. Each checks the first two
+    tokens, and that the kind's proposals were verified and some accepted (``joint``)."""
+    cases = []
+    tests = conformance_proposers()
+    for k in registered:
+        args, branches = dict(k.method_args), parse_proposer(k.kind).branches
+        if k.role == "alone":
+            cases.append(("sd", [0], "single", {}, {"gamma": 2, "method_args": {**args, "proposer": k.kind}}))
+            if branches and not tests[k.kind].chain:  # one with a chain has its tree in its chain's case
+                kw = {"gamma": 2, "method_args": {**args, "proposer": k.kind}, "tree": "3x1"}
+                if parse_proposer(k.kind).reads_features:  # a head drafts from the target's features: a tree's
+                    kw["max_new_tokens"] = 3  # first round has none yet, its second drafts the second token
+                cases.append(("sd", [0, 1], "single", {}, kw))
+        elif k.role == "chain":
+            kw = {"gamma": 2, "method_args": {"alpha": 0.3, **args, "proposer": k.kind}}
+            cases.append(("cd_sd", [0, 1], "cd", {"alpha": 0.3}, {**kw, **({"tree": "2x2"} if branches else {})}))
+        else:
+            kw = {"gamma": [1, 2], "method_args": {"lambda": 0.5, **args, "proposer": k.kind}}
+            cases.append(("we_se", [0, 1], "we", {"weights": [0.5, 0.5]}, kw))
+    return cases
+
+
+# (method, models, reference, its args, generate's kwargs): sd-suffix, sd-recycle, sd-recycle-3x1,
+# we_se-suffix+recycle+draft, cd_sd-suffix+recycle-2x2, and as many for every other registered proposer
+SAMPLED = sampled(REGISTERED)
 
 
 @pytest.mark.parametrize("case", SAMPLED, ids=lambda c: f"{c[0]}-{c[4]['method_args']['proposer']}-{c[4].get('tree')}")
 def test_the_first_two_tokens_follow_the_target(small, case):
     method, idx, kind, ref_args, kw = case
-    chosen = [small[i] for i in idx]
+    chosen = [models_for(small, kw["method_args"]["proposer"])[i] for i in idx]
     expected = exact_joint(kind, chosen, T1, ref_args, REPEAT)
     p = chi_square_pvalue(joint(chosen, method, REPEAT, **kw), expected)
     assert p > ALPHA, f"{method}: chi-square p={p:.2e}"
@@ -440,6 +478,41 @@ def test_proposer_values_are_parsed_once_and_refused_in_one_line():
         generate([tiny_llama(1)], [1, 2], "sd", 2, 4, method_args={"proposer": "suffix"}, corpus=Corpus())
 
 
+def test_a_registration_declares_the_suites_cases_of_its_proposer():
+    """``register_proposer(test_args=)`` is what the suites read (``conformance_kinds``): a proposer registered with
+    none is under them alone and before the draft, no arguments; one with ``ProposerTests`` (or a dict of its fields)
+    as it declared, its ``method_args`` in each case; ``suffix``'s chain holds ``recycle+draft``; ``test_args=None``
+    leaves it out; a chain naming a proposer not under the suites, a field it does not have, one refused."""
+    from pipeline.decoding.proposers import NAMED_PROPOSERS, PROPOSER_TESTS, ProposerTests, register_proposer
+
+    def kinds():
+        return {(k.role, k.kind): k.method_args for k in conformance_kinds()}
+
+    built_in = kinds()
+    assert {("alone", "suffix"), ("chain", "suffix+recycle"), ("draft", "suffix+recycle+draft")} <= set(built_in)
+    assert ("draft", "recycle+draft") not in built_in and ("alone", "recycle") in built_in
+    names = ("plain", "reaching", "hidden", "dangling")
+    try:
+        register_proposer("plain")(OneAtATime)
+        register_proposer("reaching", test_args={"method_args": {"least_reach": 0.2}, "alone": False})(OneAtATime)
+        register_proposer("hidden", test_args=None)(OneAtATime)
+        found = kinds()
+        assert found[("alone", "plain")] == {} and found[("draft", "plain+draft")] == {}
+        assert found[("draft", "reaching+draft")] == {"least_reach": 0.2} and ("alone", "reaching") not in found
+        assert not any("hidden" in kind for _, kind in found)
+        register_proposer("dangling", test_args=ProposerTests(chain=("nowhere",)))(OneAtATime)
+        with pytest.raises(ArgumentError, match="'dangling': test_args chain names 'nowhere'"):
+            conformance_kinds()
+    finally:
+        for name in names:
+            NAMED_PROPOSERS.pop(name, None)
+            PROPOSER_TESTS.pop(name, None)
+    for bad in ({"shape": 1}, ProposerTests, {"alone": False, "draft": False}, {"method_args": {"proposer": "x"}}):
+        with pytest.raises(ArgumentError, match="test_args"):
+            register_proposer("bad", test_args=bad)
+    assert "bad" not in NAMED_PROPOSERS
+
+
 class OneAtATime:
     """A proposer written to the protocol alone, with one candidate per position: it cannot branch."""
 
@@ -458,7 +531,8 @@ class OneAtATime:
 def test_a_tree_with_a_proposer_that_cannot_branch_is_refused_when_the_config_is_read():
     from pipeline import ROOT
     from pipeline.decoding.proposers import NAMED_PROPOSERS, register_proposer
-    from pipeline.experiment.config import ConfigError, check_config, load_config_file
+    from pipeline.experiment.config import ConfigError, check_config
+    from pipeline.experiment.config_file import load_config_file
 
     config = load_config_file(ROOT / "config" / "default.yaml")
     sd = next(g for g in config["grids"] if g["name"] == "sd")
@@ -531,7 +605,8 @@ def test_a_proposer_that_reads_features_needs_a_head_on_the_first_model_when_the
     set whose first model has no feature head, in one line naming it; one that does not is accepted."""
     from pipeline import ROOT
     from pipeline.decoding.proposers import NAMED_PROPOSERS, NamedProposer, capabilities, register_proposer
-    from pipeline.experiment.config import ConfigError, check_config, load_config_file
+    from pipeline.experiment.config import ConfigError, check_config
+    from pipeline.experiment.config_file import load_config_file
 
     class ReadsNothing(NamedProposer):
         def draft(self, tokens, committed):

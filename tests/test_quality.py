@@ -234,13 +234,13 @@ def test_the_quality_tables_give_each_figure_its_interval(tmp_path):
         summary.with_name(summary.name.replace(".speed.", ".summary.")).write_text(json.dumps(figures))
     _likelihood_file(results)
     found = collect(results)
-    numbers, text = tables["quality"].layout(found, tables["quality"])
+    numbers, text = tables["quality"].shape(found, tables["quality"])
     assert list(numbers.columns) == ["humaneval pass@1", "humaneval pass@1_high", "humaneval pass@1_low"]
     assert list(text.columns) == ["humaneval pass@1"]  # Spec-Bench's cells are timed, not scored
     assert len(text) == found.cells["dataset"].eq("humaneval").sum() < len(found.cells)
     assert set(text["humaneval pass@1"]) == {"0.00 [0.00, 0.16]", "0.05 [0.01, 0.24]", "0.10 [0.03, 0.30]"}
 
-    numbers, text = tables["likelihood"].layout(found, tables["likelihood"])
+    numbers, text = tables["likelihood"].shape(found, tables["likelihood"])
     assert list(numbers.index) == [LARGE, WE]  # the other config's distribution left out
     assert text.loc[LARGE, "methods"] == f"large_model ({LARGE}); sd (smol+l2)"
     assert text.loc[WE, "mmlu_mc acc (n=30)"] == "0.50 [0.33, 0.67]"

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pipeline.decoding import generate
-from pipeline.decoding.ensemble import EnsembleOutputError, register_ensemble
+from pipeline.decoding.ensembles import EnsembleOutputError, register_ensemble
 from pipeline.decoding.member import Member
 from pipeline.errors import ArgumentError, UserError
 
@@ -183,7 +183,8 @@ def test_a_model_on_the_meta_device_is_refused():
 
 
 def test_a_config_that_is_not_utf8_is_one_line_naming_it(tmp_path):
-    from pipeline.experiment.config import ConfigError, load_config_file
+    from pipeline.experiment.config import ConfigError
+    from pipeline.experiment.config_file import load_config_file
 
     bad = tmp_path / "config.yaml"
     bad.write_bytes(b"methods:\n  - we\n\xff\xfe\n")

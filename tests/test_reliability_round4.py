@@ -194,17 +194,17 @@ def test_a_sample_over_the_union_of_two_tokenizers_is_checked_as_the_decoder_wri
     """Models of different tokenizers decode over the union of their vocabularies: a resumed sample's ids are
     the union's and its output the union's text of them, as ``generate`` made it (a sample of the first
     tokenizer's text alone would be refused)."""
-    from types import SimpleNamespace
-
     from pipeline.decoding import generate
-    from pipeline.job.generate import ids_problem, sample_decoding
+    from pipeline.decoding.union import check_joinable
+    from pipeline.job.generate import ids_problem
 
     from .union_fixtures import gpt_style, sp_style
 
     a, b = gpt_style(), sp_style()
     models = [tiny_llama(1, vocab=len(a), init=0.6), tiny_llama(2, vocab=len(b), init=0.6)]
     made = generate(models, a.encode("def f"), "we", max_new_tokens=12, tokenizers=[a, b])
-    vocab, text = sample_decoding(SimpleNamespace(tokenizers=[a, b]), a)
+    union = check_joinable([a, b])  # a sample's ids and text, as our engine's runs give them (engines/ours.py)
+    vocab, text = union.size, union.text
     assert vocab > len(a) and made.token_ids and max(made.token_ids) < vocab
     assert ids_problem({"token_ids": made.token_ids, "output": made.text}, "", vocab, text) is None
     assert "outside the vocabulary" in ids_problem({"token_ids": [vocab], "output": ""}, "", vocab, text)
@@ -351,3 +351,89 @@ def test_a_published_checkpoint_given_as_eagle_is_prepared_with_no_draft_json_of
     record = json.loads(out.read_text())
     assert record["feature_head"] == {"path": str(head), "kind": "published head", "layout": layout}
     assert not (head / "draft.json").exists()  # nothing written into the user's download
+
+
+# ---- pipeline status: a job's log read as itself, never through a symbolic link ---------------------------------
+
+
+def test_a_log_that_is_a_symbolic_link_is_not_followed_by_status(tmp_path, capsys):
+    """A link in place of a job's log (to a file elsewhere, one that names an error) is never read: ``read_tail``
+    says in one line that it is a link, and ``pipeline status`` reads it as a log that names no cause (as a pipe
+    there), not as the linked file's text; a model's preparation log likewise."""
+    import os
+
+    from pipeline.cli import main
+    from pipeline.files import read_tail
+    from pipeline.report.status import status
+
+    from .test_status import dims
+
+    cell = "humaneval/pair/sd-T0-g2"
+    res = tmp_path / "results"
+    res.mkdir()
+    (res / "grid.json").write_text(json.dumps([dims(cell)]))
+    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere.write_text("error: a secret line of a file outside the results directory\n")
+    for log in (res / "logs" / "generate" / f"{cell}.log", res / "logs" / "prepare" / "m.log"):
+        log.parent.mkdir(parents=True)
+        log.symlink_to(elsewhere)
+    with pytest.raises(UserError) as err:
+        read_tail(res / "logs" / "generate" / f"{cell}.log", "log")
+    said = str(err.value)
+    assert "is a symbolic link; links are not followed" in said and "\n" not in said and "secret" not in said
+    s = status(res)
+    assert s.failed == {} and s.running == [cell]  # the linked file's error line is not the cell's cause
+    assert main(["status", str(res)]) == 0
+    assert "secret" not in capsys.readouterr().out
+    os.unlink(res / "logs" / "generate" / f"{cell}.log")  # the file itself there: its cause is read
+    (res / "logs" / "generate" / f"{cell}.log").write_text("error: the disk is full\n")
+    assert status(res).failed == {cell: "generate: error: the disk is full"}
+
+
+@pytest.mark.parametrize("layout", ["eagle3", "eagle"])
+def test_a_published_checkpoint_given_as_eagle_runs_through_prepare_and_generate_losslessly(
+    tmp_path, smol_tokenizer, capsys, layout
+):
+    """The workflow's two steps on a model whose ``eagle`` is a published EAGLE-3 (or EAGLE-1) checkpoint:
+    ``pipeline prepare`` (rule ``prepare_model``), then ``pipeline generate`` (rule ``generate``) of a cell whose
+    method drafts from that head (``sd`` with proposer ``eagle``), in float64: every sample is the target's plain
+    greedy decoding (a cell of ``large_model`` alone), token for token, as is its baseline beside it; the head
+    proposed, and the EAGLE-3 head (its draft vocabulary the tokens the target writes) had proposals accepted."""
+    from pipeline.cli import main
+    from pipeline.models import load
+
+    from .conftest import save_tiny
+    from .test_eagle3 import eagle3_checkpoint
+    from .test_feature_head import eagle_checkpoint
+
+    model_dir = save_tiny(tmp_path / "model", smol_tokenizer, layers=4)
+    plain = {"name": "m", "source": str(model_dir), "dtype": "float64"}
+    common = {"task": "humaneval", "size": 3, "max_new_tokens": 12}
+
+    def generated(name: str, cell: dict) -> list[dict]:
+        (tmp_path / f"{name}.json").write_text(json.dumps({"cell": {**common, **cell}}))
+        out = tmp_path / f"{name}.jsonl"
+        assert main(["generate", str(tmp_path / f"{name}.json"), str(out)]) == 0, capsys.readouterr().err
+        return [json.loads(line) for line in out.read_text().splitlines()]
+
+    greedy = generated("plain", {"models": [plain], "method": "large_model"})
+    target = load(model_dir, pack=False)[0]
+    head = tmp_path / "head"
+    if layout == "eagle3":
+        eagle3_checkpoint(head, target, ids=sorted({t for r in greedy for t in r["token_ids"]}), aux=[3, 0, 1])
+    else:
+        eagle_checkpoint(head, target)
+    spec = {**plain, "eagle": str(head)}
+    assert main(["prepare", json.dumps(spec), str(tmp_path / "record.json")]) == 0, capsys.readouterr().err
+    method = {"method": "sd", "gamma": 3, "method_args": {"proposer": "eagle"}, "baseline": "large_model"}
+    drafted = generated("sd", {"models": [spec], **method})
+    assert len(drafted) == len(greedy) == 3
+    for got, want in zip(drafted, greedy):
+        assert got["id"] == want["id"] and got["token_ids"] and got["stats"]["method"] == "sd"
+        assert got["token_ids"] == got["baseline"]["token_ids"] == want["token_ids"]  # lossless
+        assert got["output"] == want["output"]
+    proposed = [r["stats"]["proposers"]["eagle"] for r in drafted]
+    assert sum(p["proposed"] for p in proposed) > 0
+    if layout == "eagle3":
+        assert sum(p["accepted"] for p in proposed) > 0
+    assert not (head / "draft.json").exists()

@@ -388,7 +388,8 @@ def alias_bomb(levels: int = 9) -> str:
     ids=["alias bomb", "5000 deep", "71 deep", "5000 digits", "30 digits", "itself"],
 )
 def test_a_config_too_large_deep_or_odd_to_read_is_one_line_at_once(tmp_path, text, message):
-    from pipeline.experiment.config import ConfigError, load_config_file
+    from pipeline.experiment.config import ConfigError
+    from pipeline.experiment.config_file import load_config_file
 
     path = tmp_path / "c.yaml"
     path.write_text(text)
@@ -399,7 +400,8 @@ def test_a_config_too_large_deep_or_odd_to_read_is_one_line_at_once(tmp_path, te
 
 
 def test_yaml_merge_keys_are_read_and_a_key_of_the_mapping_overrides_them(tmp_path):
-    from pipeline.experiment.config import ConfigError, load_config_file
+    from pipeline.experiment.config import ConfigError
+    from pipeline.experiment.config_file import load_config_file
 
     path = tmp_path / "c.yaml"
     path.write_text("base: &b {size: 3, chat: false}\ndatasets:\n  humaneval:\n    <<: *b\n    chat: true\n")

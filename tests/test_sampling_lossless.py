@@ -20,7 +20,7 @@ import torch
 from scipy import stats
 
 from pipeline.decoding import generate
-from pipeline.decoding.ensemble import ENSEMBLES, conformance_ensembles
+from pipeline.decoding.ensembles import ENSEMBLES, conformance_ensembles
 from pipeline.decoding.sampling import Sampling
 from pipeline.decoding.spec import parse_method
 from pipeline.models.restricted import RestrictedHeadLM

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.decoding.ensemble import ENSEMBLES, conformance_ensembles
+from pipeline.decoding.ensembles import ENSEMBLES, conformance_ensembles
 
 from .test_sampling_lossless import (
     ALPHA,

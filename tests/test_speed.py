@@ -173,7 +173,7 @@ class PlantedStalls:
     """Fake CPU pressure: runs listed in ``stalls`` (by call number) sleep and report the sleep as pressure."""
 
     def __init__(self, monkeypatch, stalls: set[int], seconds: float = 0.4):
-        import pipeline.job.generate as job
+        import pipeline.engines.ours as job  # our engine's runs call its ``generate``
 
         self.psi_us, self.calls, self.stalls, self.seconds = 0, 0, stalls, seconds
         monkeypatch.setattr(timing, "_psi_some_us", lambda: self.psi_us)

@@ -351,7 +351,7 @@ def test_any_results_directory_is_a_report_or_one_line_and_rerun_loses_nothing(f
 def test_a_rule_takes_the_results_root_from_its_own_file_through_the_layout(tmp_path):
     """``Results.root_of``: the root a job sees, from its own path of a file the layout names (a storage plugin
     may hand it another prefix than the config's); a path that is not that file is refused, never guessed."""
-    from pipeline.experiment.layout import Results
+    from pipeline.experiment.paths import Results
 
     layout = Results("results")
     assert layout.root_of("results/grid.json", layout.grid) == "results"

@@ -87,6 +87,44 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+# Where a module is imported by its name as a string, the imports drawn above miss an arrow: none is, but the
+# proposers' and the ensembles' folders importing their own modules (each registers itself; the same room).
+IMPORTED_BY_NAME_ALLOWED = {"pipeline/decoding/proposers/__init__.py", "pipeline/decoding/ensembles/__init__.py"}
+
+
+def imported_by_name(tree: ast.AST) -> list[tuple[int, str]]:
+    """Calls of ``importlib.import_module``/``__import__`` and ``module:function`` strings naming a project module."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            called = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+            if called in ("import_module", "__import__"):
+                found.append((node.lineno, called))
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and re.fullmatch(r"(pipeline|tasks)(\.\w+)+:\w+", node.value)
+        ):
+            found.append((node.lineno, node.value))
+    return found
+
+
+def test_no_module_is_imported_by_a_string():
+    found = [
+        f"{rel}:{line}: {what}"
+        for file in sorted((ROOT / "pipeline").rglob("*.py"))
+        if (rel := file.relative_to(ROOT).as_posix()) not in IMPORTED_BY_NAME_ALLOWED
+        for line, what in imported_by_name(ast.parse(file.read_text()))
+    ]
+    assert found == [], "a module named by a string, an arrow the house does not draw:\n" + "\n".join(found)
+
+
+def test_a_hook_named_by_a_string_is_found():
+    tree = ast.parse('RUNS = "pipeline.job.generate:our_runs"\nimport importlib\nimportlib.import_module(RUNS)\n')
+    assert imported_by_name(tree) == [(1, "pipeline.job.generate:our_runs"), (3, "import_module")]
+
+
 def test_no_import_cycles():
     known = modules()
     graph = {name: imports(name, file, known) for name, file in known.items()}
@@ -153,7 +191,10 @@ def test_the_layer_rule_finds_a_break():
 
 # The rooms of `pipeline/` (and `tasks/`), bottom floor first: a module imports only its own room and the floors
 # below (docs/extending.md, "Layout"). A token tree (`decoding/tree/`) is part of the decoder.
-FLOORS = ("base", "tasks", "decoding", "models", "vllm", "measure", "experiment", "job", "report", "bench", "cli")
+FLOORS = (
+    *("base", "tasks", "decoding", "models", "vllm", "engines"),
+    *("measure", "experiment", "job", "report", "bench", "cli"),
+)
 
 
 def room(module: str) -> str:
@@ -195,14 +236,16 @@ def floors(graph: dict[str, set[str]]) -> dict[str, int]:
     return {r: floor(r) for r in below}
 
 
-def test_the_house_has_at_most_eight_floors():
+def test_the_house_has_at_most_nine_floors():
     """Rooms that import nothing of each other share a floor: the house is as tall as its longest chain of imports.
-    Eight: what a machine and its versions made (``provenance.py``) sits on the base floor, so the benchmarks read it
-    without standing on the job's and the report's floors."""
+    Nine, every dependency drawn: the config check asks an engine's behaviour (``engines/``) whether it can run a
+    model's head, and vLLM's behaviour reads vLLM's checkpoints (``vllm/``), so the experiment stands on the engines,
+    the engines on vLLM. What a machine and its versions made (``provenance.py``) sits on the base floor, so the
+    benchmarks read it without standing on the job's and the report's floors."""
     known = modules()
     graph = {name: imports(name, file, known, annotations=True) for name, file in known.items()}
     found = floors(graph)
-    assert max(found.values()) <= 8, found
+    assert max(found.values()) <= 9, found
     on_top = {d for n, deps in graph.items() if n.startswith("pipeline.bench.") for d in deps}
     assert not {d for d in on_top if d.startswith(("pipeline.job.", "pipeline.report."))}  # the benchmarks stand
     assert found["bench"] <= found["job"]  # on neither the jobs nor the report
@@ -249,7 +292,7 @@ def test_every_module_has_a_home_in_the_tests_readme():
 def cell_file_literals(text: str, python: bool) -> list[str]:
     """String literals that spell a cell file's suffix as a path (``".speed.json"``, ``f"{id}.scores.jsonl"``),
     prose with spaces left out; in Python, docstrings left out."""
-    from pipeline.experiment.layout import CELL_FILES
+    from pipeline.experiment.paths import CELL_FILES
 
     suffixes = [s for s in CELL_FILES.values() if s != ".jsonl"]  # the samples' is every JSONL file's
     if python:
@@ -266,10 +309,10 @@ def cell_file_literals(text: str, python: bool) -> list[str]:
 
 
 def test_a_cells_file_names_are_written_in_one_place():
-    """pipeline/experiment/layout.py names a cell's files; the rules and the modules take them from there."""
+    """pipeline/experiment/paths.py names a cell's files; the rules and the modules take them from there."""
     found = {}
     for file in [*ROOT.glob("pipeline/**/*.py"), *ROOT.glob("workflow/rules/*.smk"), ROOT / "Snakefile"]:
-        if file.name != "layout.py" and (hits := cell_file_literals(file.read_text(), file.suffix == ".py")):
+        if file.name != "paths.py" and (hits := cell_file_literals(file.read_text(), file.suffix == ".py")):
             found[file.relative_to(ROOT).as_posix()] = hits
     assert found == {}
     assert cell_file_literals('x = base.with_suffix(".speed.json")\n', True) == [".speed.json"]
@@ -352,19 +395,44 @@ IO_ALLOWED = {
 }
 
 
-def raw_io(tree: ast.AST) -> list[tuple[str, str, int]]:
-    """(enclosing function, what, line) for each raw write, move, removal or unbounded wait in ``tree``."""
+def findings(tree: ast.AST, match) -> list[tuple[str, str, int]]:
+    """(enclosing function, what, line) for each node of ``tree`` that ``match`` names (what it names it)."""
     found = []
 
     def visit(node: ast.AST, function: str) -> None:
         for child in ast.iter_child_nodes(node):
             inner = child.name if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef) else function
-            if isinstance(child, ast.Call) and (what := raw_call(child)):
-                found.append((function, what, child.lineno))
+            found.extend((function, what, child.lineno) for what in match(child))
             visit(child, inner)
 
     visit(tree, "<module>")
     return found
+
+
+def outside_the_layer(match, allowed: dict) -> tuple[list[str], set]:
+    """What ``match`` finds outside pipeline/files.py and ``allowed`` does not explain, and what ``allowed``
+    names that is no longer there."""
+    seen, unexplained = set(), []
+    for package in PACKAGES:
+        for file in sorted((ROOT / package).rglob("*.py")):
+            rel = file.relative_to(ROOT).as_posix()
+            if rel == "pipeline/files.py":
+                continue
+            for function, what, line in findings(ast.parse(file.read_text()), match):
+                if (rel, function, what) in allowed:
+                    seen.add((rel, function, what))
+                else:
+                    unexplained.append(f"{rel}:{line} ({function}): {what}")
+    return unexplained, set(allowed) - seen
+
+
+def raw_io(tree: ast.AST) -> list[tuple[str, str, int]]:
+    """(enclosing function, what, line) for each raw write, move, removal or unbounded wait in ``tree``."""
+    return findings(tree, raw_io_of)
+
+
+def raw_io_of(node: ast.AST) -> list[str]:
+    return [what] if isinstance(node, ast.Call) and (what := raw_call(node)) else []
 
 
 def reads_a_file(arg: ast.AST) -> bool:
@@ -410,19 +478,9 @@ def test_every_write_and_wait_goes_through_the_io_layer_or_is_allowed_with_its_r
     on a pipe): a raw write, move or removal elsewhere (``open(.., "w")``, ``Path.write_*``, ``torch.save``,
     ``shutil.rmtree``, ``os.replace``, ...) or a wait on another process without a time limit fails this test,
     unless IO_ALLOWED names it with the reason it is safe there. Entries that no longer match fail it too."""
-    seen, unexplained = set(), []
-    for package in PACKAGES:
-        for file in sorted((ROOT / package).rglob("*.py")):
-            rel = file.relative_to(ROOT).as_posix()
-            if rel == "pipeline/files.py":
-                continue
-            for function, what, line in raw_io(ast.parse(file.read_text())):
-                if (rel, function, what) in IO_ALLOWED:
-                    seen.add((rel, function, what))
-                else:
-                    unexplained.append(f"{rel}:{line} ({function}): {what}")
+    unexplained, gone = outside_the_layer(raw_io_of, IO_ALLOWED)
     assert not unexplained, "raw I/O outside pipeline/files.py:\n" + "\n".join(unexplained)
-    assert not set(IO_ALLOWED) - seen, f"allowed but not found (remove them): {sorted(set(IO_ALLOWED) - seen)}"
+    assert not gone, f"allowed but not found (remove them): {sorted(gone)}"
 
 
 def test_the_io_rule_finds_a_raw_write_and_an_unbounded_wait():
@@ -498,7 +556,7 @@ def test_no_engine_is_told_apart_by_its_name_outside_its_record():
     from pipeline.decoding.engines import ENGINES
 
     words, found = engine_words(), []
-    own = tuple(f"pipeline/{name}/" for name in ENGINES)
+    own = (*(f"pipeline/{name}/" for name in ENGINES), "pipeline/engines/")  # an engine's own code, its behaviour
     for file in sorted((ROOT / "pipeline").rglob("*.py")):
         rel = file.relative_to(ROOT).as_posix()
         if rel == ENGINE_TABLE or rel.startswith(own):
@@ -531,11 +589,11 @@ def test_the_engine_rule_finds_a_name_compared():
     assert rule_lines(rules, engine_words()) == [1]
 
 
-# ---- the results directory: its layout written once ------------------------------------------------------------
-# Every file of a results directory is named by pipeline/experiment/layout.py (``Results``, a cell's CELL_FILES):
+# ---- the results directory: its paths written once - ------------------------------------------------------------
+# Every file of a results directory is named by pipeline/experiment/paths.py (``Results``, a cell's CELL_FILES):
 # a module that joins a results path by hand (``results / "tables"``, ``"grid.json"``) or a rule that writes one
 # (``f"{RESULTS}/..."``) or counts its way back to the results root (``Path(input[0]).parents[1]``) fails here: a
-# rule takes the root from one of its files with ``LAYOUT.root_of`` (the layout's own inverse, as Snakemake's
+# rule takes the root from one of its files with ``PATHS.root_of`` (the paths' own inverse, as Snakemake's
 # linter asks of a path prefix: storage without a shared filesystem hands a job paths of its own).
 RESULTS_DIRS = {"cells", "models", "tables", "plots", "logs", "likelihood", "journal", "rerun", "envs", "generations"}
 RESULTS_FILES = {"grid.json", "timing.json", "results.json", "wandb.json", "analysis.ipynb", "summary.md", "cells.csv"}
@@ -567,27 +625,27 @@ def rule_results_lines(text: str) -> list[int]:
     return [i for i, line in enumerate(text.splitlines(), 1) if by_hand.search(line.split("#")[0])]
 
 
-def test_the_results_layout_is_written_once():
+def test_the_results_paths_are_written_once():
     found = []
     for file in sorted((ROOT / "pipeline").rglob("*.py")):
         rel = file.relative_to(ROOT).as_posix()
-        if rel == "pipeline/experiment/layout.py":
+        if rel == "pipeline/experiment/paths.py":
             continue
         for what, line in results_paths(ast.parse(file.read_text())):
             if (rel, what) not in RESULTS_ALLOWED:
                 found.append(f"{rel}:{line}: {what}")
     for file in sorted([ROOT / "Snakefile", *(ROOT / "workflow").rglob("*.smk")]):
         found += [f"{file.relative_to(ROOT).as_posix()}:{i}" for i in rule_results_lines(file.read_text())]
-    assert not found, "a results path outside pipeline/experiment/layout.py (use Results):\n" + "\n".join(found)
+    assert not found, "a results path outside pipeline/experiment/paths.py (use Results):\n" + "\n".join(found)
 
 
-def test_the_layout_rule_finds_a_path_by_hand():
+def test_the_paths_rule_finds_a_path_by_hand():
     code = "def f(results):\n    a = results / 'tables'\n    b = results / 'grid.json'\n    c = x / name\n"
     code += "    d = {'models': 0}"
     assert results_paths(ast.parse(code)) == [('/ "tables"', 2), ("'grid.json'", 3)]
     rules = (
         'output:\n    f"{RESULTS}/grid.json",\nparams:\n    results=lambda w, input: str(Path(input.grid).parent),\n'
-        "    results=RESULTS,\n    journal=lambda w: str(LAYOUT.journal(str(Path(w.cell).parent))),"
+        "    results=RESULTS,\n    journal=lambda w: str(PATHS.journal(str(Path(w.cell).parent))),"
     )
     assert rule_results_lines(rules) == [2, 4]
 
@@ -610,45 +668,30 @@ LOADS_ALLOWED = {
 }
 
 
+def loads_of(node: ast.AST) -> list[str]:
+    """The raw JSON or tensor loaders ``node`` names (an attribute, or an import of one)."""
+    if isinstance(node, ast.Attribute) and ast.unparse(node) in LOADS:
+        return [ast.unparse(node)]
+    if isinstance(node, ast.ImportFrom) and node.module in ("json", "torch"):
+        return [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in LOADS]
+    return []
+
+
 def raw_loads(tree: ast.AST) -> list[tuple[str, str, int]]:
     """(enclosing function, what, line) for each reference to a raw JSON or tensor loader in ``tree``."""
-    found = []
-
-    def visit(node: ast.AST, function: str) -> None:
-        for child in ast.iter_child_nodes(node):
-            inner = child.name if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef) else function
-            if isinstance(child, ast.Attribute) and ast.unparse(child) in LOADS:
-                found.append((function, ast.unparse(child), child.lineno))
-            elif isinstance(child, ast.ImportFrom) and child.module in ("json", "torch"):
-                for alias in child.names:
-                    if f"{child.module}.{alias.name}" in LOADS:
-                        found.append((function, f"{child.module}.{alias.name}", child.lineno))
-            visit(child, inner)
-
-    visit(tree, "<module>")
-    return found
+    return findings(tree, loads_of)
 
 
 def test_json_and_tensors_are_read_only_through_the_io_layer():
     """Every JSON value and tensor file read is bounded by pipeline/files.py: no raw loader elsewhere."""
-    seen, unexplained = set(), []
-    for package in PACKAGES:
-        for file in sorted((ROOT / package).rglob("*.py")):
-            rel = file.relative_to(ROOT).as_posix()
-            if rel == "pipeline/files.py":
-                continue
-            for function, what, line in raw_loads(ast.parse(file.read_text())):
-                if (rel, function, what) in LOADS_ALLOWED:
-                    seen.add((rel, function, what))
-                else:
-                    unexplained.append(f"{rel}:{line} ({function}): {what}")
+    unexplained, gone = outside_the_layer(loads_of, LOADS_ALLOWED)
     rules = [ROOT / "Snakefile", *sorted(ROOT.glob("workflow/**/*.smk")), *sorted(ROOT.glob("workflow/**/*.py"))]
     for file in rules:
         for n, line in enumerate(file.read_text().splitlines(), 1):
             if re.search(r"\b(json\.loads?|torch\.load)\b", line.split("#")[0]):
                 unexplained.append(f"{file.relative_to(ROOT)}:{n}: {line.strip()[:80]}")
     assert not unexplained, "raw JSON or tensor loads outside pipeline/files.py:\n" + "\n".join(unexplained)
-    assert not set(LOADS_ALLOWED) - seen, f"allowed but not found (remove them): {sorted(set(LOADS_ALLOWED) - seen)}"
+    assert not gone, f"allowed but not found (remove them): {sorted(gone)}"
 
 
 def test_the_loads_rule_finds_every_raw_loader():

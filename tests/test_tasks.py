@@ -200,3 +200,42 @@ def test_score_command(tmp_path, capsys):
     gens.write_text(json.dumps({"id": "nope", "output": ""}) + "\n")
     assert cli.main(["score", str(gens), "--task", "gsm8k", "--data-dir", str(DATA)]) == 2
     assert "ids of gsm8k.jsonl are not in task 'gsm8k'" in capsys.readouterr().err
+
+
+def test_a_dataset_is_one_file_copied_from_the_template(tmp_path):
+    """docs/extending.md: a dataset is `tasks/template.py` copied into `tasks/` and listed under `datasets:`. In a
+    copy of the project with one such file and nothing else edited, the task loads its split, scores an answer,
+    and a config that lists it expands into cells of it."""
+    import shutil
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    for part in ("pipeline", "tasks", "workflow", "config"):
+        shutil.copytree(root / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "tasks" / "quiz.py").write_text((root / "tasks" / "template.py").read_text().replace("my_task", "quiz"))
+    data = tmp_path / "data" / "quiz"
+    data.mkdir(parents=True)
+    rows = [{"question": f"{i} + 1?", "answer": str(i + 1)} for i in range(6)]
+    (data / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    probe = (
+        "from tasks import get_task\n"
+        "from pipeline.experiment.config import check_config\n"
+        "from pipeline.experiment.config_file import load_config_file\n"
+        "from pipeline.experiment.grid import expand_cells\n"
+        "task = get_task('quiz')\n"
+        "ex = task.load(3, data_dir='data', hub=False)\n"
+        "assert len(ex) == 3 and task.score(ex[0], ' ' + ex[0].reference)['exact_match'] == 1.0\n"
+        "config = load_config_file('config/default.yaml')\n"
+        "config['data_dir'] = 'data'\n"
+        "config['datasets'] = {'quiz': {'size': 3}}\n"
+        "for grid in config['grids']:\n"
+        "    grid.pop('datasets', None)\n"
+        "cells = expand_cells(check_config(config))\n"
+        "print(sorted({c.cell.task for c in cells.values()}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "['quiz']"

@@ -11,6 +11,7 @@ catches a planted stale-cache compaction that leaves the first tokens right.
 from __future__ import annotations
 
 import copy
+import functools
 
 import numpy as np
 import pytest
@@ -18,7 +19,8 @@ import torch
 
 from pipeline.decoding import generate
 from pipeline.decoding.audit import Audit, AuditError
-from pipeline.decoding.ensemble import ENSEMBLES, conformance_ensembles
+from pipeline.decoding.ensembles import ENSEMBLES, conformance_ensembles
+from pipeline.decoding.proposers import conformance_kinds, parse_proposer
 from pipeline.decoding.spec import method_names, parse_method
 from pipeline.decoding.tree import cache as tree_cache
 from pipeline.decoding.tree import verify as tree_verify
@@ -36,6 +38,12 @@ SPECULATIVE = [
 SPECULATIVE = [m for m in SPECULATIVE if parse_method(m).base in ("large_model", *ARGS)]
 PROMPTS = [[3, 1, 4, 1, 5, 9, 2, 6, 3, 1, 4], [2, 2, 5, 2, 2, 5, 2]]
 TREES = [([3, 2, 1], "fixed"), ("d8", "dynamic"), ([2, 1, 2], "dynamic")]  # static, dynamic; fixed, dynamic gamma
+# the draft model and every registered proposer that branches (``register_proposer(test_args=)``), alone and before
+# the draft as it declared: registering one puts it under the trees, no test edited
+KINDS = {
+    k.kind: dict(k.method_args) for k in conformance_kinds() if k.role != "chain" and parse_proposer(k.kind).branches
+}
+PROPOSERS = ["draft", *KINDS]
 
 
 def test_tree_shapes_parse_and_refuse_in_one_line():
@@ -59,15 +67,32 @@ def test_trees_are_refused_where_they_cannot_run(trio):
         generate([windowed, draft], [1, 2], "sd", max_new_tokens=2, tree=[2])
 
 
+@functools.cache
+def headed(models: tuple) -> list:
+    """The models, the first a copy with a random feature head attached, for a proposer that drafts from the
+    target's features (``reads_features``: ``eagle``'s head)."""
+    from pipeline.decoding.proposers.feature import attach
+    from pipeline.models.feature_head import FeatureHead
+
+    target = copy.deepcopy(models[0])
+    torch.manual_seed(0)
+    head = FeatureHead(target, None)
+    with torch.no_grad():
+        head.fc.weight.mul_(4)  # peaked: it proposes, sometimes rightly
+    return [attach(target, head), *models[1:]]
+
+
 @pytest.mark.spread("proposer")  # make test: each method with one proposer, the proposers in turn (tests/tiers.py)
 @pytest.mark.parametrize("method", SPECULATIVE)
-@pytest.mark.parametrize("proposer", ["draft", "lookup", "lookup+draft"])
+@pytest.mark.parametrize("proposer", PROPOSERS)
 def test_greedy_trees_equal_the_baseline(trio, method, proposer):
     spec = parse_method(method)
+    trio = headed(tuple(trio)) if parse_proposer(proposer).reads_features else trio
     models = list(trio[:2]) if spec.kind == "sd" and spec.ensemble is None else list(trio)
     if spec.ensemble is not None and spec.ensemble.max_models == 2:
         models = models[:2]
     args = {k: v for k, v in ARGS.get(spec.base, {}).items() if len(models) == 2 or k != "lambda"}
+    args |= KINDS.get(proposer, {})
     baseline = "large_model" if spec.ensemble is None else spec.base
     accepted = 0
     for prompt in PROMPTS:

@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             draft = load(args.draft, device=args.device, full_head=args.full_head, pack=False)[0]
             draft_desc = args.draft + (" (full head)" if args.full_head else "")
-        if args.feature_head is None and any("eagle" in p.split("+") for p in args.proposer):
+        if args.feature_head is None and any(parse_proposer(p).reads_features for p in args.proposer):
             from ..models.resolve import ensure_head
             from ..models.spec import ModelSpec
 

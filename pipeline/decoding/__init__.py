@@ -3,7 +3,7 @@
 See ``docs/algorithms.md`` for the contract each method keeps.
 """
 
-from .ensemble import ENSEMBLES, register_ensemble
+from .ensembles import ENSEMBLES, register_ensemble
 from .methods import GenerationResult, Settings, decode, generate
 from .proposers import register_proposer
 from .sampling import Sampling

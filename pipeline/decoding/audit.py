@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .ensemble import single_model
+from .ensembles import single_model
 from .sampling import Sampling
 
 

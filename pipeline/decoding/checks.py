@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from ..errors import ArgumentError
-from .ensemble import finite
+from .ensembles import finite
 from .loop import DynamicGamma
 from .sampling import Sampling
 from .spec import MethodSpec, is_int

@@ -11,20 +11,20 @@ different tokenizers, a distilled draft's restricted head) and the name messages
 once with its name (``spec.parse_method``: ``MethodSpec.engine``); no module compares an engine's name but this
 one (``tests/test_structure.py`` refuses it elsewhere).
 
-Hooks that live above the decoder (a generation job's runs, vLLM's environment) are named by ``module:function``
-and imported when called, as vLLM names a proposer class by its module path, so this table stands on the decoder's
-floor and reaches no floor above it.
+What an engine does lives above the decoder, in its own module of ``pipeline/engines/`` reached by plain imports
+(``ours.py``, ``transformers.py``, ``vllm.py``): how a generation job runs a cell (``runs``, returning a ``Runs``,
+below), whether the engine can run here, which models it cannot load, which feature heads it cannot run. This
+table holds the facts only, so it stands on the decoder's floor and names nothing above it.
 
 To add an engine (docs/extending.md, "Add an engine"):
 
-1. Write its module (``pipeline/<engine>/``): a function ``runs(cell, stack) -> (run, tokenizer, prepared)`` as
-   ``pipeline.job.generate.our_runs`` and ``pipeline.vllm.runs.vllm_runs`` are: ``run(prompt_ids, **settings)``
-   returns one sample's tokens and stats, ``prepared(prompts)`` readies it and returns what made the samples
-   (``provenance.provenance``); and, where it needs them, ``availability() -> str | None`` and
-   ``unsupported(architectures) -> list[str]``.
-2. Add its record to ``ENGINES`` below: its name, title, ``runs``, its methods (``PeerMethod``: the standard
-   method each speeds up, what proposes, our method of the same job) and, where its decoding of the large model
-   is a method of its own (vLLM's ``vllm``), that method as ``standard``.
+1. Add its record to ``ENGINES`` below: its name, title, its methods (``PeerMethod``: the standard method each
+   speeds up, what proposes, our method of the same job) and, where its decoding of the large model is a method
+   of its own (vLLM's ``vllm``), that method as ``standard``.
+2. Write its behaviour, ``pipeline/engines/<name>.py``: a ``Behaviour`` whose ``runs(cell, stack) -> Runs`` readies
+   the cell's models (``run(prompt_ids, method, **settings)`` returns one sample's ``GenerationResult``;
+   ``prepare(prompts)`` readies it and returns what made the samples, ``provenance.provenance``) and, where it
+   needs them, ``availability``, ``cannot_load`` and ``head_problem``; name it in ``pipeline/engines/__init__.py``.
 
 Its methods then exist for the config (``pipeline grid`` lists them), are checked against a model set by the
 same ``MethodSpec.check`` as ours, run in the generation job, and are set against ours in the report (``Ours over
@@ -33,11 +33,12 @@ other engines' methods``).
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
+
+from .corpus import Corpus
 
 DRAFT = "draft"  # the set's draft model proposes (``proposers.DRAFT``; this table stands below the proposers)
 
@@ -51,13 +52,14 @@ class PeerMethod:
     ours: str  # our method that does the same job (set against it in the report)
     not_exact: str | None = None  # why its samples at T > 0 are not its standard method's distribution (measured)
     speculator: str | None = None  # the engine's own name for it (vLLM's ``speculative_config`` method)
+    corrected: str | None = None  # a bug of the engine's that its worker corrects for it (the upstream fix it
+    # applies, as messages name it); None: the engine as released
 
 
 @dataclass(frozen=True, eq=False)  # one record per engine: compared by identity
 class Engine:
     name: str  # the key, as a cell's provenance names it
     title: str  # as messages name it
-    runs: str  # ``module:function`` (cell, stack) -> (run, tokenizer, prepared): how a generation job runs a cell
     methods: Mapping[str, PeerMethod] = field(default_factory=dict)  # the methods it brings (none: ours)
     standard: str | None = None  # its own decoding of the set's first model, a method of its own (the baseline
     # of its speculation); None: it decodes our standard methods
@@ -69,31 +71,10 @@ class Engine:
     unions: bool = False  # decodes models of different tokenizers over the union of their vocabularies
     restricted_heads: bool = False  # takes a distilled draft's restricted output head
     drafting: str | None = None  # its draft-model speculation, as messages name it
-    available: str | None = None  # ``module:function`` () -> None or one line why it cannot run here
-    unsupported: str | None = None  # ``module:function`` (architectures) -> those it has no model class for
     environment: str | None = None  # its environment's record under the results root (its own rule builds it)
-    head_problem: str | None = None  # ``module:function`` (its speculator, model name, eagle entry) -> why it cannot
-    # run that head
 
     def __reduce__(self):  # a copy or an unpickled one is the table's record (compared by identity)
         return engine_named, (self.name,)
-
-    def runner(self) -> Callable:
-        """How a generation job runs a cell with this engine (``runs``, imported now)."""
-        return hook(self.runs)
-
-    def availability(self) -> str | None:
-        """None where the engine can run here; else why not, in one line."""
-        return hook(self.available)() if self.available else None
-
-    def cannot_load(self, architectures: list[str]) -> list[str]:
-        """Those of a model's ``architectures`` (config.json) this engine has no model class for."""
-        return hook(self.unsupported)(architectures) if self.unsupported else []
-
-    def feature_head_problem(self, method: str, name: str, entry: Any) -> str | None:
-        """Why this engine's ``method`` cannot run model ``name``'s feature head (its config ``eagle`` entry), or
-        None."""
-        return hook(self.head_problem)(self.methods[method].speculator, name, entry) if self.head_problem else None
 
 
 def engine_named(name: str) -> Engine:
@@ -101,18 +82,13 @@ def engine_named(name: str) -> Engine:
     return ENGINES[name]
 
 
-def hook(path: str) -> Callable:
-    """The function a record names as ``module:function``."""
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
 # vLLM's CPU build's one bug behind its inexact speculation at T > 0 (vLLM issue #55005): the shim that stands in
 # for the Triton kernel ``expand_kernel`` hands the int64-only C++ kernel an int64 copy of its output and discards
 # it, so the rejection sampler divides the target's logits by uninitialised memory as their temperature (and
 # truncates top-p). ``vllm_*_pr55006`` run vLLM with only that shim corrected in their worker, as the upstream fix
 # (vLLM PR #55006, open) does: the behaviour of vLLM's speculation once exact (worker.py)
-PR55006 = "_pr55006"
+PR55006 = "_pr55006"  # the name's suffix of those methods
+EXPAND_FIX = "its expand_kernel shim corrected (vLLM #55005)"  # as a cell's provenance says it
 CPU_EXPAND = (
     "vLLM's CPU build divides the target's logits by uninitialised memory as temperature (its expand_kernel shim "
     "discards its output: vLLM issue #55005; fix PR #55006, open; the *_pr55006 variant applies it)"
@@ -133,14 +109,12 @@ ENGINES: Mapping[str, Engine] = MappingProxyType(
             Engine(
                 "ours",
                 "our decoder",
-                "pipeline.job.generate:our_runs",
                 unions=True,
                 restricted_heads=True,
             ),
             Engine(  # transformers' own speculative methods (peers.py), run by generate beside ours
                 "transformers",
                 "transformers' generate",
-                "pipeline.job.generate:our_runs",
                 methods={
                     "hf_assisted": PeerMethod("large_model", DRAFT, "sd"),
                     "hf_prompt_lookup": PeerMethod("large_model", "lookup", "sd"),
@@ -157,10 +131,12 @@ ENGINES: Mapping[str, Engine] = MappingProxyType(
             Engine(  # vLLM (pipeline/vllm): workers in vLLM's own environment, through a grid cell's generation job
                 "vllm",
                 "vLLM",
-                "pipeline.vllm.runs:vllm_runs",
                 methods={
                     **_VLLM_SPECULATION,
-                    **{f"{name}{PR55006}": replace(m, not_exact=None) for name, m in _VLLM_SPECULATION.items()},
+                    **{
+                        f"{name}{PR55006}": replace(m, not_exact=None, corrected=EXPAND_FIX)
+                        for name, m in _VLLM_SPECULATION.items()
+                    },
                 },
                 standard="vllm",  # vLLM's autoregressive decoding of the set's first model
                 peer_kind="vllm_peer",
@@ -168,12 +144,34 @@ ENGINES: Mapping[str, Engine] = MappingProxyType(
                 method_args={"eager": True},  # vLLM's CUDA graphs / torch.compile off (docs/vllm.md: the budgets)
                 elsewhere="in vLLM's own environment, through a grid cell's generation job (pipeline/vllm)",
                 drafting="vLLM's draft-model speculation",
-                available="pipeline.vllm.env:availability",
-                unsupported="pipeline.vllm.env:unsupported",
                 environment="envs/vllm.json",
-                head_problem="pipeline.vllm.eagle:entry_problem",
             ),
         )
     }
 )
 OURS = ENGINES["ours"]
+
+
+class RunsCell(Protocol):
+    """What an engine's ``runs`` reads of a grid cell (``experiment/cell.py``'s ``Cell`` is one)."""
+
+    method: str
+    models: Sequence[Any]  # the set's ``ModelSpec``s, the first the target
+    method_args: Mapping[str, Any]
+    tree: str | None
+    max_new_tokens: int
+
+    def sampling(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Runs:
+    """What an engine hands a generation job for one cell (its ``runs(cell, stack)``): the contract between them."""
+
+    run: Callable[..., Any]  # (prompt_ids, method, **settings) -> one sample's ``GenerationResult`` (methods.py)
+    tokenizer: Any  # the first model's: prompts are its ids
+    prepare: Callable[[dict[str, list[int]]], dict[str, Any]]  # readies the runs for the prompts; what made them
+    vocab: int  # a sample's ids are below it (the union's size where the set's tokenizers differ)
+    text: Callable[[list[int]], str]  # the output a sample's ids make, as the job writes it
+    corpus: Corpus | None = None  # the job's corpus, read by its proposers (``suffix``, ``recycle``)
+    pids: Callable[[], Iterable[int]] = tuple  # processes whose time counts as the job's (vLLM's workers)

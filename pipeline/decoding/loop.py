@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from .ensemble import check_output, single_model
+from .ensembles import check_output, single_model
 from .member import Member, Stopper
 from .proposers import Proposal, Proposer
 from .sampling import Sampling, probs, sample

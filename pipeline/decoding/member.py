@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from .ensemble import check_rows
+from .ensembles import check_rows
 from .runner import Runner
 from .stats import ModelStats
 

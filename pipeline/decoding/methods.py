@@ -28,7 +28,7 @@ from .checks import (
     prompt_list,
 )
 from .corpus import CorpusView
-from .ensemble import single_model
+from .ensembles import single_model
 from .joined import Joined, join
 from .loop import Decoder
 from .member import Member, Stopper

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ArgumentError
-from .engines import ENGINES, OURS, PR55006, Engine
-from .ensemble import ENSEMBLES, Ensemble
+from .engines import ENGINES, OURS, Engine
+from .ensembles import ENSEMBLES, Ensemble
 from .forms import KINDS, Form, ensemble_forms, split
 from .proposers import DRAFT, NAMED_PROPOSERS, parse_proposer
 
@@ -83,9 +83,10 @@ class MethodSpec:
         return temperature == 0 or self.name not in NOT_EXACT_SAMPLING
 
     @property
-    def expand_fixed(self) -> bool:
-        """vLLM's speculation with its CPU build's ``expand_kernel`` shim corrected in the worker (``PR55006``)."""
-        return self.peer and self.name.endswith(PR55006)
+    def peer_corrected(self) -> str | None:
+        """For a peer method: the engine's bug its worker corrects (its record's ``corrected``: vLLM's CPU build's
+        ``expand_kernel`` shim, ``vllm_*_pr55006``), as messages name it; None: the engine as released."""
+        return PEERS[self.name].corrected if self.peer else None
 
     @property
     def mixture(self) -> bool:

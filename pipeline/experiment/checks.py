@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from .cell import CellFile
-from .config import ConfigError, check_config, load_config_file
+from .config import ConfigError, check_config
+from .config_file import load_config_file
 from .grid import expand_cells
 
 

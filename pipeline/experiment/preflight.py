@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..decoding.joined import one_tokenizer_problem
+from ..engines import behaviour
 from ..models.files import ModelInfo, inspect_config
 
 if TYPE_CHECKING:
@@ -63,9 +64,9 @@ def engine_problem(dims, infos: dict[str, ModelInfo]) -> str | None:
 
     engine = dims.spec.engine
     loaded = dims.models[:2] if dims.spec.peer_proposer == DRAFT else dims.models[:1]
-    for name in loaded if engine.unsupported else ():
+    for name in loaded:
         config = infos[name].config or {}
-        if missing := engine.cannot_load(list(config.get("architectures") or [])):
+        if missing := behaviour(engine).cannot_load(list(config.get("architectures") or [])):
             return (
                 f"{dims.method!r} runs {engine.title}, which has no model class for {missing[0]} (model {name!r}, "
                 f"config.json architectures); use a model {engine.title} supports, or our own methods"

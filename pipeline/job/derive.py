@@ -20,7 +20,7 @@ from tasks import get_task
 from ..errors import UserError
 from ..experiment.cell import CellFile
 from ..experiment.grid import OWN_SETTINGS
-from ..experiment.layout import beside
+from ..experiment.paths import beside
 from ..files import ResultsError, read_jsonl, read_user_json, write_atomic
 
 CARRIED = ("id", "prompt_ids", "category", "provenance", "run")  # a source row's fields that are the sample's too

@@ -13,28 +13,21 @@ import hashlib
 import json
 from collections.abc import Callable
 from contextlib import ExitStack
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 from tasks import get_task, render
+from tasks.base import Example, Task
 
-from ..decoding import generate
-from ..decoding.corpus import Corpus
-from ..decoding.proposers import capabilities, parse_proposer
-from ..decoding.runner import runner_of
+from ..decoding.engines import Runs
 from ..decoding.spec import parse_method
-from ..decoding.static import compile_ahead
-from ..decoding.tree.loop import parse_tree
-from ..decoding.union import check_joinable
+from ..engines import behaviour
 from ..errors import UserError
 from ..experiment.cell import Cell
-from ..experiment.layout import beside
+from ..experiment.paths import beside
 from ..files import parse_json, writable_dir, write_atomic
 from ..measure.timing import Probe
-from ..models import decode_vocabulary, load_members, tokenizer_rows
-from ..models.corpus import teacher_documents
-from ..provenance import environment, provenance, run_record
+from ..provenance import environment, run_record
 from .journal import Journal, journal_lock
 from .judge import write_speed
 
@@ -89,17 +82,6 @@ def ids_problem(record: dict[str, Any], where: str, vocab: int, text: Callable[[
     return None
 
 
-def sample_decoding(run: Any, tokenizer: Any) -> tuple[int, Callable[[list[int]], str]]:
-    """The vocabulary a sample of the job's runs holds ids of and the text it writes of them (its ``output``):
-    the union of the set's vocabularies where its models' tokenizers differ (``our_runs``), else the first
-    model's tokenizer's ids (the rows they reach, or the runs' own ``vocab``), decoded with special tokens
-    skipped."""
-    if tokenizers := getattr(run, "tokenizers", None):
-        union = check_joinable(tokenizers)
-        return union.size, union.text
-    return getattr(run, "vocab", None) or tokenizer_rows(tokenizer), partial(tokenizer.decode, skip_special_tokens=True)
-
-
 def cell_key(cell: Cell) -> str:
     """A short hash of everything that shapes the cell's samples (a journal is only resumed by its own cell).
 
@@ -135,50 +117,10 @@ def _run_cell(cell: Cell, out: Path, progress: bool, journal: Path, speed: bool)
     log = Journal(journal, [ex.id for ex in examples], sample_check(cell))
     done = log.recover()  # before the models load: a journal problem costs nothing
     with ExitStack() as stack:
-        runs = parse_method(cell.method).engine.runner()  # the engine's (engines.py): ours, or vLLM's workers
-        run, tokenizer, prepared = runs(cell, stack)
+        runs = behaviour(parse_method(cell.method).engine).runs(cell, stack)  # ours, or vLLM's workers (engines/)
         if done:  # each resumed line a sample of these runs: ids of their vocabulary, the output their text
-            done = log.refuse(done, resumed_check(cell, *sample_decoding(run, tokenizer)))
-        return _generate(cell, out, progress, journal, speed, task, examples, log, done, run, tokenizer, prepared)
-
-
-def reads_corpus(cell: Cell) -> bool:
-    """Whether the cell's method has a proposer that reads the job's corpus (``suffix``, ``recycle``)."""
-    proposer = cell.method_args.get("proposer")
-    if proposer is None:  # no proposer of ours (another engine's methods take none)
-        return False
-    return any(capabilities(c).reads_corpus for c in parse_proposer(proposer).classes())
-
-
-def job_corpus(cell: Cell, union: bool, vocab: int) -> Corpus:
-    """The job's corpus (``decoding/corpus.py``): the target's own text in the model cache (``models/corpus.py``;
-    none for models of different tokenizers, which decode over the union's ids), then each prompt's output as it
-    is done. It lives in this job's memory only."""
-    if union:
-        return Corpus([], "no fixed documents: the set's models decode over the union of their vocabularies")
-    documents, source = teacher_documents(cell.models, vocab)
-    return Corpus(documents, source)
-
-
-def our_runs(cell: Cell, stack: ExitStack):
-    """The cell's runs by our decoder (and transformers' ``generate`` for its ``hf_*``, ``peers.py``): its models
-    loaded, and what makes them ready once the prompts are known (``stack``: nothing of ours to close)."""
-    models, tokenizers = load_members(cell.models)
-    tokenizer = tokenizers[0]  # prompts are the first model's tokens
-    # every run of the cell: its models and settings (methods that do not speculate ignore gamma_schedule)
-    vocabulary = decode_vocabulary(models, tokenizers)  # different tokenizers: their union; padded heads: cropped
-    run = partial(
-        generate, models, eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer, **vocabulary, **cell.sampling()
-    )
-
-    def prepared(prompts: dict[str, list[int]]) -> dict[str, Any]:
-        nodes = parse_tree(cell.tree).nodes + 1 if cell.tree is not None else 0  # a tree's masked forwards too
-        compile_ahead(models, [len(p) + cell.max_new_tokens + 1 for p in prompts.values()], tree_tokens=nodes)
-        return provenance(next(models[0].parameters()).device, {runner_of(m)[0] for m in models})
-
-    run.tokenizers = vocabulary.get("tokenizers")  # where they differ: a sample's ids are the union's
-    run.corpus = job_corpus(cell, "tokenizers" in vocabulary, len(tokenizer)) if reads_corpus(cell) else None
-    return run, tokenizer, prepared
+            done = log.refuse(done, resumed_check(cell, runs.vocab, runs.text))
+        return _generate(cell, out, progress, journal, speed, task, examples, log, done, runs)
 
 
 def recycled_rows(row: dict[str, Any], vocab: int) -> dict[int, list[int]] | None:
@@ -204,17 +146,27 @@ def recycled_rows(row: dict[str, Any], vocab: int) -> dict[int, list[int]] | Non
     return rows
 
 
-def _generate(cell, out, progress, journal, speed, task, examples, log, done, run, tokenizer, prepared):
-    """``run_cell``'s samples, once the cell's runs are ready (its engine's ``runs``: ``our_runs``, vLLM's)."""
+def _generate(
+    cell: Cell,
+    out: Path,
+    progress: bool,
+    journal: Path,
+    speed: bool,
+    task: Task,
+    examples: list[Example],
+    log: Journal,
+    done: dict[str, bytes],
+    runs: Runs,
+) -> dict[str, Any] | None:
+    """``run_cell``'s samples, once the cell's runs are ready (its engine's ``runs``, ``pipeline/engines/``)."""
     from tqdm import tqdm
 
-    corpus = getattr(run, "corpus", None)  # the job's corpus, read by its proposers (our_runs)
+    run, tokenizer, corpus = runs.run, runs.tokenizer, runs.corpus  # the corpus: read by its proposers
     meta = {"environment": environment(), "cell": cell.described()}
     if corpus is not None:
         meta["corpus"] = corpus.describe()
     write_atomic(beside(out, "meta"), json.dumps(meta, indent=2, default=str) + "\n")
     trees = {"tree": cell.tree} if cell.tree is not None else {}  # the method's own, never its baseline's
-    pids = lambda: getattr(run, "pids", ())  # noqa: E731  (worker processes: a probe counts their time as the job's)
 
     rendered = [(ex, *render(task, ex, tokenizer, cell.chat)) for ex in examples]
     prompts = {ex.id: tokenizer(prompt).input_ids for ex, prompt, _ in rendered}
@@ -224,7 +176,7 @@ def _generate(cell, out, progress, journal, speed, task, examples, log, done, ru
     )  # warm-up, not recorded
     if cell.baseline:
         run(first_ids, cell.baseline, method_args=cell.baseline_args, seed=cell.seed, max_new_tokens=8)
-    here = prepared(prompts)
+    here = runs.prepare(prompts)
     this_run = run_record()  # which run generated each sample: a resume or a requeue shows in the speed record
     todo = [r for r in rendered if r[0].id not in done]
     if done and progress:
@@ -246,7 +198,7 @@ def _generate(cell, out, progress, journal, speed, task, examples, log, done, ru
         for _ in range(cell.policy.remeasure + 1 if stuck < 2 else 1):
             outcome, timing = {}, {}
             for role, method, args, extra in order:
-                with Probe(pids()) as probe:
+                with Probe(runs.pids()) as probe:  # worker processes: their time is the job's
                     outcome[role] = run(
                         prompts[ex.id], method, method_args=args, seed=cell.seed + i, stop_strings=stops, **extra
                     )
@@ -281,7 +233,8 @@ def _generate(cell, out, progress, journal, speed, task, examples, log, done, ru
             left = None
             if ex.id in done:
                 row = parse_json(done[ex.id], str(journal))
-                left = recycled_rows(row, len(tokenizer)) if corpus is not None else None
+                # ids of the runs' vocabulary: the union's where the set's tokenizers differ, not the first one's
+                left = recycled_rows(row, runs.vocab) if corpus is not None else None
             else:
                 row = measure(i, ex, stops)
                 add(row)

@@ -16,7 +16,7 @@ from typing import Any
 from tasks import get_task, render
 
 from ..experiment.cell import Cell
-from ..experiment.layout import beside
+from ..experiment.paths import beside
 from ..files import read_jsonl, write_atomic
 from ..measure.speed import summarize
 

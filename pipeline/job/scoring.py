@@ -15,9 +15,10 @@ from typing import Any
 
 from tasks import TaskError, get_task
 
-from ..experiment.layout import beside
-from ..files import JSONError, parse_json, read_user_text, schema_problems, write_atomic
+from ..experiment.paths import beside
+from ..files import JSONError, parse_json, read_user_text, write_atomic
 from ..measure.intervals import interval, per_example
+from ..records import schema_problems
 
 GENERATION_ROW = {  # what the scorer reads of a generations file's line
     "type": "object",

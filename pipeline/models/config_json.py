@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from ..files import read_user_json, schema_problems
-from ..records import CONFIG_JSON
+from ..files import read_user_json
+from ..records import CONFIG_JSON, schema_problems
 from .spec import ModelError
 
 # elements of one weight matrix (vocab_size or intermediate_size by hidden_size): 32 GiB in bfloat16, past any

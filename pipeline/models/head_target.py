@@ -2,7 +2,7 @@
 
 A head for an ensemble (a head recipe's ``target``: ``{method, members, method_args}``) reads its model's features
 as any head does, and is trained on the next-token distribution of the ensemble it will propose for: the method's
-own ensemble function (``decoding/ensemble.py``, through ``decoding.methods.plan_method``) over the members' logits,
+own ensemble function (``decoding/ensembles/``, through ``decoding.methods.plan_method``) over the members' logits,
 its model first and the ``members`` after it in the method's order, with the method's arguments, at temperature 1
 (``Sampling.identity``: the distribution a greedy target is the argmax of). The teacher data is the model's own
 (``teacher.teacher_data``); only the distribution each labelled row is trained on, and the held-out rows it is

@@ -5,7 +5,7 @@ from their files under ``generations/`` (``pipeline.report.figures``).
 
 Every speed-up carries its interval and an unstable cell is marked (docs/speed.md). The speed-up tables are shaped
 like the paper's: rows are model set x method, columns datasets; the value is the best over the gamma sweep, with
-that gamma in the Markdown. A new table: a layout in ``pipeline.report.tables`` (or an existing one), an entry here
+that gamma in the Markdown. A new table: a shape in ``pipeline.report.tables`` (or an existing one), an entry here
 and its caption in ``pipeline.report.captions`` (``CAPTIONS``; shown in the Snakemake report too: ``REPORTED``,
 rule aggregate's ``table_report``, then ``python -m pipeline.report.captions``).
 """
@@ -14,49 +14,49 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..experiment.layout import GENERATIONS, Results
+from ..experiment.paths import GENERATIONS, Results
 from ..files import ResultsError, write_atomic
 from ..measure.speed import SpeedSummary
-from . import tables as layout
+from . import tables
 from .captions import CAPTIONS, PEERS
 from .figures import DRAFT_FACTS, RATIOS, Collected, collect, per_cell
 from .plots import plot_predicted, plot_speedup_vs_gamma
 from .results_file import write_results_file
 
 CELLS_CSV = SpeedSummary.shown("column")  # a cell's figures in cells.csv, in order, after its dimensions
-TABLES = [  # (name, layout, metrics or cell columns, title, ...), in summary.md's order; captions: CAPTIONS
-    layout.Table("cells", layout.every_figure, CELLS_CSV, files=("csv",), index=()),
-    layout.Table("speedup_vs_standard", layout.best, ("speedup_vs_standard",), "Speed-up over the standard method"),
-    layout.Table("paper_vs_ours", layout.beside_paper, ("speedup_vs_standard",), "The paper beside ours"),
-    layout.Table("ours_vs_peers", layout.over_peers, ("speedup_vs_peer",), "Ours over other engines' methods"),
-    layout.Table(
-        "ours_vs_vllm", layout.across_engines, ("tokens_per_s_vs_vllm",), "Ours against vLLM, tokens/s (other jobs)"
+TABLES = [  # (name, shape, metrics or cell columns, title, ...), in summary.md's order; captions: CAPTIONS
+    tables.Table("cells", tables.every_figure, CELLS_CSV, files=("csv",), index=()),
+    tables.Table("speedup_vs_standard", tables.best, ("speedup_vs_standard",), "Speed-up over the standard method"),
+    tables.Table("paper_vs_ours", tables.beside_paper, ("speedup_vs_standard",), "The paper beside ours"),
+    tables.Table("ours_vs_peers", tables.over_peers, ("speedup_vs_peer",), "Ours over other engines' methods"),
+    tables.Table(
+        "ours_vs_vllm", tables.across_engines, ("tokens_per_s_vs_vllm",), "Ours against vLLM, tokens/s (other jobs)"
     ),
-    layout.Table(
+    tables.Table(
         "speedup_vs_large",
-        layout.best,
+        tables.best,
         ("speedup_vs_large",),
         "Speed-up over the large model alone, across jobs (not comparable)",
     ),
-    layout.Table("quality", layout.by_dataset, ("q:*",), "Quality"),
-    layout.Table("likelihood", layout.by_distribution, (), "Quality by log-likelihood, per distribution"),
-    layout.Table(
+    tables.Table("quality", tables.by_dataset, ("q:*",), "Quality"),
+    tables.Table("likelihood", tables.by_distribution, (), "Quality by log-likelihood, per distribution"),
+    tables.Table(
         "acceptance",
-        layout.by_cell,
+        tables.by_cell,
         ("tau", "tau_by_model", "acceptance_rate", "ceiling", "draft_acceptance_rate", "position_acceptance"),
         "Mean accepted length and acceptance",
         keep=lambda d: d["kind"] != "plain",
     ),
-    layout.Table(
+    tables.Table(
         "exactness",
-        layout.by_cell,
+        tables.by_cell,
         ("samples", "exact_match", "mismatches_numerics", "mismatches_bug", "mismatches_unchecked"),
         "Exactness at T=0",
         keep=lambda d: d["exact_match"].notna(),
     ),
-    layout.Table(
+    tables.Table(
         "predicted_vs_measured",
-        layout.by_cell,
+        tables.by_cell,
         (
             "acceptance_rate",
             "speedup_side_by_side",
@@ -69,30 +69,30 @@ TABLES = [  # (name, layout, metrics or cell columns, title, ...), in summary.md
         "Predicted vs measured speed-up",
         keep=lambda d: d["predicted_speedup"].notna(),
     ),
-    layout.Table(
+    tables.Table(
         "spec_bench_categories",
-        layout.by_category,
+        tables.by_category,
         ("speedup_side_by_side", "tokens_per_s", "tau"),
         "Spec-Bench by category",
     ),
-    layout.Table(
+    tables.Table(
         "drafts",
-        layout.distilled,
+        tables.distilled,
         ("kind", *DRAFT_FACTS),
         "Proposers: the distilled models",
         index=("model",),
         floatfmt=".3f",
     ),
-    layout.Table(
+    tables.Table(
         "beside",
-        layout.beside,
+        tables.beside,
         ("cells", "pairs", "interfered", "interfered_share", "cpu_s"),
         "What ran beside the timed pairs",
         index=("process",),
     ),
-    layout.Table(
+    tables.Table(
         "flags",
-        layout.by_cell,
+        tables.by_cell,
         ("samples", "pairs_interfered", "pairs_remeasured", "flags"),
         "Flags",
         lambda d: d["unstable"],
@@ -101,7 +101,7 @@ TABLES = [  # (name, layout, metrics or cell columns, title, ...), in summary.md
 ]
 
 
-def caption(table: layout.Table, found: Collected) -> str:
+def caption(table: tables.Table, found: Collected) -> str:
     peers = PEERS if found.cells["kind"].eq("peer").any() else ""
     citation = (found.reported or {}).get("citation")
     return CAPTIONS[table.name].format(conf=f"{found.confidence:.0%}", peers=peers, citation=citation)
@@ -132,7 +132,7 @@ def aggregate(results: Path, reported: dict | None = None) -> list[Path]:
         sections.insert(1, found.control.line + "\n")
     written: list[Path] = []
     for table in TABLES:
-        files = layout.render(table, found) or {}
+        files = tables.render(table, found) or {}
         for name, text in files.items():
             write_atomic(out / name, text)
             written.append(out / name)

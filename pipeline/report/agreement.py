@@ -16,7 +16,7 @@ from typing import Any
 from ..decoding.spec import STANDARDS
 from ..errors import UserError
 from ..experiment.cell import GRID
-from ..experiment.layout import Results, cell_path
+from ..experiment.paths import Results, cell_path
 from ..files import read_jsonl
 from ..records import read_record
 

@@ -20,7 +20,7 @@ from ..decoding.engines import ENGINES
 from ..decoding.spec import parse_method
 from ..errors import UserError
 from ..experiment.cell import GRID, Dims
-from ..experiment.layout import Results, beside, cell_path
+from ..experiment.paths import Results, beside, cell_path
 from ..files import ResultsError, read_jsonl
 from ..measure.intervals import bootstrap_interval
 from ..measure.speed import (

@@ -17,7 +17,7 @@ import pandas as pd
 import yaml
 
 from .. import ROOT
-from ..experiment.layout import Results
+from ..experiment.paths import Results
 from ..measure.speed import SpeedSummary
 from ..provenance import git_state, machine, versions
 from .control import Control

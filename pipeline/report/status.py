@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..experiment.cell import GRID
-from ..experiment.layout import CELL_FILES, Results, cell_path
+from ..experiment.paths import CELL_FILES, Results, cell_path
 from ..files import read_tail, read_user_json
 from ..measure.speed import SPEED_RECORD
 from ..records import read_record

@@ -1,5 +1,5 @@
 """A declared table (``Table``; the list: ``aggregate.TABLES``) rendered from the collected figures (``render``):
-its layout shapes its numbers (the CSV) and its text (Markdown and HTML, each figure with its interval)."""
+its shape makes its numbers (the CSV) and its text (Markdown and HTML, each figure with its interval)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ Shaped = tuple[pd.DataFrame, pd.DataFrame] | None  # a table's numbers and text;
 @dataclass(frozen=True)
 class Table:
     name: str
-    layout: Callable[[Collected, Table], Shaped]
+    shape: Callable[[Collected, Table], Shaped]
     columns: tuple[str, ...] = ()  # the metrics or cell columns it shows (``by_dataset``: globs)
     title: str = ""
     keep: Callable[[pd.DataFrame], pd.Series] | None = None  # the cells whose rows it shows (default: all)
@@ -74,7 +74,7 @@ def html(table: Table, shown: pd.DataFrame, flag: str | None = None) -> str:
 def render(table: Table, found: Collected) -> dict[str, str] | None:
     """A declared table's files (name -> text): its numbers as CSV, its text as Markdown and HTML; None where it
     does not apply (no peer, no Spec-Bench category, the paper names another experiment)."""
-    if (shaped := table.layout(found, table)) is None:
+    if (shaped := table.shape(found, table)) is None:
         return None
     numbers, shown = shaped
     flag = found.control.line  # the run's control missed: one line above every table a person reads

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import one_line
-from ..experiment.layout import FAILED, Results, beside
+from ..experiment.paths import FAILED, Results, beside
 from ..files import read_jsonl, read_user_json, write_atomic
 from ..measure.speed import SPEED_RECORD
 from ..records import read_record

@@ -281,7 +281,7 @@ class VLLMRun:
                 "speculative_config": speculative_config(method, self.gamma, self.paths, self.eagle),
                 "max_model_len": 4096,
                 "gpu_share": GPU_SHARE if self.gpu else None,
-                "expand_fix": parse_method(method).expand_fixed,  # vLLM #55005 corrected in the worker (spec.PR55006)
+                "expand_fix": parse_method(method).peer_corrected is not None,  # vLLM #55005 corrected in the worker
             }
             build = "gpu" if self.gpu else "cpu"
             self.workers[key] = Worker(self.python, settings, self.threads, self.log, build)

@@ -1,13 +1,15 @@
-"""How a generation job runs a cell in vLLM (vLLM's engine record, ``decoding/engines.py``: ``runs``): workers in
-vLLM's own environment (``env.py``), one per model set (``engine.py``), logging to the job's log."""
+"""How a generation job runs a cell in vLLM (vLLM's behaviour, ``engines/vllm.py``: ``runs``): workers in vLLM's own
+environment (``env.py``), one per model set (``engine.py``), logging to the job's log."""
 
 from __future__ import annotations
 
 from contextlib import ExitStack
+from functools import partial
 from typing import Any
 
 import torch
 
+from ..decoding.engines import Runs, RunsCell
 from ..decoding.spec import parse_method
 from ..errors import UserError
 from ..provenance import provenance
@@ -15,7 +17,7 @@ from . import env as vllm_env
 from .engine import VLLMRun
 
 
-def vllm_runs(cell, stack: ExitStack):
+def vllm_runs(cell: RunsCell, stack: ExitStack) -> Runs:
     """The cell's runs in vLLM (``pipeline/vllm``): workers in vLLM's environment, logging to the job's log."""
     from ..models.loading import load_tokenizer
     from ..models.resolve import resolve
@@ -51,12 +53,13 @@ def vllm_runs(cell, stack: ExitStack):
         )
     )
 
-    def prepared(prompts: dict[str, list[int]]) -> dict[str, Any]:
+    def prepare(prompts: dict[str, list[int]]) -> dict[str, Any]:
         versions = run.versions
-        fixed = " with its expand_kernel shim corrected (vLLM #55005)" if parse_method(cell.method).expand_fixed else ""
+        fixed = f" with {corrected}" if (corrected := parse_method(cell.method).peer_corrected) else ""
         return {
             **provenance("cuda" if gpu else "cpu"),  # its threads: the job's, as the workers' (torch's count)
             "engine": f"vllm {versions.get('vllm')} ({record['build']}){fixed}, torch {versions.get('torch')}",
         }
 
-    return run, tokenizer, prepared
+    text = partial(tokenizer.decode, skip_special_tokens=True)
+    return Runs(run, tokenizer, prepare, run.vocab, text, pids=lambda: run.pids)

@@ -7,21 +7,21 @@ report: "../report/workflow.rst"
 
 # a table's HTML page in the report, captioned by workflow/report/<name>.rst
 table_report = lambda name, label: report(
-    str(LAYOUT.table(name, "html")), caption=f"../report/{name}.rst", category="Tables", labels={"table": label}
+    str(PATHS.table(name, "html")), caption=f"../report/{name}.rst", category="Tables", labels={"table": label}
 )
 
 
 rule aggregate:
     input:
-        grid=str(LAYOUT.grid),
+        grid=str(PATHS.grid),
         speed=[CELL("speed", c) for c in CELLS],
         summary=[CELL("summary", c) for c in CELLS],
-        likelihood=[str(LAYOUT.likelihood(t)) for t in LIKELIHOOD],
-        models=[str(LAYOUT.model(m)) for m in MODELS],  # the drafts table: how each was trained
+        likelihood=[str(PATHS.likelihood(t)) for t in LIKELIHOOD],
+        models=[str(PATHS.model(m)) for m in MODELS],  # the drafts table: how each was trained
     output:
-        summary=str(LAYOUT.summary),
-        cells=str(LAYOUT.cells_table),
-        speedup_csv=str(LAYOUT.table("speedup_vs_standard", "csv")),
+        summary=str(PATHS.summary),
+        cells=str(PATHS.cells_table),
+        speedup_csv=str(PATHS.table("speedup_vs_standard", "csv")),
         speedup_html=table_report("speedup_vs_standard", "speed-up over the standard method"),
         large_html=table_report("speedup_vs_large", "speed-up over the large model"),
         quality_html=table_report("quality", "quality"),
@@ -29,20 +29,20 @@ rule aggregate:
         acceptance_html=table_report("acceptance", "tau and acceptance"),
         flags_html=table_report("flags", "flags"),
         results=report(
-            str(LAYOUT.results_file),
+            str(PATHS.results_file),
             caption="../report/results_file.rst",
             category="Results file",
             labels={"file": "results.json"},
         ),
         plots=report(
-            directory(str(LAYOUT.plots)),
+            directory(str(PATHS.plots)),
             patterns=["{name}.png"],
             caption="../report/plots.rst",
             category="Plots",
             labels={"plot": "{name}"},
         ),
     log:
-        str(LAYOUT.log("aggregate")),
+        str(PATHS.log("aggregate")),
     group:
         "report"
     conda:
@@ -52,18 +52,18 @@ rule aggregate:
         mem_mb=4000,
         runtime=10,
     params:
-        results=lambda w, input: LAYOUT.root_of(input.grid, LAYOUT.grid),
+        results=lambda w, input: PATHS.root_of(input.grid, PATHS.grid),
     shell:
         '$UNTIMED "$PY" -m pipeline.cli aggregate {params.results:q} > {log:q} 2>&1'
 
 
 rule notebook:
     input:
-        str(LAYOUT.cells_table),
+        str(PATHS.cells_table),
     output:
-        str(LAYOUT.notebook),
+        str(PATHS.notebook),
     log:
-        str(LAYOUT.log("notebook")),
+        str(PATHS.log("notebook")),
     group:
         "report"
     conda:
@@ -73,7 +73,7 @@ rule notebook:
         mem_mb=4000,
         runtime=10,
     params:
-        results=lambda w, input: LAYOUT.root_of(input[0], LAYOUT.cells_table),
+        results=lambda w, input: PATHS.root_of(input[0], PATHS.cells_table),
         notebook=str(ROOT / "notebooks" / "analysis.ipynb"),
     shell:
         '$UNTIMED "$PY" -m pipeline.cli notebook {params.notebook:q} {output:q} --results {params.results:q} > {log:q} 2>&1'

@@ -9,7 +9,7 @@ rule cell:
     output:
         CELL_FILE,
     log:
-        str(LAYOUT.log("cells", "{cell}")),
+        str(PATHS.log("cells", "{cell}")),
     localrule: True
     params:
         entry=lambda w: json.dumps(CELLS[w.cell].to_json(), sort_keys=True),
@@ -21,9 +21,9 @@ rule grid:
     input:
         [CELL_FILE.format(cell=c) for c in CELLS],
     output:
-        str(LAYOUT.grid),
+        str(PATHS.grid),
     log:
-        str(LAYOUT.log("grid")),
+        str(PATHS.log("grid")),
     localrule: True
     run:
         write_json(output[0], [read_user_json(f, "cell file", links=False)["dims"] for f in input], log[0])

@@ -15,9 +15,11 @@ ROOT = Path(workflow.basedir)
 sys.path.insert(0, str(ROOT))  # the pipeline package, also when it is not installed
 
 from pipeline.decoding.engines import ENGINES
-from pipeline.experiment.config import ConfigError, check_config, load_config_file, load_schema, model_entry
+from pipeline.engines import behaviour
+from pipeline.experiment.config import ConfigError, check_config, load_schema, model_entry
+from pipeline.experiment.config_file import load_config_file
 from pipeline.experiment.grid import expand_cells
-from pipeline.experiment.layout import Results
+from pipeline.experiment.paths import Results
 from pipeline.experiment.preflight import models_to_prepare
 from pipeline.experiment.checks import check_local
 from pipeline.files import parse_json, read_jsonl, read_user_json
@@ -39,11 +41,12 @@ except ConfigError as err:
     sys.exit(2)
 
 # Cells of an engine with an environment of its own (its record, pipeline/decoding/engines.py: vLLM's, built by
-# rule vllm_env from pipeline/vllm/env.py). Where an engine cannot run here, its cells are left out in one line,
-# before any job, and every other cell runs as before.
+# rule vllm_env from pipeline/vllm/env.py). Whether it can run here is its behaviour's to say (pipeline/engines/).
+# Where an engine cannot run here, its cells are left out in one line, before any job, and every other cell runs
+# as before.
 ENGINE_CELLS = {c: e.dims.spec.engine for c, e in CELLS.items() if e.dims.spec.engine.environment}
 for _engine in {id(e): e for e in ENGINE_CELLS.values()}.values():
-    if _why := _engine.availability():
+    if _why := behaviour(_engine).availability():
         _out = sorted(c for c, e in ENGINE_CELLS.items() if e is _engine)
         sys.stderr.write(
             f"left out: {len(_out)} {_engine.title} cells ({', '.join(sorted({CELLS[c].dims.method for c in _out}))}"
@@ -52,8 +55,8 @@ for _engine in {id(e): e for e in ENGINE_CELLS.values()}.values():
         CELLS = {c: e for c, e in CELLS.items() if c not in _out}
         ENGINE_CELLS = {c: e for c, e in ENGINE_CELLS.items() if c not in _out}
 
-RESULTS = _checked["results"].rstrip("/")  # the config's; a rule takes the root from its own files (LAYOUT.root_of)
-LAYOUT = Results(RESULTS)  # every file of it (pipeline/experiment/layout.py)
+RESULTS = _checked["results"].rstrip("/")  # the config's; a rule takes the root from its own files (PATHS.root_of)
+PATHS = Results(RESULTS)  # every file of it (pipeline/experiment/paths.py)
 # How jobs run Python is a matter of deployment, not of what a job computes, so it is set for every
 # shell command here and kept out of the rules' params (moving the checkout or switching to conda
 # environments reruns nothing): with --software-deployment-method conda, the rule's environment
@@ -66,7 +69,7 @@ shell.prefix(  # formatted like a rule's shell command: literal braces are doubl
     "UNTIMED='nice -n 19'; "  # every job but generation: a timed run beside it loses ~nothing (docs/speed.md)
 )
 ENVS = ROOT / "workflow" / "envs"
-CELL_FILE = str(LAYOUT.cell_file("{cell}"))  # one cell's settings and dimensions, the jobs' only source of them
+CELL_FILE = str(PATHS.cell_file("{cell}"))  # one cell's settings and dimensions, the jobs' only source of them
 WANDB = _checked["wandb"]
 TIMING = json.dumps(_checked["timing"], sort_keys=True)  # how samples are timed and judged
 MODELS = models_to_prepare(_checked, CELLS)
@@ -75,8 +78,8 @@ DERIVED = {c: e.dims.samples_from for c, e in CELLS.items() if e.dims.samples_fr
 
 
 def CELL(kind, cell="{cell}"):
-    """A cell's file of kind ``kind`` (pipeline/experiment/layout.py), for a cell or the ``{cell}`` wildcard."""
-    return str(LAYOUT.cell(cell, kind))
+    """A cell's file of kind ``kind`` (pipeline/experiment/paths.py), for a cell or the ``{cell}`` wildcard."""
+    return str(PATHS.cell(cell, kind))
 
 
 def cells_regex(cells):
@@ -117,11 +120,11 @@ def env(name):
 
 def final_outputs():
     """The default target's inputs: the aggregate outputs only (each of them depends on every cell)."""
-    out = [str(LAYOUT.summary), str(LAYOUT.cells_table)]
+    out = [str(PATHS.summary), str(PATHS.cells_table)]
     if _checked["notebook"]:
-        out.append(str(LAYOUT.notebook))
+        out.append(str(PATHS.notebook))
     if WANDB["mode"] != "disabled":
-        out.append(str(LAYOUT.wandb))  # the experiment's run, after every cell's run
+        out.append(str(PATHS.wandb))  # the experiment's run, after every cell's run
     return out
 
 

@@ -8,17 +8,17 @@
 
 rule generate:
     input:
-        models=lambda w: [str(LAYOUT.model(m)) for m in cell_dims(w).models],
+        models=lambda w: [str(PATHS.model(m)) for m in cell_dims(w).models],
         cell=CELL_FILE,
-        timing=ancient(str(LAYOUT.timing)),
+        timing=ancient(str(PATHS.timing)),
         environment=lambda w: (
-            [ancient(str(LAYOUT.environment(ENGINE_CELLS[w.cell].environment)))] if w.cell in ENGINE_CELLS else []
+            [ancient(str(PATHS.environment(ENGINE_CELLS[w.cell].environment)))] if w.cell in ENGINE_CELLS else []
         ),
     output:
         samples=CELL("samples"),
         meta=CELL("meta"),
     log:
-        str(LAYOUT.log("generate", "{cell}")),
+        str(PATHS.log("generate", "{cell}")),
     wildcard_constraints:
         cell=cells_regex(c for c in CELLS if c not in DERIVED),
     group:
@@ -31,7 +31,7 @@ rule generate:
         mem_mb=32000,
         runtime=120,
     params:
-        journal=lambda w: str(LAYOUT.journal(str(Path(w.cell).parent))),
+        journal=lambda w: str(PATHS.journal(str(Path(w.cell).parent))),
     shell:
         'OMP_WAIT_POLICY=PASSIVE "$PY" -m pipeline.cli generate {input.cell:q} {output.samples:q}'
         " --journal-dir {params.journal:q} --threads {threads} --timing-file {input.timing:q} --no-speed"
@@ -51,7 +51,7 @@ rule derive:
         samples=CELL("samples"),
         meta=CELL("meta"),
     log:
-        str(LAYOUT.log("derive", "{cell}")),
+        str(PATHS.log("derive", "{cell}")),
     wildcard_constraints:
         cell=cells_regex(DERIVED),
     group:

@@ -6,11 +6,11 @@
 
 rule likelihood:
     input:
-        models=lambda w: [str(LAYOUT.model(m)) for m in LIKELIHOOD[w.task]["models"]],
+        models=lambda w: [str(PATHS.model(m)) for m in LIKELIHOOD[w.task]["models"]],
     output:
-        str(LAYOUT.likelihood("{task}")),
+        str(PATHS.likelihood("{task}")),
     log:
-        str(LAYOUT.log("likelihood", "{task}")),
+        str(PATHS.log("likelihood", "{task}")),
     conda:
         env("decode")
     threads: 2

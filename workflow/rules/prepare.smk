@@ -5,9 +5,9 @@
 
 rule fetch_model:
     output:
-        str(LAYOUT.fetched("{model}")),
+        str(PATHS.fetched("{model}")),
     log:
-        str(LAYOUT.log("prepare", "{model}.fetch")),
+        str(PATHS.log("prepare", "{model}.fetch")),
     localrule: True
     conda:
         env("decode")
@@ -20,11 +20,11 @@ rule fetch_model:
 
 rule prepare_model:
     input:
-        lambda w: [str(LAYOUT.fetched(w.model))] if w.model in HUB_MODELS else [],
+        lambda w: [str(PATHS.fetched(w.model))] if w.model in HUB_MODELS else [],
     output:
-        str(LAYOUT.model("{model}")),
+        str(PATHS.model("{model}")),
     log:
-        str(LAYOUT.log("prepare", "{model}")),
+        str(PATHS.log("prepare", "{model}")),
     priority: 2  # before a one-core job (vllm_env) that would leave it waiting for the second core
     conda:
         env("decode")
@@ -44,9 +44,9 @@ rule prepare_model:
 # for the generation jobs of vLLM's cells (methods vllm, vllm_sd, vllm_ngram, vllm_eagle). Its record names the interpreter.
 rule vllm_env:
     output:
-        str(LAYOUT.environment(ENGINES["vllm"].environment)),
+        str(PATHS.environment(ENGINES["vllm"].environment)),
     log:
-        str(LAYOUT.log("prepare", "vllm_env")),
+        str(PATHS.log("prepare", "vllm_env")),
     priority: 1  # right after the models: beside the first generation jobs, not after the last of them
     localrule: True
     conda:

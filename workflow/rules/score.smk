@@ -11,7 +11,7 @@ rule score:
         scores=CELL("scores"),
         summary=CELL("summary"),
     log:
-        str(LAYOUT.log("score", "{cell}")),
+        str(PATHS.log("score", "{cell}")),
     group:
         "cell"
     conda:

@@ -7,9 +7,9 @@
 
 rule timing:
     output:
-        str(LAYOUT.timing),
+        str(PATHS.timing),
     log:
-        str(LAYOUT.log("timing")),
+        str(PATHS.log("timing")),
     localrule: True
     params:
         timing=TIMING,
@@ -21,12 +21,12 @@ rule speed:
     input:
         samples=CELL("samples"),
         cell=CELL_FILE,
-        timing=str(LAYOUT.timing),
-        models=lambda w: [str(LAYOUT.model(m)) for m in cell_dims(w).models],
+        timing=str(PATHS.timing),
+        models=lambda w: [str(PATHS.model(m)) for m in cell_dims(w).models],
     output:
         CELL("speed"),
     log:
-        str(LAYOUT.log("speed", "{cell}")),
+        str(PATHS.log("speed", "{cell}")),
     group:
         "cell"
     conda:

@@ -23,13 +23,13 @@ rule wandb_log:
     output:
         CELL("wandb"),
     log:
-        str(LAYOUT.log("wandb", "{cell}")),
+        str(PATHS.log("wandb", "{cell}")),
     localrule: True
     conda:
         env("wandb")
     params:
         settings=WANDB_ARGS,
-        results=lambda w, output: LAYOUT.root_of(output[0], LAYOUT.cell(w.cell, "wandb")),
+        results=lambda w, output: PATHS.root_of(output[0], PATHS.cell(w.cell, "wandb")),
     shell:
         '$UNTIMED "$PY" -m pipeline.cli wandb-log {input.samples:q} {output:q} --cell-file {input.cell:q} {params.settings}'
         " --dir {params.results:q} > {log:q} 2>&1"
@@ -38,18 +38,18 @@ rule wandb_log:
 rule wandb_experiment:
     input:
         cells=[CELL("wandb", c) for c in CELLS],
-        table=str(LAYOUT.cells_table),
-        summary=str(LAYOUT.summary),
+        table=str(PATHS.cells_table),
+        summary=str(PATHS.summary),
     output:
-        str(LAYOUT.wandb),
+        str(PATHS.wandb),
     log:
-        str(LAYOUT.log("wandb", "experiment")),
+        str(PATHS.log("wandb", "experiment")),
     localrule: True
     conda:
         env("wandb")
     params:
         settings=WANDB_ARGS,
-        results=lambda w, input: LAYOUT.root_of(input.table, LAYOUT.cells_table),
+        results=lambda w, input: PATHS.root_of(input.table, PATHS.cells_table),
     shell:
         '$UNTIMED "$PY" -m pipeline.cli wandb-log-experiment {params.results:q} {output:q} {params.settings}'
         " > {log:q} 2>&1"

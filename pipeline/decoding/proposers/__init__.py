@@ -1,8 +1,9 @@
 """Proposers: the base every proposer shares (``base.py``) and the named ones, one module each in this folder.
 
 Every module here is imported with the package (``discover``), and its proposers register themselves by name
-(``register_proposer``): a new proposer is one module dropped in this folder, with no import line elsewhere
-(docs/extending.md, "Add a proposer").
+(``register_proposer``, with the arguments the exactness suites run it with: ``ProposerTests``): a new proposer is
+one module dropped in this folder, with no import line elsewhere and no test edited (docs/extending.md, "Add a
+proposer").
 """
 
 from __future__ import annotations
@@ -13,17 +14,22 @@ import pkgutil
 from .base import (
     DRAFT,
     NAMED_PROPOSERS,
+    PROPOSER_TESTS,
     Capabilities,
     Chain,
+    ConformanceKind,
     ModelProposer,
     NamedProposer,
     Proposal,
     Proposer,
     ProposerKind,
     ProposerSetup,
+    ProposerTests,
     build,
     capabilities,
     close,
+    conformance_kinds,
+    conformance_proposers,
     drafts_trees,
     parse_proposer,
     parts,
@@ -34,17 +40,22 @@ from .base import (
 __all__ = [
     "DRAFT",
     "NAMED_PROPOSERS",
+    "PROPOSER_TESTS",
     "Capabilities",
     "Chain",
+    "ConformanceKind",
     "ModelProposer",
     "NamedProposer",
     "Proposal",
     "Proposer",
     "ProposerKind",
     "ProposerSetup",
+    "ProposerTests",
     "build",
     "capabilities",
     "close",
+    "conformance_kinds",
+    "conformance_proposers",
     "drafts_trees",
     "parse_proposer",
     "parts",

@@ -5,20 +5,21 @@ where a proposer gives one, a function of the context alone (``Proposal.confiden
 speculative loop knows proposers only through :class:`Proposer`: a model of the set (``ModelProposer``), a named
 proposer registered by its module in this folder (``lookup.py``, ``suffix.py``, ``recycle.py``, ``feature.py``:
 ``register_proposer``, ``NamedProposer``'s declarations), or a chain of them (``Chain``), parsed once from a
-``proposer`` value (``parse_proposer``).
+``proposer`` value (``parse_proposer``). A registration also says how the exactness suites run the proposer
+(``ProposerTests``); the suites take their proposer kinds from the registry (``conformance_kinds``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 from torch import Tensor
 
 from ...errors import ArgumentError
-from ..ensemble import single_model
+from ..ensembles import single_model
 from ..sampling import Sampling, probs, sample
 from ..stats import ModelStats
 
@@ -175,15 +176,107 @@ DRAFT = "draft"  # in a proposer kind: the turn's own model
 NAMED_PROPOSERS: dict[str, Callable[[], Proposer]] = {}  # proposers that are not models, by name
 
 
-def register_proposer(name: str) -> Callable[[type], type]:
+@dataclass(frozen=True)
+class ProposerTests:
+    """The arguments the exactness suites run a registered proposer with (``register_proposer(test_args=)``):
+    greedy identity over the speculative methods, chains and trees (tests/test_proposers.py, tests/test_trees.py)
+    and the chi-square check of the first two tokens (tests/test_proposers.py). What the class declares is read
+    from it, never repeated here: ``branches`` puts it under the tree cases, ``reads_corpus`` hands it a job's
+    corpus, ``reads_features`` a feature head on the first model (``capabilities``).
+
+    * ``method_args``: its cases' ``method_args`` beside ``proposer`` (none by default);
+    * ``alone``: cases of it alone (``NAME``: no model drafts, the target verifies it);
+    * ``draft``: cases of it before the draft model (``NAME+draft``, or with ``chain``, ``NAME+chain+draft``;
+      left out where another proposer's chain before the draft holds it);
+    * ``chain``: registered proposers asked after it in its chained cases (``suffix``'s: ``recycle``, so
+      ``suffix+recycle`` and ``suffix+recycle+draft``).
+    """
+
+    method_args: Mapping[str, Any] = field(default_factory=dict)
+    alone: bool = True
+    draft: bool = True
+    chain: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "chain", (self.chain,) if isinstance(self.chain, str) else tuple(self.chain))
+        if not isinstance(self.method_args, Mapping) or "proposer" in self.method_args:
+            raise ArgumentError(f"test_args method_args={self.method_args!r}: expected a dict without 'proposer'")
+        if not (self.alone or self.draft) or not all(isinstance(n, str) and n.isidentifier() for n in self.chain):
+            raise ArgumentError(
+                f"test_args alone={self.alone!r}, draft={self.draft!r}, chain={self.chain!r}: expected a case alone "
+                "or before the draft (test_args=None: none), and proposers' names"
+            )
+
+
+DEFAULT_TESTS = ProposerTests()  # a proposer that declares none: its cases alone and before the draft, no arguments
+PROPOSER_TESTS: dict[str, ProposerTests | None] = {}  # what each registered proposer declared for the suites
+
+
+def conformance_proposers() -> dict[str, ProposerTests]:
+    """Every registered proposer the exactness suites run (greedy identity, chi-square sampling, trees), with the
+    arguments it declared for them: registering one puts it under every suite, no test edited."""
+    return {n: t for n in NAMED_PROPOSERS if (t := PROPOSER_TESTS.get(n)) is not None}
+
+
+@dataclass(frozen=True)
+class ConformanceKind:
+    """A proposer kind the exactness suites run, derived from the registrations (``conformance_kinds``): ``role``
+    ``alone`` (``NAME``), ``chain`` (``NAME+chain``, where it declares one) or ``draft`` (``NAME+chain+draft``),
+    and the ``method_args`` its parts declared."""
+
+    role: str
+    kind: str
+    method_args: Mapping[str, Any]
+
+
+def conformance_kinds() -> list[ConformanceKind]:
+    """The proposer kinds the exactness suites run, in registration order: each proposer alone, chained (its
+    ``chain``) and before the draft model, as it declared (``ProposerTests``); a drafted kind is left out where
+    another's drafted chain holds it (``suffix+recycle+draft`` stands for ``recycle+draft``)."""
+    tests = conformance_proposers()
+    for name, t in tests.items():
+        if unknown := [n for n in t.chain if n not in tests]:
+            raise ArgumentError(f"proposer {name!r}: test_args chain names {unknown[0]!r}, no proposer under the tests")
+    kinds: list[ConformanceKind] = []
+    drafted = {name: (name, *t.chain) for name, t in tests.items() if t.draft}
+    for name, t in tests.items():
+        args = {k: v for n in (name, *t.chain) for k, v in tests[n].method_args.items()}
+        if t.alone:
+            kinds.append(ConformanceKind("alone", name, args))
+        if t.chain:
+            kinds.append(ConformanceKind("chain", "+".join((name, *t.chain)), args))
+    kept: list[tuple[str, ...]] = []
+    for parts in sorted(drafted.values(), key=len, reverse=True):  # the longest chains first: they hold the others
+        if not any(parts[0] in other for other in kept):
+            kept.append(parts)
+    for parts in (p for p in drafted.values() if p in kept):
+        args = {k: v for n in parts for k, v in tests[n].method_args.items()}
+        kinds.append(ConformanceKind("draft", "+".join((*parts, DRAFT)), args))
+    return kinds
+
+
+def register_proposer(
+    name: str, test_args: ProposerTests | Mapping[str, Any] | None = DEFAULT_TESTS
+) -> Callable[[type], type]:
     """Register a proposer that is not a model under ``name`` (a decorator on its class, a ``NamedProposer`` or
     any class with the ``Proposer`` protocol, one instance per generation): ``name``, ``name+draft`` and chains of
-    named proposers (``name+other+draft``) become proposer kinds (``ProposerKind``)."""
+    named proposers (``name+other+draft``) become proposer kinds (``ProposerKind``). ``test_args``: what the
+    exactness suites run it with (a ``ProposerTests``, or a dict of its fields; None: not under them, as a
+    proposer a test registers to fail on purpose)."""
+    try:
+        tests = ProposerTests(**test_args) if isinstance(test_args, Mapping) else test_args
+    except TypeError as err:  # a field it does not have
+        raise ArgumentError(f"cannot register proposer {name!r}: test_args={test_args!r}: {err}") from None
+    if tests is not None and not isinstance(tests, ProposerTests):
+        raise ArgumentError(f"cannot register proposer {name!r}: test_args={test_args!r}, expected ProposerTests")
 
     def decorator(cls: type) -> type:
         if name in NAMED_PROPOSERS or name == DRAFT or not name.isidentifier():
             raise ArgumentError(f"cannot register proposer {name!r}: name taken or not a plain identifier")
+        if tests is not None and name in tests.chain:
+            raise ArgumentError(f"cannot register proposer {name!r}: its test_args chain names it")
         NAMED_PROPOSERS[name] = cls
+        PROPOSER_TESTS[name] = tests
         return cls
 
     return decorator

@@ -24,10 +24,11 @@ import time
 from ...errors import ArgumentError
 from ..corpus import CorpusView, SuffixAutomaton
 from ..stats import ModelStats
-from .base import NamedProposer, Proposal, ProposerSetup, register_proposer
+from .base import NamedProposer, Proposal, ProposerSetup, ProposerTests, register_proposer
 
 
-@register_proposer("suffix")
+# the suites chain it before recycle: suffix abstains where its match is short or split, recycle proposes there
+@register_proposer("suffix", test_args=ProposerTests(chain=("recycle",)))
 class SuffixProposer(NamedProposer):
     """The longest suffix of the context found in the context itself or in the corpus; the most frequent token
     after it, where the match is long enough and that token frequent enough (``continuations``): so the match

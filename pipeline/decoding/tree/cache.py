@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from ...errors import ArgumentError
-from ..ensemble import check_rows
+from ..ensembles import check_rows
 from ..runner import HFRunner
 from ..static import StaticRunner
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from ..ensemble import check_output
+from ..ensembles import check_output
 from ..sampling import Sampling
 from .cache import TreeCache
 from .draft import TreeDrafter, models_of

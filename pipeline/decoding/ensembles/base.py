@@ -1,4 +1,5 @@
-"""Ensemble functions: the target distribution ``r`` from every member's logits.
+"""The ensembles' registry and contract: an ensemble function gives the target distribution ``r`` from every
+member's logits; each registered one is a module of this folder (``we.py``, ``cd.py``, ``gac.py``).
 
 An ensemble function maps the list of member logits (each ``[k, V]``, in the
 method's model order), the sampling settings and its own parameters to a
@@ -6,8 +7,8 @@ probability tensor ``[k, V]``. Greedy decoding calls it with
 ``Sampling.identity()`` and takes the argmax, so greedy never falls back to one
 model's argmax.
 
-Register a new one with ``register_ensemble`` (``docs/extending.md``) and its
-methods exist at once. One registered with ``mixture=True`` promises that its
+Register a new one with ``register_ensemble`` in a module dropped in this folder (``docs/extending.md``): it is
+imported with the package, and its methods exist at once. One registered with ``mixture=True`` promises that its
 function is ``r = sum_k w_k softmax(warp(l_k))`` with ``w`` its resolved
 ``weights`` parameter: then ``r`` can be sampled as a mixture (``<name>_me``).
 """
@@ -22,9 +23,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import ArgumentError
-from .forms import SUFFIXES
-from .sampling import Sampling, probs
+from ...errors import ArgumentError
+from ..forms import SUFFIXES
+from ..sampling import Sampling, probs
 
 EnsembleFn = Callable[..., Tensor]
 
@@ -72,7 +73,9 @@ def register_ensemble(name: str, **options: Any) -> Callable[[EnsembleFn], Ensem
     return decorator
 
 
-def _check_weights(args: dict[str, Any], n_models: int) -> dict[str, Any]:
+def check_weights(args: dict[str, Any], n_models: int) -> dict[str, Any]:
+    """An ensemble's ``weights`` (or, for two models, ``lambda``: the second's weight) checked and normalised to sum
+    to 1; equal weights where neither is given. Every ensemble that weighs its members takes these."""
     lam, weights = args.pop("lambda", None), args.get("weights")
     if lam is not None:
         if weights is not None:
@@ -95,72 +98,6 @@ def _check_weights(args: dict[str, Any], n_models: int) -> dict[str, Any]:
         raise ArgumentError(f"weights={weights!r}: their sum must be positive and finite")
     args["weights"] = [float(w) / total for w in weights]
     return args
-
-
-@register_ensemble("we", params={"weights": None, "lambda": None}, check=_check_weights, mixture=True)
-def weighted_ensemble(logits: Sequence[Tensor], sampling: Sampling, weights: Sequence[float]) -> Tensor:
-    """``r = sum_k w_k softmax(warp(l_k))``."""
-    out = None
-    for w, row in zip(weights, logits):
-        if w == 0.0:
-            continue
-        term = probs(row, sampling) * w
-        out = term if out is None else out.add_(term)
-    return out
-
-
-def _check_cd(args: dict[str, Any], n_models: int) -> dict[str, Any]:
-    alpha, beta = args.get("alpha"), args.get("beta")
-    if not finite(alpha) or alpha < 0:
-        raise ArgumentError(f"alpha={alpha!r}: expected a finite number >= 0")
-    if beta is not None and (not finite(beta) or not 0.0 <= beta <= 1.0):
-        raise ArgumentError(f"beta={beta!r} is outside the accepted range [0, 1] (or null for no plausibility mask)")
-    return args
-
-
-@register_ensemble(
-    "cd",
-    params={"alpha": 0.1, "beta": None},
-    max_models=2,
-    check=_check_cd,
-    full_vocab=True,
-    test_args={"alpha": 0.3, "beta": 0.05},
-)
-def contrastive_decoding(logits: Sequence[Tensor], sampling: Sampling, alpha: float, beta: float | None) -> Tensor:
-    """``r = softmax(warp(l_expert - alpha * l_amateur))`` over the plausible set."""
-    expert, amateur = logits
-    scores = expert - alpha * amateur
-    if beta:
-        expert_probs = torch.softmax(expert, dim=-1)
-        implausible = expert_probs < beta * expert_probs.amax(dim=-1, keepdim=True)
-        scores = scores.masked_fill(implausible, float("-inf"))
-    return probs(scores, sampling)
-
-
-def _check_gac(args: dict[str, Any], n_models: int) -> dict[str, Any]:
-    threshold = args.get("threshold")
-    if not finite(threshold) or not 0.0 < threshold <= 1.0:
-        raise ArgumentError(f"threshold={threshold!r} is outside the accepted range (0, 1]")
-    return _check_weights(args, n_models)
-
-
-@register_ensemble(  # test_args: a threshold at which a tiny model is confident at some positions only
-    "gac", params={"threshold": 0.5, "weights": None, "lambda": None}, check=_check_gac, test_args={"threshold": 0.3}
-)
-def gated_ensemble(logits: Sequence[Tensor], sampling: Sampling, threshold: float, weights: Sequence[float]) -> Tensor:
-    """The lead model (the first) alone where it is confident, the weighted ensemble elsewhere.
-
-    The threshold gate of GaC (Yu et al. 2024, arXiv 2406.12585): ``r = p_lead``
-    where ``max softmax(l_lead) >= threshold``, ``r = sum_k w_k p_k`` elsewhere.
-
-    The gate reads the lead model's plain softmax (temperature 1, no top-k or
-    top-p), so a position is gated the same way whatever the sampling settings.
-    """
-    lead = logits[0]
-    confident = torch.softmax(lead, dim=-1).amax(dim=-1, keepdim=True) >= threshold
-    if bool(confident.all()):  # the other members' rows are not needed
-        return probs(lead, sampling)
-    return torch.where(confident, probs(lead, sampling), weighted_ensemble(logits, sampling, weights))
 
 
 class EnsembleOutputError(ArgumentError):

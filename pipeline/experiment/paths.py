@@ -1,7 +1,7 @@
-"""A results directory's layout, written once: where every file of a results directory lies (``Results``: the grid
+"""A results directory's paths, written once: where every file of a results directory lies (``Results``: the grid
 index, the cell files, the prepared models, the tables and plots, the logs, ...), where a cell's files lie and what
 each of its steps writes beside its samples (docs/workflow.md, "Read the results"). The Snakemake rules
-(workflow/rules/*.smk: ``LAYOUT``, with the results root passed to each command as it is, never worked back out of
+(workflow/rules/*.smk: ``PATHS``, with the results root passed to each command as it is, never worked back out of
 a path) and every module that reads or writes a results directory take their names from here
 (``tests/test_structure.py`` finds a results file named anywhere else)."""
 
@@ -45,7 +45,7 @@ class Results:
         object.__setattr__(self, "root", Path(root))
 
     def root_of(self, path: str | Path, named: Path) -> str:
-        """The results root as a job sees it, from ``path``, the job's own path of the file this layout names
+        """The results root as a job sees it, from ``path``, the job's own path of the file these paths name
         ``named`` (its input or output: on storage without a shared filesystem, Snakemake hands a job paths of
         its own, so a rule takes the root from its files, as Snakemake's linter asks, never from the config)."""
         relative, parts = named.relative_to(self.root).parts, Path(path).parts
