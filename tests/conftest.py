@@ -95,10 +95,13 @@ def smol_tokenizer():
     return AutoTokenizer.from_pretrained(bundled_dir())
 
 
-def save_tiny(path, tokenizer, seed: int = 0, layers: int = 2, padding: int = 0, hidden: int = 16):
+def save_tiny(
+    path, tokenizer, seed: int = 0, layers: int = 2, padding: int = 0, hidden: int = 16, init: float | None = None
+):
     """A tiny random float32 model with ``tokenizer``, saved as a local model directory (``padding``: head rows
     past the tokenizer's, as models padded for their kernels have; here a thousand times longer than the others,
-    so that a decode that does not crop them picks one at nearly every step)."""
+    so that a decode that does not crop them picks one at nearly every step; ``init``: the weights' spread,
+    transformers' ``initializer_range``: a wide one peaks the rows)."""
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(tokenizer) + padding,
@@ -110,6 +113,7 @@ def save_tiny(path, tokenizer, seed: int = 0, layers: int = 2, padding: int = 0,
         max_position_embeddings=4096,
         tie_word_embeddings=True,
         eos_token_id=tokenizer.eos_token_id,
+        **({"initializer_range": init} if init is not None else {}),
     )
     model = LlamaForCausalLM(config)
     if padding:

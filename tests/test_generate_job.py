@@ -167,124 +167,10 @@ def test_a_standard_cell_derived_from_side_by_side_runs_has_its_own_jobs_samples
     assert entries["humaneval/trio/we-T1"].dims.samples_from == "humaneval/trio/we_sd-T1-g2"
 
 
-def test_a_killed_suffix_recycle_cell_resumes_as_the_run_it_continues(tiny_dir, tmp_path, monkeypatch):
-    """Everything a proposer carries across prompts is restored from the journal: a ``suffix+recycle`` cell killed
-    after two prompts resumes with the corpus the uninterrupted run had (the done prompts' outputs and the recycled
-    table they left), so every prompt after the kill accepts what the uninterrupted run accepted, token for token."""
+def assert_resumed_as_the_run(cell, expected, tmp_path, monkeypatch):
+    """Kill ``cell`` after two journalled samples, resume it, and check every sample against ``expected`` (the
+    uninterrupted run's): the same ids and tokens, the same accepted and rounds, the same recycled table left."""
     from pipeline.job import journal as journal_module
-
-    cell = Cell(
-        models=[ModelSpec("a", str(tiny_dir))],
-        method="sd",
-        task="humaneval",
-        gamma=2,
-        method_args={"proposer": "suffix+recycle"},
-        size=5,
-        max_new_tokens=16,
-        baseline="large_model",
-    )
-    whole = tmp_path / "whole.jsonl"
-    run_cell(cell, whole, progress=False)
-    expected = [json.loads(line) for line in whole.read_text().splitlines()]
-    assert all("recycled" in r for r in expected) and any(r["recycled"] for r in expected)
-
-    class Killed(BaseException):
-        pass
-
-    real = journal_module.Journal.writer
-
-    def killed_after_two(self):
-        with real(self) as add:
-            written = []
-
-            def add_then_die(row):
-                if len(written) == 2:
-                    raise Killed
-                add(row)
-                written.append(row)
-
-            yield add_then_die
-
-    monkeypatch.setattr(journal_module.Journal, "writer", contextlib.contextmanager(killed_after_two))
-    out, journal = tmp_path / "cell.jsonl", tmp_path / "journal.jsonl"
-    with pytest.raises(Killed):
-        run_cell(cell, out, progress=False, journal=journal)
-    monkeypatch.undo()
-    run_cell(cell, out, progress=False, journal=journal)
-    resumed = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["id"] for r in resumed] == [r["id"] for r in expected]
-    for got, want in zip(resumed, expected):
-        assert got["token_ids"] == want["token_ids"]
-        for key in ("accepted", "rounds"):
-            assert got["stats"][key] == want["stats"][key]
-        assert got["recycled"] == want["recycled"]
-
-
-def test_a_journalled_recycled_table_is_typed_before_a_resume_takes_it():
-    """A journal line's ``recycled`` rows are ids of the vocabulary or nothing: a resume takes none of a damaged
-    line (a key of 5,000 digits, a negative or out-of-range id, a string, a row that is no list)."""
-    from pipeline.job.generate import recycled_rows
-
-    assert recycled_rows({"recycled": {"5": [1, 2], "7": []}}, 10) == {5: [1, 2], 7: []}
-    for bad in ({"9" * 5000: [1]}, {"5": [-1]}, {"5": [10]}, {"5": ["1"]}, {"x": [1]}, {"5": 3}, [1], None):
-        assert recycled_rows({"recycled": bad}, 10) is None, bad
-    assert recycled_rows({}, 10) is None
-
-
-def peaked_dir(path, tokenizer, seed: int = 0):
-    """A tiny random model whose rows are peaked (a wide initialisation), saved with ``tokenizer``: beside a model
-    of a small tokenizer its tokens lead the union's rows, so a recycled table holds ids past that tokenizer's."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=4096,
-        initializer_range=0.5,
-        tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
-def test_a_killed_union_vocabulary_recycle_cell_resumes_as_the_run_it_continues(smol_tokenizer, tmp_path, monkeypatch):
-    """Models of different tokenizers decode over the union of their vocabularies, so the recycled table a sample
-    leaves holds union ids, past the first model's tokenizer (whose tokens are the prompts'): a ``suffix+recycle``
-    cell over such a set, killed after two prompts, resumes with the table the uninterrupted run had (its ids
-    checked against the union's size, not the first tokenizer's), so every later prompt accepts what it accepted."""
-    from pipeline.job import journal as journal_module
-    from pipeline.models.student import train_tokenizer
-
-    from .conftest import save_tiny
-
-    small = train_tokenizer(["def main():\n    return 0\n" * 50, "import os, sys\n" * 50], 300, smol_tokenizer)
-    own = save_tiny(tmp_path / "own", small, seed=3, layers=1)
-    big = peaked_dir(tmp_path / "big", smol_tokenizer)
-    cell = Cell(
-        models=[ModelSpec("own", str(own)), ModelSpec("big", str(big))],
-        method="we_sd",
-        task="humaneval",
-        gamma=2,
-        method_args={"lambda": 0.5, "proposer": "suffix+recycle"},
-        size=5,
-        max_new_tokens=16,
-        baseline="we",
-        baseline_args={"lambda": 0.5},
-    )
-    whole = tmp_path / "whole.jsonl"
-    run_cell(cell, whole, progress=False)
-    expected = [json.loads(line) for line in whole.read_text().splitlines()]
-    assert all(r["stats"]["union_size"] > len(small) for r in expected)
-    kept = [int(t) for r in expected[:2] for key, ranked in r["recycled"].items() for t in (key, *ranked)]
-    assert max(kept) >= len(small)  # union ids past the first tokenizer: a bound of its size would drop the table
 
     class Killed(BaseException):
         pass
@@ -316,3 +202,70 @@ def test_a_killed_union_vocabulary_recycle_cell_resumes_as_the_run_it_continues(
         for key in ("accepted", "rounds"):
             assert got["stats"][key] == want["stats"][key], (got["id"], key)
         assert got["recycled"] == want["recycled"]
+
+
+def test_a_killed_suffix_recycle_cell_resumes_as_the_run_it_continues(tiny_dir, tmp_path, monkeypatch):
+    """Everything a proposer carries across prompts is restored from the journal: a ``suffix+recycle`` cell killed
+    after two prompts resumes with the corpus the uninterrupted run had (the done prompts' outputs and the recycled
+    table they left), so every prompt after the kill accepts what the uninterrupted run accepted, token for token."""
+
+    cell = Cell(
+        models=[ModelSpec("a", str(tiny_dir))],
+        method="sd",
+        task="humaneval",
+        gamma=2,
+        method_args={"proposer": "suffix+recycle"},
+        size=5,
+        max_new_tokens=16,
+        baseline="large_model",
+    )
+    whole = tmp_path / "whole.jsonl"
+    run_cell(cell, whole, progress=False)
+    expected = [json.loads(line) for line in whole.read_text().splitlines()]
+    assert all("recycled" in r for r in expected) and any(r["recycled"] for r in expected)
+
+    assert_resumed_as_the_run(cell, expected, tmp_path, monkeypatch)
+
+
+def test_a_journalled_recycled_table_is_typed_before_a_resume_takes_it():
+    """A journal line's ``recycled`` rows are ids of the vocabulary or nothing: a resume takes none of a damaged
+    line (a key of 5,000 digits, a negative or out-of-range id, a string, a row that is no list)."""
+    from pipeline.job.generate import recycled_rows
+
+    assert recycled_rows({"recycled": {"5": [1, 2], "7": []}}, 10) == {5: [1, 2], 7: []}
+    for bad in ({"9" * 5000: [1]}, {"5": [-1]}, {"5": [10]}, {"5": ["1"]}, {"x": [1]}, {"5": 3}, [1], None):
+        assert recycled_rows({"recycled": bad}, 10) is None, bad
+    assert recycled_rows({}, 10) is None
+
+
+def test_a_killed_union_vocabulary_recycle_cell_resumes_as_the_run_it_continues(smol_tokenizer, tmp_path, monkeypatch):
+    """Models of different tokenizers decode over the union of their vocabularies, so the recycled table a sample
+    leaves holds union ids, past the first model's tokenizer (whose tokens are the prompts'): a ``suffix+recycle``
+    cell over such a set, killed after two prompts, resumes with the table the uninterrupted run had (its ids
+    checked against the union's size, not the first tokenizer's), so every later prompt accepts what it accepted."""
+    from pipeline.models.student import train_tokenizer
+
+    from .conftest import save_tiny
+
+    small = train_tokenizer(["def main():\n    return 0\n" * 50, "import os, sys\n" * 50], 300, smol_tokenizer)
+    own = save_tiny(tmp_path / "own", small, seed=3, layers=1)
+    big = save_tiny(tmp_path / "big", smol_tokenizer, layers=1, init=0.5)  # peaked rows lead the union's
+    cell = Cell(
+        models=[ModelSpec("own", str(own)), ModelSpec("big", str(big))],
+        method="we_sd",
+        task="humaneval",
+        gamma=2,
+        method_args={"lambda": 0.5, "proposer": "suffix+recycle"},
+        size=5,
+        max_new_tokens=16,
+        baseline="we",
+        baseline_args={"lambda": 0.5},
+    )
+    whole = tmp_path / "whole.jsonl"
+    run_cell(cell, whole, progress=False)
+    expected = [json.loads(line) for line in whole.read_text().splitlines()]
+    assert all(r["stats"]["union_size"] > len(small) for r in expected)
+    kept = [int(t) for r in expected[:2] for key, ranked in r["recycled"].items() for t in (key, *ranked)]
+    assert max(kept) >= len(small)  # union ids past the first tokenizer: a bound of its size would drop the table
+
+    assert_resumed_as_the_run(cell, expected, tmp_path, monkeypatch)
